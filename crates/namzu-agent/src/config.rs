@@ -1,0 +1,119 @@
+//! Agent configuration: every limit the agent enforces, by name, with its
+//! default and its `NAMZU_<NAME>` environment override.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use namzu_proto::limits;
+
+/// Limits, each named in [`namzu_proto::limits`].
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_write_bytes: u64,
+    pub max_read_range_bytes: u64,
+    pub max_message_bytes: u64,
+    pub max_output_bytes: u64,
+    pub sandbox_max_timeout_ms: u64,
+    pub cancel_confirm_ms: u64,
+    pub max_execs: u64,
+    pub max_list_entries: u64,
+    pub max_walk_entries: u64,
+    pub max_token_bytes: u64,
+    pub preface_timeout_ms: u64,
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_write_bytes: 1 << 30,
+            max_read_range_bytes: 4 << 20,
+            max_message_bytes: namzu_proto::DEFAULT_MAX_MESSAGE_BYTES as u64,
+            max_output_bytes: 16 << 20,
+            sandbox_max_timeout_ms: 30 * 60 * 1000,
+            cancel_confirm_ms: 5_000,
+            max_execs: 256,
+            max_list_entries: 100_000,
+            max_walk_entries: 100_000,
+            max_token_bytes: namzu_proto::preface::DEFAULT_MAX_TOKEN_BYTES as u64,
+            preface_timeout_ms: 5_000,
+            shutdown_grace_ms: 5_000,
+        }
+    }
+}
+
+/// A `NAMZU_*` override that is not a number.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {var}={value:?} is not a non-negative integer")]
+pub struct BadOverride {
+    pub var: String,
+    pub value: String,
+}
+
+impl Limits {
+    /// Defaults, overridden by `NAMZU_<LIMIT_NAME>` variables.
+    pub fn from_env() -> Result<Self, BadOverride> {
+        let mut l = Self::default();
+        for (name, slot) in l.slots_mut() {
+            let var = format!("NAMZU_{}", name.to_ascii_uppercase());
+            if let Ok(value) = std::env::var(&var) {
+                *slot = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| BadOverride { var, value })?;
+            }
+        }
+        Ok(l)
+    }
+
+    /// Name/value pairs as reported by Health.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let mut me = self.clone();
+        me.slots_mut().into_iter().map(|(n, v)| (n, *v)).collect()
+    }
+
+    fn slots_mut(&mut self) -> Vec<(&'static str, &mut u64)> {
+        vec![
+            (limits::MAX_WRITE_BYTES, &mut self.max_write_bytes),
+            (limits::MAX_READ_RANGE_BYTES, &mut self.max_read_range_bytes),
+            (limits::MAX_MESSAGE_BYTES, &mut self.max_message_bytes),
+            (limits::MAX_OUTPUT_BYTES, &mut self.max_output_bytes),
+            (limits::MAX_EXECS, &mut self.max_execs),
+            (limits::MAX_LIST_ENTRIES, &mut self.max_list_entries),
+            (limits::MAX_WALK_ENTRIES, &mut self.max_walk_entries),
+            (limits::MAX_TOKEN_BYTES, &mut self.max_token_bytes),
+            (limits::SANDBOX_MAX_TIMEOUT_MS, &mut self.sandbox_max_timeout_ms),
+            (limits::CANCEL_CONFIRM_MS, &mut self.cancel_confirm_ms),
+            (limits::PREFACE_TIMEOUT_MS, &mut self.preface_timeout_ms),
+            (limits::SHUTDOWN_GRACE_MS, &mut self.shutdown_grace_ms),
+        ]
+    }
+
+    /// A limit as a `usize`, saturating on 32-bit targets.
+    pub fn usize(v: u64) -> usize {
+        usize::try_from(v).unwrap_or(usize::MAX)
+    }
+
+    pub fn preface_timeout(&self) -> Duration {
+        Duration::from_millis(self.preface_timeout_ms)
+    }
+    pub fn cancel_confirm(&self) -> Duration {
+        Duration::from_millis(self.cancel_confirm_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+/// Everything the agent needs to serve.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// File operations are confined beneath these directories. The first is
+    /// the root relative paths are resolved against.
+    pub roots: Vec<PathBuf>,
+    /// Working directory of a command that names none.
+    pub default_cwd: PathBuf,
+    /// The bind token a peer must present in the preface.
+    pub token: Vec<u8>,
+    pub limits: Limits,
+}

@@ -1,0 +1,527 @@
+//! Executions: reservation, start, streaming, timeout, cancel, and the fence.
+//!
+//! Promises:
+//! * An execution id is reserved before the command starts; a cancel that
+//!   arrives between the two is remembered, and the start then answers
+//!   "cancelled" without spawning anything.
+//! * Each command leads its own session (and so its own process group). A
+//!   timeout or a cancel SIGKILLs the whole group and then *confirms* it is
+//!   gone: the leader has been reaped and `kill(-pgid, 0)` answers `ESRCH`.
+//! * A kill that cannot be confirmed within `cancel_confirm_ms` fences the
+//!   agent (`retiring`): from then on it refuses every op but Health and
+//!   Cancel, because a process it believed dead may still be running.
+//! * Output beyond `max_output_bytes` per stream is counted and dropped (the
+//!   pipe keeps draining so the command never blocks), and reported as
+//!   truncated.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use namzu_proto::v1::{
+    self, agent_error::Kind, cancel_response::Outcome, exec_input, exec_output, ExecExit,
+    ExecOutput, ExecStart, OutputChunk,
+};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Limits;
+use crate::reaper::{ExitInfo, Reaper};
+use crate::service::{agent_err, IntoStatus, OpError};
+
+/// Unused reservations expire after this long, so a host that reserves and
+/// vanishes cannot exhaust `max_execs`.
+const RESERVATION_TTL: Duration = Duration::from_secs(120);
+/// Finished executions remembered, so a late cancel learns "already exited".
+const FINISHED_KEPT: usize = 1024;
+/// After the leader exits, how long output from lingering group members is
+/// still collected before the result is sent.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+const READ_CHUNK: usize = 64 * 1024;
+
+type CancelReply = oneshot::Sender<Outcome>;
+
+enum Slot {
+    Reserved(Instant),
+    CancelledBeforeStart,
+    Running(mpsc::Sender<CancelReply>),
+    Finished,
+}
+
+#[derive(Default)]
+struct Table {
+    slots: HashMap<String, Slot>,
+    finished: VecDeque<String>,
+}
+
+pub struct Execs {
+    limits: Limits,
+    default_cwd: PathBuf,
+    reaper: Arc<Reaper>,
+    table: Mutex<Table>,
+    retiring: AtomicBool,
+    shutting_down: AtomicBool,
+}
+
+impl Execs {
+    pub fn new(limits: Limits, default_cwd: PathBuf, reaper: Arc<Reaper>) -> Self {
+        Self {
+            limits,
+            default_cwd,
+            reaper,
+            table: Mutex::new(Table::default()),
+            retiring: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn retiring(&self) -> bool {
+        self.retiring.load(Ordering::SeqCst)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        // Whole-entry updates only; a poisoned table is still consistent.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn reserve(&self) -> Result<String, OpError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(agent_err(Kind::ShuttingDown, "reserve_exec", "agent is shutting down"));
+        }
+        let mut t = self.table();
+        let now = Instant::now();
+        t.slots.retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > RESERVATION_TTL));
+        let live = t
+            .slots
+            .values()
+            .filter(|s| matches!(s, Slot::Reserved(_) | Slot::Running(_)))
+            .count();
+        if live as u64 >= self.limits.max_execs {
+            let mut e = agent_err(Kind::LimitExceeded, "reserve_exec", "too many executions");
+            e.limit_name = namzu_proto::limits::MAX_EXECS.into();
+            e.limit = self.limits.max_execs;
+            return Err(e);
+        }
+        let id = format!("x-{:016x}", rand::random::<u64>());
+        t.slots.insert(id.clone(), Slot::Reserved(now));
+        Ok(id)
+    }
+
+    pub async fn cancel(&self, exec_id: &str) -> Result<Outcome, OpError> {
+        let tx = {
+            let mut t = self.table();
+            match t.slots.get(exec_id) {
+                None => {
+                    let mut e = agent_err(Kind::UnknownExec, "cancel", "no such execution");
+                    e.exec_id = exec_id.into();
+                    return Err(e);
+                }
+                Some(Slot::Reserved(_)) | Some(Slot::CancelledBeforeStart) => {
+                    t.slots.insert(exec_id.to_owned(), Slot::CancelledBeforeStart);
+                    return Ok(Outcome::NotStarted);
+                }
+                Some(Slot::Finished) => return Ok(Outcome::AlreadyExited),
+                Some(Slot::Running(tx)) => tx.clone(),
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        if tx.send(reply).await.is_err() {
+            return Ok(Outcome::AlreadyExited);
+        }
+        // The runner answers after its kill is confirmed or given up on; if it
+        // finished on its own meanwhile, it drops the reply.
+        Ok(answer.await.unwrap_or(Outcome::AlreadyExited))
+    }
+
+    fn finish(&self, exec_id: &str) {
+        let mut t = self.table();
+        t.slots.insert(exec_id.to_owned(), Slot::Finished);
+        t.finished.push_back(exec_id.to_owned());
+        while t.finished.len() > FINISHED_KEPT {
+            if let Some(old) = t.finished.pop_front() {
+                t.slots.remove(&old);
+            }
+        }
+    }
+
+    /// Kills every running execution and waits until each is gone or
+    /// `grace` has passed.
+    pub async fn kill_all(&self, grace: Duration) {
+        let runners: Vec<_> = self
+            .table()
+            .slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Running(tx) => Some(tx.clone()),
+                _ => None,
+            })
+            .collect();
+        let waits = runners.into_iter().map(|tx| async move {
+            let (reply, answer) = oneshot::channel();
+            if tx.send(reply).await.is_ok() {
+                let _ = answer.await;
+            }
+        });
+        let _ = tokio::time::timeout(grace, futures::future::join_all(waits)).await;
+    }
+
+    pub fn running(&self) -> usize {
+        self.table()
+            .slots
+            .values()
+            .filter(|s| matches!(s, Slot::Running(_)))
+            .count()
+    }
+
+    /// Runs one execution whose `start` message has been read. Output
+    /// messages go to `out`; the last one is `exit`, or an error status.
+    pub async fn run(
+        self: Arc<Self>,
+        start: ExecStart,
+        input: InputStream,
+        out: mpsc::Sender<Result<ExecOutput, tonic::Status>>,
+    ) {
+        let exec_id = start.exec_id.clone();
+        let result = self.run_inner(start, input, &out).await;
+        match result {
+            Ok(exit) => {
+                let _ = out
+                    .send(Ok(ExecOutput {
+                        msg: Some(exec_output::Msg::Exit(exit)),
+                    }))
+                    .await;
+            }
+            Err(e) => {
+                let _ = out.send(Err(e.into_status())).await;
+            }
+        }
+        self.finish(&exec_id);
+    }
+
+    async fn run_inner(
+        &self,
+        start: ExecStart,
+        input: InputStream,
+        out: &mpsc::Sender<Result<ExecOutput, tonic::Status>>,
+    ) -> Result<ExecExit, OpError> {
+        const OP: &str = "exec";
+        let exec_id = start.exec_id.clone();
+        let timeout_ms = match start.timeout_ms {
+            0 => self.limits.sandbox_max_timeout_ms,
+            t if t > self.limits.sandbox_max_timeout_ms => {
+                let mut e = agent_err(Kind::LimitExceeded, OP, "timeout exceeds the sandbox maximum");
+                e.limit_name = namzu_proto::limits::SANDBOX_MAX_TIMEOUT_MS.into();
+                e.limit = self.limits.sandbox_max_timeout_ms;
+                e.exec_id = exec_id;
+                return Err(e);
+            }
+            t => t,
+        };
+
+        let (cancel_tx, mut cancel_rx) = mpsc::channel::<CancelReply>(4);
+        // Admission: only a reserved id may start, and only once.
+        {
+            let mut t = self.table();
+            match t.slots.get(&exec_id) {
+                Some(Slot::Reserved(_)) => {
+                    t.slots.insert(exec_id.clone(), Slot::Running(cancel_tx));
+                }
+                Some(Slot::CancelledBeforeStart) => {
+                    drop(t);
+                    return Ok(ExecExit {
+                        cancelled: true,
+                        ..Default::default()
+                    });
+                }
+                Some(_) => {
+                    let mut e = agent_err(Kind::ExecState, OP, "execution already started");
+                    e.exec_id = exec_id;
+                    return Err(e);
+                }
+                None => {
+                    let mut e = agent_err(Kind::UnknownExec, OP, "execution id was not reserved");
+                    e.exec_id = exec_id;
+                    return Err(e);
+                }
+            }
+        }
+
+        let mut cmd = self.command(&start).map_err(|mut e| {
+            e.exec_id = exec_id.clone();
+            e
+        })?;
+        let started_at = Instant::now();
+        let (mut child, mut exit_rx) = self.reaper.spawn(&mut cmd).map_err(|io| {
+            let mut e = agent_err(Kind::SpawnFailed, OP, &format!("cannot start command: {io}"));
+            e.errno = io.raw_os_error().unwrap_or(0);
+            e.path = bytes::Bytes::copy_from_slice(&start.command);
+            e.exec_id = exec_id.clone();
+            e
+        })?;
+        let pid = child.id();
+        let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+        tracing::debug!(%exec_id, pid, "started");
+        let _ = out
+            .send(Ok(ExecOutput {
+                msg: Some(exec_output::Msg::Started(v1::Started { pid })),
+            }))
+            .await;
+
+        let cap = self.limits.max_output_bytes;
+        let stdout = child.stdout.take().map(OwnedFd::from);
+        let stderr = child.stderr.take().map(OwnedFd::from);
+        let mut pumps = tokio::task::JoinSet::new();
+        if let Some(fd) = stdout {
+            pumps.spawn(pump(fd, out.clone(), cap, true));
+        }
+        if let Some(fd) = stderr {
+            pumps.spawn(pump(fd, out.clone(), cap, false));
+        }
+        // The request stream stays open for the whole execution either way:
+        // with a stdin pipe it feeds it, without one it is just held.
+        let mut held_input = None;
+        let stdin_task = match child.stdin.take() {
+            Some(w) => {
+                let initial = start.stdin.clone();
+                let follow = start.stdin_stream;
+                Some(tokio::spawn(feed_stdin(OwnedFd::from(w), initial, follow, input)))
+            }
+            None => {
+                held_input = Some(input);
+                None
+            }
+        };
+
+        let deadline = tokio::time::sleep(Duration::from_millis(timeout_ms));
+        tokio::pin!(deadline);
+        let mut exit: Option<ExitInfo> = None;
+        let mut timed_out = false;
+        let mut cancelled = false;
+        tokio::select! {
+            status = &mut exit_rx => { exit = status.ok(); }
+            _ = &mut deadline => {
+                timed_out = true;
+                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                    return Err(self.retire(&exec_id, "timeout kill could not be confirmed"));
+                }
+            }
+            Some(reply) = cancel_rx.recv() => {
+                cancelled = true;
+                let confirmed = self.kill_confirm(pgid, &mut exit_rx, &mut exit).await;
+                let _ = reply.send(if confirmed { Outcome::Confirmed } else { Outcome::Unconfirmed });
+                if !confirmed {
+                    return Err(self.retire(&exec_id, "cancel could not be confirmed"));
+                }
+            }
+            _ = out.closed() => {
+                // The host dropped the stream. Leaving the group running would
+                // orphan it with nobody to collect it; detachable work is a
+                // separate, explicit API.
+                tracing::info!(%exec_id, "exec stream dropped by the host; killing the process group");
+                cancelled = true;
+                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                    return Err(self.retire(&exec_id, "kill after stream drop could not be confirmed"));
+                }
+            }
+        }
+        if let Some(t) = stdin_task {
+            t.abort();
+        }
+        drop(held_input);
+        // Pipes reach EOF when the last holder exits; a background member of
+        // the group may keep them open, so collection stops after a grace.
+        let mut counts = [(0u64, false); 2];
+        let drain = async {
+            while let Some(r) = pumps.join_next().await {
+                if let Ok((is_stdout, total, truncated)) = r {
+                    counts[usize::from(!is_stdout)] = (total, truncated);
+                }
+            }
+        };
+        if tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await.is_err() {
+            pumps.abort_all();
+        }
+        let (code, signal) = match exit {
+            Some(ExitInfo::Code(c)) => (Some(c), None),
+            Some(ExitInfo::Signal(s)) => (None, Some(s)),
+            None => (None, None),
+        };
+        Ok(ExecExit {
+            code,
+            signal,
+            timed_out,
+            cancelled,
+            stdout_bytes: counts[0].0,
+            stdout_truncated: counts[0].1,
+            stderr_bytes: counts[1].0,
+            stderr_truncated: counts[1].1,
+            duration_ms: u64::try_from(started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn retire(&self, exec_id: &str, why: &str) -> OpError {
+        self.retiring.store(true, Ordering::SeqCst);
+        tracing::error!(%exec_id, why, "agent is retiring: a process group may still be running");
+        let mut e = agent_err(Kind::Retiring, "exec", why);
+        e.exec_id = exec_id.into();
+        e
+    }
+
+    /// SIGKILLs the group, then waits until the leader is reaped and the
+    /// group is empty. False if that was not seen within `cancel_confirm_ms`.
+    async fn kill_confirm(
+        &self,
+        pgid: Pid,
+        exit_rx: &mut oneshot::Receiver<ExitInfo>,
+        exit: &mut Option<ExitInfo>,
+    ) -> bool {
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let deadline = Instant::now() + self.limits.cancel_confirm();
+        loop {
+            if exit.is_none() {
+                if let Ok(status) = exit_rx.try_recv() {
+                    *exit = Some(status);
+                }
+            }
+            if exit.is_some() && kill(Pid::from_raw(-pgid.as_raw()), None) == Err(nix::errno::Errno::ESRCH) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            // A member forked after the first signal is caught on the next pass.
+            let _ = killpg(pgid, Signal::SIGKILL);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    fn command(&self, start: &ExecStart) -> Result<std::process::Command, OpError> {
+        const OP: &str = "exec";
+        if start.command.is_empty() {
+            return Err(agent_err(Kind::InvalidArgument, OP, "command is empty"));
+        }
+        let mut cmd = std::process::Command::new(OsStr::from_bytes(&start.command));
+        cmd.args(start.args.iter().map(|a| OsStr::from_bytes(a)));
+        let cwd = if start.cwd.is_empty() {
+            self.default_cwd.clone()
+        } else {
+            self.default_cwd.join(OsStr::from_bytes(&start.cwd))
+        };
+        cmd.current_dir(cwd);
+        if start.clear_env {
+            cmd.env_clear();
+        }
+        for kv in &start.env {
+            if kv.key.is_empty() || kv.key.contains(&b'=') || kv.key.contains(&0) || kv.value.contains(&0) {
+                let mut e = agent_err(Kind::InvalidArgument, OP, "invalid environment variable");
+                e.path = bytes::Bytes::copy_from_slice(&kv.key);
+                return Err(e);
+            }
+            cmd.env(OsStr::from_bytes(&kv.key), OsStr::from_bytes(&kv.value));
+        }
+        let wants_stdin = start.stdin_stream || !start.stdin.is_empty();
+        cmd.stdin(if wants_stdin { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped());
+        cmd.stderr(Stdio::piped());
+        #[allow(unsafe_code)]
+        // SAFETY: `setsid` is async-signal-safe and touches no memory of the
+        // parent; it is the only thing run between fork and exec. It gives the
+        // command its own session and process group, so a kill of the group
+        // reaches everything it started and nothing of the agent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)
+            });
+        }
+        Ok(cmd)
+    }
+}
+
+/// The client half of an Exec call after its `start` message.
+pub type InputStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::ExecInput, tonic::Status>> + Send>>;
+
+/// Copies one output pipe to the exec stream. Returns (is_stdout, total
+/// bytes produced, truncated).
+async fn pump(
+    fd: OwnedFd,
+    out: mpsc::Sender<Result<ExecOutput, tonic::Status>>,
+    cap: u64,
+    is_stdout: bool,
+) -> (bool, u64, bool) {
+    let mut total = 0u64;
+    let mut truncated = false;
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return (is_stdout, 0, false);
+    };
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut forwarding = true;
+    loop {
+        let n = match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let offset = total;
+        total += n as u64;
+        let keep = cap.saturating_sub(offset).min(n as u64) as usize;
+        if keep < n {
+            truncated = true;
+        }
+        if keep > 0 && forwarding {
+            let chunk = OutputChunk {
+                offset,
+                data: bytes::Bytes::copy_from_slice(&buf[..keep]),
+            };
+            let msg = if is_stdout {
+                exec_output::Msg::Stdout(chunk)
+            } else {
+                exec_output::Msg::Stderr(chunk)
+            };
+            // A gone host stops forwarding, not draining: the command must
+            // never block on a full pipe.
+            forwarding = out.send(Ok(ExecOutput { msg: Some(msg) })).await.is_ok();
+        }
+    }
+    (is_stdout, total, truncated)
+}
+
+async fn feed_stdin(
+    fd: OwnedFd,
+    initial: bytes::Bytes,
+    follow: bool,
+    mut input: InputStream,
+) {
+    let Ok(mut w) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
+        return;
+    };
+    if !initial.is_empty() && w.write_all(&initial).await.is_err() {
+        return;
+    }
+    if !follow {
+        return;
+    }
+    while let Some(Ok(msg)) = input.next().await {
+        match msg.msg {
+            Some(exec_input::Msg::Stdin(data)) => {
+                if w.write_all(&data).await.is_err() {
+                    return;
+                }
+            }
+            Some(exec_input::Msg::StdinEof(_)) | None => return,
+            Some(exec_input::Msg::Start(_)) => return,
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The namzu guest agent: the one static binary that runs inside every
+//! sandbox, whatever the boundary, and serves the `namzu.agent.v1` protocol
+//! over a single authenticated HTTP/2 link.
+//!
+//! Modules, each owning one job:
+//! * [`serve`]: listeners (unix socket, TCP, inherited fd), the preface gate,
+//!   shutdown on SIGTERM;
+//! * [`service`]: the gRPC service, the retiring fence, error mapping;
+//! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
+//! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
+//! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
+//! * [`jail`]: confinement of every path beneath the configured roots.
+
+pub mod config;
+pub mod exec;
+pub mod files;
+pub mod jail;
+pub mod reaper;
+pub mod serve;
+pub mod service;
+
+pub use config::{AgentConfig, Limits};
+pub use serve::{serve, Listen, ServeError};

@@ -1,0 +1,75 @@
+//! `namzu-agent`: see the library docs. Started by a namzu backend, never by
+//! hand in production; the token comes from a file or `NAMZU_AGENT_TOKEN`
+//! (which is removed from the environment before any command can inherit it).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use namzu_agent::{AgentConfig, Limits, Listen};
+
+#[derive(Parser)]
+#[command(name = "namzu-agent", version, about = "namzu guest agent")]
+struct Args {
+    /// unix:PATH, tcp:ADDR:PORT, or fd:N (an inherited connected socket).
+    #[arg(long)]
+    listen: Listen,
+    /// File holding the bind token. Otherwise NAMZU_AGENT_TOKEN is used.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Directories file operations are confined to (repeatable). The first
+    /// is the base of relative paths. Default: the working directory.
+    #[arg(long = "root")]
+    roots: Vec<PathBuf>,
+    /// Default working directory of commands. Default: the first root.
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NAMZU_AGENT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = Args::parse();
+    let token = match (&args.token_file, std::env::var_os("NAMZU_AGENT_TOKEN")) {
+        (Some(f), _) => std::fs::read(f).map_err(|e| format!("token file {}: {e}", f.display()))?,
+        (None, Some(t)) => t.into_encoded_bytes(),
+        (None, None) => return Err("no bind token: pass --token-file or set NAMZU_AGENT_TOKEN".into()),
+    };
+    // Still single-threaded here: no other thread can be reading the
+    // environment while it changes.
+    std::env::remove_var("NAMZU_AGENT_TOKEN");
+    let token = token.trim_ascii().to_vec();
+    if token.is_empty() {
+        return Err("the bind token is empty".into());
+    }
+    let limits = Limits::from_env().map_err(|e| e.to_string())?;
+    let roots = if args.roots.is_empty() {
+        vec![std::env::current_dir().map_err(|e| e.to_string())?]
+    } else {
+        args.roots
+    };
+    let default_cwd = args.cwd.unwrap_or_else(|| roots[0].clone());
+    let cfg = AgentConfig { roots, default_cwd, token, limits };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(namzu_agent::serve(cfg, args.listen)).map_err(|e| e.to_string())
+}

@@ -1,0 +1,95 @@
+//! The reaper: the one place that calls `waitpid`.
+//!
+//! The agent is a child subreaper (PID 1 in a pid namespace on the real
+//! tiers), so every orphan of every command is re-parented to it and must be
+//! reaped, or zombies pile up and a process group never looks empty. That
+//! needs `waitpid(-1)`, which would steal exit statuses from any other waiter
+//! in the process — so commands are not spawned with `tokio::process`; they
+//! are spawned through [`Reaper::spawn`], which registers the pid for its exit
+//! status while holding the same lock the reaping loop takes. A child can
+//! therefore never be reaped before its waiter is registered.
+
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::oneshot;
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    Code(i32),
+    Signal(i32),
+}
+
+#[derive(Default)]
+pub struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<ExitInfo>>>,
+}
+
+impl Reaper {
+    /// Makes this process a subreaper and starts the reaping task on the
+    /// current tokio runtime.
+    pub fn start() -> std::io::Result<Arc<Self>> {
+        nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
+        let me = Arc::new(Self::default());
+        let mut sigchld = signal(SignalKind::child())?;
+        let weak = Arc::downgrade(&me);
+        tokio::spawn(async move {
+            while sigchld.recv().await.is_some() {
+                match weak.upgrade() {
+                    Some(r) => r.reap_ready(),
+                    None => break,
+                }
+            }
+        });
+        Ok(me)
+    }
+
+    /// Spawns `cmd` and returns the child with a receiver for its exit.
+    pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<(Child, oneshot::Receiver<ExitInfo>)> {
+        let mut waiters = self.lock();
+        let child = cmd.spawn()?;
+        let (tx, rx) = oneshot::channel();
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        waiters.insert(pid, tx);
+        Ok((child, rx))
+    }
+
+    /// Reaps every child that has exited; statuses of registered children go
+    /// to their waiters, orphans are simply released.
+    fn reap_ready(&self) {
+        let mut waiters = self.lock();
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    if let Some(tx) = waiters.remove(&pid.as_raw()) {
+                        let _ = tx.send(ExitInfo::Code(code));
+                    }
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    if let Some(tx) = waiters.remove(&pid.as_raw()) {
+                        let _ = tx.send(ExitInfo::Signal(sig as i32));
+                    }
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) => continue,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waitpid failed");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, oneshot::Sender<ExitInfo>>> {
+        // A poisoned map is still a valid map: the panicking holder only ever
+        // inserted or removed whole entries.
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

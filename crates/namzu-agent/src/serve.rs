@@ -1,0 +1,237 @@
+//! Listening, link authentication and shutdown.
+//!
+//! Every accepted byte stream must present the bind token in the preface
+//! within `preface_timeout_ms`, reading at most `HEADER_LEN +
+//! max_token_bytes` bytes, before it is handed to the HTTP/2 server; anything
+//! else is dropped. On SIGTERM the agent stops accepting, lets running
+//! commands finish for `shutdown_grace_ms`, kills what remains, and exits 0.
+
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use namzu_proto::v1::agent_server::AgentServer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::server::Connected;
+
+use crate::config::{AgentConfig, Limits};
+use crate::exec::Execs;
+use crate::jail::Jail;
+use crate::reaper::Reaper;
+use crate::service::AgentService;
+
+/// Where the agent serves.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    /// A unix socket path, created mode 0600 (a stale file is replaced).
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+    /// An already connected stream socket inherited from the parent; the
+    /// agent serves that one link and exits when it closes.
+    Fd(RawFd),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            return Ok(Self::Unix(p.into()));
+        }
+        if let Some(a) = s.strip_prefix("tcp:") {
+            return a.parse().map(Self::Tcp).map_err(|e| format!("bad tcp address {a:?}: {e}"));
+        }
+        if let Some(fd) = s.strip_prefix("fd:") {
+            return fd.parse().map(Self::Fd).map_err(|e| format!("bad fd {fd:?}: {e}"));
+        }
+        Err(format!("listen address {s:?} must start with unix:, tcp: or fd:"))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {what}: {source}")]
+    Listen { what: String, source: std::io::Error },
+    #[error("cannot open root {path}: {source}")]
+    Root { path: PathBuf, source: std::io::Error },
+    #[error("cannot start the reaper: {0}")]
+    Reaper(std::io::Error),
+    #[error("signal handler: {0}")]
+    Signal(std::io::Error),
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+trait Io: AsyncRead + AsyncWrite + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + 'static> Io for T {}
+
+/// An authenticated link. Dropping it (the HTTP/2 connection ended) fires
+/// `closed`, which ends an inherited-fd agent.
+pub struct Conn {
+    io: Pin<Box<dyn Io>>,
+    closed: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(tx) = self.closed.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.io.as_mut().poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.io.as_mut().poll_shutdown(cx)
+    }
+}
+
+/// Runs the preface on a fresh stream and, if it passes, queues the link.
+fn authenticate<S>(mut s: S, token: Arc<Vec<u8>>, limits: &Limits, links: mpsc::Sender<std::io::Result<Conn>>, closed: Option<oneshot::Sender<()>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let deadline = limits.preface_timeout();
+    let max = Limits::usize(limits.max_token_bytes);
+    tokio::spawn(async move {
+        match tokio::time::timeout(deadline, namzu_proto::preface::accept(&mut s, &token, max)).await {
+            Ok(Ok(())) => {
+                let _ = links.send(Ok(Conn { io: Box::pin(s), closed })).await;
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
+            Err(_) => tracing::warn!(?deadline, "link refused: no preface in time"),
+        }
+    });
+}
+
+/// Serves until SIGTERM (or, for an inherited fd, until the link closes).
+pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
+    let jail = Arc::new(Jail::new(&cfg.roots).map_err(|source| ServeError::Root {
+        path: cfg.roots.first().cloned().unwrap_or_default(),
+        source,
+    })?);
+    let reaper = Reaper::start().map_err(ServeError::Reaper)?;
+    let execs = Arc::new(Execs::new(cfg.limits.clone(), cfg.default_cwd.clone(), reaper));
+    let limits = cfg.limits.clone();
+    let token = Arc::new(cfg.token.clone());
+    let cfg = Arc::new(cfg);
+    let service = AgentService::new(cfg.clone(), jail, execs.clone());
+    let msg_max = Limits::usize(limits.max_message_bytes);
+
+    let (links_tx, links_rx) = mpsc::channel(16);
+    let (closed_tx, closed_rx) = oneshot::channel();
+    let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+    let mut unix_path = None;
+    let accept_task = match listen {
+        Listen::Unix(path) => {
+            let _ = std::fs::remove_file(&path);
+            let l = UnixListener::bind(&path).map_err(|source| ServeError::Listen { what: path.display().to_string(), source })?;
+            // Owner only: the socket is the way in; the token is the lock.
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            tracing::info!(path = %path.display(), "listening");
+            unix_path = Some(path);
+            let (limits, token, links) = (limits.clone(), token.clone(), links_tx.clone());
+            tokio::spawn(async move {
+                while let Ok((s, _)) = l.accept().await {
+                    authenticate(s, token.clone(), &limits, links.clone(), None);
+                }
+            })
+        }
+        Listen::Tcp(addr) => {
+            let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen { what: addr.to_string(), source })?;
+            tracing::info!(addr = %l.local_addr().map_or(addr, |a| a), "listening");
+            let (limits, token, links) = (limits.clone(), token.clone(), links_tx.clone());
+            tokio::spawn(async move {
+                while let Ok((s, _)) = l.accept().await {
+                    let _ = s.set_nodelay(true);
+                    authenticate(s, token.clone(), &limits, links.clone(), None);
+                }
+            })
+        }
+        Listen::Fd(fd) => {
+            #[allow(unsafe_code)]
+            // SAFETY: the parent handed us `fd` as a connected stream socket
+            // for our exclusive use; nothing else in this process owns it.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            let std_stream = std::os::unix::net::UnixStream::from(owned);
+            std_stream
+                .set_nonblocking(true)
+                .map_err(|source| ServeError::Listen { what: format!("fd {fd}"), source })?;
+            let s = UnixStream::from_std(std_stream).map_err(|source| ServeError::Listen { what: format!("fd {fd}"), source })?;
+            authenticate(s, token.clone(), &limits, links_tx.clone(), Some(closed_tx));
+            tokio::spawn(async {})
+        }
+    };
+    drop(links_tx);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(links_rx);
+
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let grace = limits.shutdown_grace();
+    let execs_for_stop = execs.clone();
+    let stopper = tokio::spawn(async move {
+        tokio::select! {
+            _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = closed_rx => tracing::info!("inherited link closed: stopping"),
+        }
+        accept_task.abort();
+        if let Some(p) = unix_path {
+            let _ = std::fs::remove_file(p);
+        }
+        execs_for_stop.begin_shutdown();
+        // Running work gets the grace period to finish on its own.
+        let waited = tokio::time::timeout(grace, async {
+            while execs_for_stop.running() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!(running = execs_for_stop.running(), "grace over: killing running commands");
+            execs_for_stop.kill_all(Duration::from_secs(2)).await;
+        }
+        let _ = stop_tx.send(());
+    });
+
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(
+            AgentServer::new(service)
+                .max_decoding_message_size(msg_max)
+                .max_encoding_message_size(msg_max),
+        )
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        });
+    // Connections get one more second to flush final answers, then we go.
+    let mut server = Box::pin(server);
+    tokio::select! {
+        r = &mut server => r?,
+        _ = async { let _ = stopper.await; tokio::time::sleep(Duration::from_secs(1)).await } => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! The gRPC service: decodes requests, applies the fence, runs file work on
+//! blocking threads, and turns every failure into a status carrying a typed
+//! [`v1::AgentError`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use namzu_proto::v1::{
+    self, agent_error::Kind, agent_server::Agent, exec_input, write_file_request, CancelRequest,
+    CancelResponse, Empty, ExecInput, ExecOutput, FileChunk, FileEntry, HealthRequest,
+    HealthResponse, ListFilesRequest, ListFilesResponse, MkdirRequest, ReadFileRequest,
+    ReadFileResponse, ReadFileStreamRequest, RemoveRequest, RenameRequest, ReserveExecRequest,
+    ReserveExecResponse, StatRequest, WalkFilesRequest, WriteFileRequest, WriteFileResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::{AgentConfig, Limits};
+use crate::exec::Execs;
+use crate::files;
+use crate::jail::Jail;
+
+/// The typed error of one operation, as it travels.
+pub type OpError = v1::AgentError;
+
+pub fn agent_err(kind: Kind, op: &str, message: &str) -> OpError {
+    v1::AgentError {
+        kind: kind as i32,
+        op: op.into(),
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+pub trait IntoStatus {
+    fn into_status(self) -> Status;
+}
+
+impl IntoStatus for OpError {
+    fn into_status(self) -> Status {
+        use tonic::Code;
+        let code = match self.kind() {
+            Kind::InvalidArgument => Code::InvalidArgument,
+            Kind::NotFound | Kind::UnknownExec => Code::NotFound,
+            Kind::AlreadyExists => Code::AlreadyExists,
+            Kind::PermissionDenied | Kind::PathEscape => Code::PermissionDenied,
+            Kind::LimitExceeded | Kind::WalkLimit => Code::ResourceExhausted,
+            Kind::Retiring | Kind::ShuttingDown => Code::Unavailable,
+            Kind::Io | Kind::Unspecified => Code::Internal,
+            Kind::NotADirectory
+            | Kind::IsADirectory
+            | Kind::NotRegularFile
+            | Kind::DirectoryNotEmpty
+            | Kind::ExecState
+            | Kind::SpawnFailed
+            | Kind::Protocol => Code::FailedPrecondition,
+        };
+        namzu_proto::status_with_error(code, self)
+    }
+}
+
+pub struct AgentService {
+    cfg: Arc<AgentConfig>,
+    jail: Arc<Jail>,
+    execs: Arc<Execs>,
+    boot_id: String,
+}
+
+impl AgentService {
+    pub fn new(cfg: Arc<AgentConfig>, jail: Arc<Jail>, execs: Arc<Execs>) -> Self {
+        Self {
+            cfg,
+            jail,
+            execs,
+            boot_id: format!("{:032x}", rand::random::<u128>()),
+        }
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.cfg.limits
+    }
+
+    /// The fence: a retiring agent serves only Health and Cancel.
+    fn gate(&self, op: &str) -> Result<(), Status> {
+        if self.execs.retiring() {
+            return Err(agent_err(
+                Kind::Retiring,
+                op,
+                "agent is retiring after an unconfirmed kill; only health and cancel are served",
+            )
+            .into_status());
+        }
+        Ok(())
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Jail) -> Result<T, OpError> + Send + 'static,
+    ) -> Result<T, Status> {
+        self.gate(op)?;
+        let jail = self.jail.clone();
+        match tokio::task::spawn_blocking(move || f(&jail)).await {
+            Ok(r) => r.map_err(IntoStatus::into_status),
+            Err(e) => Err(agent_err(Kind::Io, op, &format!("worker failed: {e}")).into_status()),
+        }
+    }
+}
+
+/// RSS and peak RSS of this process, in bytes, from /proc.
+fn rss() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        let (rss_bytes, peak_rss_bytes) = rss();
+        Ok(Response::new(HealthResponse {
+            protocol_version: namzu_proto::PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            boot_id: self.boot_id.clone(),
+            features: namzu_proto::features::ALL.iter().map(|f| (*f).into()).collect(),
+            retiring: self.execs.retiring(),
+            pid: std::process::id(),
+            rss_bytes,
+            peak_rss_bytes,
+            limits: self
+                .limits()
+                .named()
+                .into_iter()
+                .map(|(name, value)| v1::Limit { name: name.into(), value })
+                .collect(),
+        }))
+    }
+
+    async fn reserve_exec(&self, _: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
+        self.gate("reserve_exec")?;
+        let exec_id = self.execs.reserve().map_err(IntoStatus::into_status)?;
+        Ok(Response::new(ReserveExecResponse { exec_id }))
+    }
+
+    type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
+
+    async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
+        self.gate("exec")?;
+        let mut input = req.into_inner();
+        let start = match input.next().await {
+            Some(Ok(ExecInput { msg: Some(exec_input::Msg::Start(s)) })) => s,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(agent_err(Kind::Protocol, "exec", "first message must be start").into_status()),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        let outcome = self
+            .execs
+            .cancel(&req.into_inner().exec_id)
+            .await
+            .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(CancelResponse { outcome: outcome as i32 }))
+    }
+
+    async fn write_file(&self, req: Request<Streaming<WriteFileRequest>>) -> Result<Response<WriteFileResponse>, Status> {
+        const OP: &str = "write_file";
+        self.gate(OP)?;
+        let mut input = req.into_inner();
+        let begin = match input.next().await {
+            Some(Ok(WriteFileRequest { msg: Some(write_file_request::Msg::Begin(b)) })) => b,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be begin").into_status()),
+        };
+        let max = self.limits().max_write_bytes;
+        let mut pending = self
+            .blocking(OP, move |jail| {
+                files::PendingWrite::begin(jail, &begin.path, begin.mode, begin.create_parents, max)
+            })
+            .await?;
+        // Dropping `pending` on any early return removes the temporary.
+        while let Some(msg) = input.next().await {
+            match msg?.msg {
+                Some(write_file_request::Msg::Data(data)) => {
+                    pending = self
+                        .blocking(OP, move |_| {
+                            pending.write(&data)?;
+                            Ok(pending)
+                        })
+                        .await?;
+                }
+                Some(write_file_request::Msg::Commit(c)) => {
+                    let (bytes_written, mode) = self.blocking(OP, move |_| pending.commit(c.total_bytes)).await?;
+                    return Ok(Response::new(WriteFileResponse { bytes_written, mode }));
+                }
+                _ => return Err(agent_err(Kind::Protocol, OP, "unexpected message").into_status()),
+            }
+        }
+        Err(agent_err(Kind::Protocol, OP, "stream ended without commit; nothing was replaced").into_status())
+    }
+
+    async fn read_file(&self, req: Request<ReadFileRequest>) -> Result<Response<ReadFileResponse>, Status> {
+        let r = req.into_inner();
+        let max = self.limits().max_read_range_bytes;
+        let (data, file_size, eof) = self
+            .blocking("read_file", move |jail| files::read_file(jail, &r.path, r.offset, r.length, max))
+            .await?;
+        Ok(Response::new(ReadFileResponse { data: data.into(), file_size, eof }))
+    }
+
+    type ReadFileStreamStream = ReceiverStream<Result<FileChunk, Status>>;
+
+    async fn read_file_stream(&self, req: Request<ReadFileStreamRequest>) -> Result<Response<Self::ReadFileStreamStream>, Status> {
+        const OP: &str = "read_file_stream";
+        let r = req.into_inner();
+        let path = r.path.clone();
+        let (file, _) = self.blocking(OP, move |jail| files::open_regular(jail, OP, &path)).await?;
+        // Capacity 2: with HTTP/2 flow control this bounds what the agent holds
+        // for one stream to a few chunks, whatever the file size.
+        let (tx, rx) = mpsc::channel(2);
+        tokio::task::spawn_blocking(move || {
+            let mut offset = r.offset;
+            let mut left = r.length.unwrap_or(u64::MAX);
+            while left > 0 {
+                let want = left.min(files::STREAM_CHUNK as u64);
+                let item = match files::read_at(&file, offset, want, files::STREAM_CHUNK) {
+                    Ok((data, eof)) => {
+                        let n = data.len() as u64;
+                        let chunk = FileChunk { offset, data: Bytes::from(data) };
+                        offset += n;
+                        left -= n;
+                        if n > 0 && tx.blocking_send(Ok(chunk)).is_err() {
+                            return;
+                        }
+                        if eof {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) => Err(files::os_err(OP, &r.path, rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO)).into_status()),
+                };
+                let _ = tx.blocking_send(item);
+                return;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn list_files(&self, req: Request<ListFilesRequest>) -> Result<Response<ListFilesResponse>, Status> {
+        let r = req.into_inner();
+        let max = self.limits().max_list_entries;
+        let entries = self.blocking("list_files", move |jail| files::list(jail, &r.path, max)).await?;
+        Ok(Response::new(ListFilesResponse { entries }))
+    }
+
+    type WalkFilesStream = ReceiverStream<Result<FileEntry, Status>>;
+
+    async fn walk_files(&self, req: Request<WalkFilesRequest>) -> Result<Response<Self::WalkFilesStream>, Status> {
+        const OP: &str = "walk_files";
+        self.gate(OP)?;
+        let r = req.into_inner();
+        let cap = self.limits().max_walk_entries;
+        let max_entries = match u64::from(r.max_entries) {
+            0 => cap,
+            n => n.min(cap),
+        };
+        // A missing root must fail the call itself, not arrive mid-stream.
+        let root = r.root.clone();
+        self.blocking(OP, move |jail| files::stat(jail, &root).map(|_| ())).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let jail = self.jail.clone();
+        tokio::task::spawn_blocking(move || {
+            let res = files::walk(&jail, &r.root, max_entries, r.max_depth, r.include_hidden, |e| {
+                tx.blocking_send(Ok(e)).is_ok()
+            });
+            if let Err(e) = res {
+                let _ = tx.blocking_send(Err(e.into_status()));
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn stat(&self, req: Request<StatRequest>) -> Result<Response<FileEntry>, Status> {
+        let r = req.into_inner();
+        Ok(Response::new(self.blocking("stat", move |jail| files::stat(jail, &r.path)).await?))
+    }
+
+    async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.blocking("mkdir", move |jail| files::mkdir(jail, &r.path, r.parents, r.mode)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.blocking("remove", move |jail| files::remove(jail, &r.path, r.recursive)).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.blocking("rename", move |jail| files::rename(jail, &r.from, &r.to, r.no_replace)).await?;
+        Ok(Response::new(Empty {}))
+    }
+}

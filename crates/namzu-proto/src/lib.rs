@@ -1,0 +1,105 @@
+//! The namzu wire protocol, shared by the host library and the guest agent.
+//!
+//! This crate owns three things and promises they stay in step on both ends:
+//!
+//! * the gRPC service generated from `proto/namzu/agent/v1/agent.proto`
+//!   ([`v1`]), the single source of truth for messages;
+//! * the link [`preface`] that authenticates a byte stream before HTTP/2
+//!   starts on it;
+//! * the [`features`] names and the [`PROTOCOL_VERSION`] a host checks before
+//!   it calls an optional op, and the codec for the typed error carried in a
+//!   gRPC status ([`status_with_error`], [`error_from_status`]).
+
+pub mod preface;
+
+/// Generated messages, client and server for `namzu.agent.v1`.
+#[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("namzu.agent.v1");
+}
+
+use prost::Message;
+
+/// Bumped when a message changes incompatibly. Additions are announced as
+/// features instead, so a newer host keeps working with an older agent.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Default bound on one gRPC message, either direction. Streams carry larger
+/// payloads as many messages; see [`limits`].
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Names of the limits the agent enforces. The same names are used as the
+/// `limit_name` of a `LIMIT_EXCEEDED` error, in `HealthResponse.limits`, and
+/// (upper-cased, prefixed `NAMZU_`) as the environment overrides.
+pub mod limits {
+    /// Largest file WriteFile accepts.
+    pub const MAX_WRITE_BYTES: &str = "max_write_bytes";
+    /// Largest range a single ReadFile returns.
+    pub const MAX_READ_RANGE_BYTES: &str = "max_read_range_bytes";
+    /// Largest gRPC message, either direction.
+    pub const MAX_MESSAGE_BYTES: &str = "max_message_bytes";
+    /// Output kept per stream of one execution; more is counted and dropped.
+    pub const MAX_OUTPUT_BYTES: &str = "max_output_bytes";
+    /// Upper bound on an execution's timeout.
+    pub const SANDBOX_MAX_TIMEOUT_MS: &str = "sandbox_max_timeout_ms";
+    /// Time the agent waits for a killed process group to vanish.
+    pub const CANCEL_CONFIRM_MS: &str = "cancel_confirm_ms";
+    /// Executions reserved or running at once.
+    pub const MAX_EXECS: &str = "max_execs";
+    /// Entries one ListFiles returns.
+    pub const MAX_LIST_ENTRIES: &str = "max_list_entries";
+    /// Default and upper bound of a walk's entry budget.
+    pub const MAX_WALK_ENTRIES: &str = "max_walk_entries";
+    /// Bytes of a preface's bind token.
+    pub const MAX_TOKEN_BYTES: &str = "max_token_bytes";
+    /// Time a peer has to send a valid preface.
+    pub const PREFACE_TIMEOUT_MS: &str = "preface_timeout_ms";
+    /// Time SIGTERM gives running work before the agent kills it and exits.
+    pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
+}
+
+/// Feature strings an agent advertises in `HealthResponse.features`.
+pub mod features {
+    pub const EXEC: &str = "exec";
+    pub const EXEC_STDIN_STREAM: &str = "exec.stdin-stream";
+    pub const EXEC_CANCEL: &str = "exec.cancel";
+    pub const FILES_WRITE: &str = "files.write";
+    pub const FILES_READ: &str = "files.read";
+    pub const FILES_READ_STREAM: &str = "files.read-stream";
+    pub const FILES_LIST: &str = "files.list";
+    pub const FILES_WALK: &str = "files.walk";
+    pub const FILES_STAT: &str = "files.stat";
+    pub const FILES_MKDIR: &str = "files.mkdir";
+    pub const FILES_REMOVE: &str = "files.remove";
+    pub const FILES_RENAME: &str = "files.rename";
+
+    /// Everything this version of the agent serves.
+    pub const ALL: &[&str] = &[
+        EXEC,
+        EXEC_STDIN_STREAM,
+        EXEC_CANCEL,
+        FILES_WRITE,
+        FILES_READ,
+        FILES_READ_STREAM,
+        FILES_LIST,
+        FILES_WALK,
+        FILES_STAT,
+        FILES_MKDIR,
+        FILES_REMOVE,
+        FILES_RENAME,
+    ];
+}
+
+/// Builds a status whose details carry `err`, so the host can rebuild it.
+pub fn status_with_error(code: tonic::Code, err: v1::AgentError) -> tonic::Status {
+    let message = err.message.clone();
+    tonic::Status::with_details(code, message, err.encode_to_vec().into())
+}
+
+/// The typed error carried by a status from the agent, if it has one.
+pub fn error_from_status(status: &tonic::Status) -> Option<v1::AgentError> {
+    if status.details().is_empty() {
+        return None;
+    }
+    v1::AgentError::decode(status.details()).ok()
+}

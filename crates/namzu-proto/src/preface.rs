@@ -1,0 +1,225 @@
+//! The link preface: the few bytes a host sends on a fresh byte stream before
+//! HTTP/2 starts, proving it holds the sandbox's bind token.
+//!
+//! ```text
+//! host -> agent:  "NZL1" | token_len: u16 big-endian | token bytes
+//! agent -> host:  0x00   (accepted; HTTP/2 starts right after)
+//! ```
+//!
+//! A rejected peer gets no answer, only a closed stream: a wrong token, a wrong
+//! magic and a token longer than the agent's bound are indistinguishable from
+//! outside. The agent never reads more than `HEADER_LEN + max_token_bytes`
+//! bytes from an unauthenticated peer.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Magic and version of the preface.
+pub const MAGIC: [u8; 4] = *b"NZL1";
+/// Magic plus the length field.
+pub const HEADER_LEN: usize = 6;
+/// The single byte the agent answers with when it accepts the link.
+pub const ACCEPTED: u8 = 0;
+/// Default bound on the token; configurable on the agent.
+pub const DEFAULT_MAX_TOKEN_BYTES: usize = 256;
+
+/// Why a preface was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PrefaceError {
+    #[error("preface magic mismatch")]
+    BadMagic,
+    #[error("preface token of {len} bytes exceeds the bound of {limit} bytes")]
+    TokenTooLong { len: usize, limit: usize },
+    #[error("preface token is empty")]
+    EmptyToken,
+    #[error("preface token does not match")]
+    WrongToken,
+    #[error("peer closed the stream during the preface")]
+    Truncated,
+    #[error("the agent refused the link (bad token or wrong protocol)")]
+    Refused,
+    #[error("i/o during the preface: {0}")]
+    Io(String),
+}
+
+/// Parses a complete or partial preface held in `buf`.
+///
+/// Returns `Ok(None)` when more bytes are needed, `Ok(Some((token, used)))`
+/// once a whole preface is present. Errors as soon as the bytes seen so far
+/// cannot become a valid preface, so a hostile peer is dropped early.
+pub fn parse(buf: &[u8], max_token_bytes: usize) -> Result<Option<(&[u8], usize)>, PrefaceError> {
+    let magic_seen = buf.len().min(MAGIC.len());
+    if buf[..magic_seen] != MAGIC[..magic_seen] {
+        return Err(PrefaceError::BadMagic);
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let len = usize::from(u16::from_be_bytes([buf[4], buf[5]]));
+    if len == 0 {
+        return Err(PrefaceError::EmptyToken);
+    }
+    if len > max_token_bytes {
+        return Err(PrefaceError::TokenTooLong {
+            len,
+            limit: max_token_bytes,
+        });
+    }
+    let end = HEADER_LEN + len;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    Ok(Some((&buf[HEADER_LEN..end], end)))
+}
+
+/// Encodes the preface for `token`. Tokens longer than `u16::MAX` are refused.
+pub fn encode(token: &[u8]) -> Result<Vec<u8>, PrefaceError> {
+    let len = u16::try_from(token.len()).map_err(|_| PrefaceError::TokenTooLong {
+        len: token.len(),
+        limit: usize::from(u16::MAX),
+    })?;
+    if len == 0 {
+        return Err(PrefaceError::EmptyToken);
+    }
+    let mut out = Vec::with_capacity(HEADER_LEN + token.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(token);
+    Ok(out)
+}
+
+/// Compares without an early exit, so timing does not leak a prefix match.
+pub fn token_matches(expected: &[u8], got: &[u8]) -> bool {
+    if expected.len() != got.len() {
+        return false;
+    }
+    expected
+        .iter()
+        .zip(got)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+        == 0
+}
+
+/// Agent side: reads one preface, at most `HEADER_LEN + max_token_bytes`
+/// bytes, and answers [`ACCEPTED`] if the token matches. The caller bounds the
+/// time this may take.
+pub async fn accept<S>(
+    stream: &mut S,
+    expected: &[u8],
+    max_token_bytes: usize,
+) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; HEADER_LEN];
+    read_exact(stream, &mut buf).await?;
+    // Validates the magic and the length before reading the token.
+    if let Err(e) = parse(&buf, max_token_bytes) {
+        return Err(e);
+    }
+    let len = usize::from(u16::from_be_bytes([buf[4], buf[5]]));
+    buf.resize(HEADER_LEN + len, 0);
+    read_exact(stream, &mut buf[HEADER_LEN..]).await?;
+    match parse(&buf, max_token_bytes)? {
+        Some((token, _)) if token_matches(expected, token) => {}
+        Some(_) => return Err(PrefaceError::WrongToken),
+        None => return Err(PrefaceError::Truncated),
+    }
+    stream
+        .write_all(&[ACCEPTED])
+        .await
+        .map_err(|e| PrefaceError::Io(e.to_string()))?;
+    stream
+        .flush()
+        .await
+        .map_err(|e| PrefaceError::Io(e.to_string()))
+}
+
+/// Host side: sends the preface and waits for the agent's acceptance.
+pub async fn offer<S>(stream: &mut S, token: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bytes = encode(token)?;
+    stream
+        .write_all(&bytes)
+        .await
+        .map_err(|e| PrefaceError::Io(e.to_string()))?;
+    stream
+        .flush()
+        .await
+        .map_err(|e| PrefaceError::Io(e.to_string()))?;
+    let mut answer = [0u8; 1];
+    match stream.read(&mut answer).await {
+        Ok(0) => Err(PrefaceError::Refused),
+        Ok(_) if answer[0] == ACCEPTED => Ok(()),
+        Ok(_) => Err(PrefaceError::Refused),
+        Err(e) => Err(PrefaceError::Io(e.to_string())),
+    }
+}
+
+async fn read_exact<S: AsyncRead + Unpin>(s: &mut S, buf: &mut [u8]) -> Result<(), PrefaceError> {
+    match s.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(PrefaceError::Truncated),
+        Err(e) => Err(PrefaceError::Io(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let bytes = encode(b"secret").unwrap();
+        assert_eq!(parse(&bytes, 16).unwrap(), Some((&b"secret"[..], bytes.len())));
+    }
+
+    #[test]
+    fn partial_needs_more_and_bad_magic_fails_early() {
+        let bytes = encode(b"secret").unwrap();
+        for cut in 0..bytes.len() {
+            assert_eq!(parse(&bytes[..cut], 16).unwrap(), None, "cut at {cut}");
+        }
+        assert_eq!(parse(b"GET ", 16), Err(PrefaceError::BadMagic));
+        assert_eq!(parse(b"N", 16).unwrap(), None);
+        assert_eq!(parse(b"X", 16), Err(PrefaceError::BadMagic));
+    }
+
+    #[test]
+    fn overlong_token_refused_from_header_alone() {
+        let mut hdr = MAGIC.to_vec();
+        hdr.extend_from_slice(&1000u16.to_be_bytes());
+        assert_eq!(
+            parse(&hdr, 256),
+            Err(PrefaceError::TokenTooLong { len: 1000, limit: 256 })
+        );
+    }
+
+    #[test]
+    fn token_compare() {
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abc", b"abd"));
+        assert!(!token_matches(b"abc", b"ab"));
+    }
+
+    #[tokio::test]
+    async fn accept_and_offer_over_a_duplex() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let agent = tokio::spawn(async move { accept(&mut b, b"tok", 16).await });
+        offer(&mut a, b"tok").await.unwrap();
+        agent.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn wrong_token_gets_no_answer() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let agent = tokio::spawn(async move {
+            let r = accept(&mut b, b"tok", 16).await;
+            drop(b);
+            r
+        });
+        assert_eq!(offer(&mut a, b"bad").await, Err(PrefaceError::Refused));
+        assert_eq!(agent.await.unwrap(), Err(PrefaceError::WrongToken));
+    }
+}
