@@ -350,41 +350,56 @@ pub fn walk(
     const OP: &str = "walk_files";
     let loc = locate(jail, OP, root)?;
     let top = jail.open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(OP, root, e))?;
-    let mut stack: Vec<(OwnedFd, Vec<u8>, u32)> = vec![(top, root.to_vec(), 1)];
-    let mut emitted = 0u64;
-    while let Some((dir, base, depth)) = stack.pop() {
+    // One cursor per open directory: pre-order depth-first, with memory
+    // proportional to depth times directory width, never to the tree.
+    struct Cursor {
+        dir: OwnedFd,
+        base: Vec<u8>,
+        depth: u32,
+        names: std::vec::IntoIter<OsString>,
+    }
+    let open_cursor = |dir: OwnedFd, base: Vec<u8>, depth: u32| -> Result<Cursor, OpError> {
         let names = names(&dir).map_err(|e| os_err(OP, &base, e))?;
-        let mut subdirs = Vec::new();
-        for n in names {
-            if !include_hidden && n.as_bytes().first() == Some(&b'.') {
-                continue;
-            }
-            let full = join_bytes(&base, &n);
-            let entry = match entry_of(&dir, Path::new(&n), &full, depth) {
-                Ok(e) => e,
-                Err(Errno::NOENT) => continue,
-                Err(e) => return Err(os_err(OP, &full, e)),
-            };
-            if emitted == max_entries {
-                let mut e = agent_err(Kind::WalkLimit, OP, "walk entry budget exhausted");
-                e.path = bytes::Bytes::copy_from_slice(&root);
-                e.limit_name = "max_entries".into();
-                e.limit = max_entries;
-                return Err(e);
-            }
-            let is_dir = entry.file_type == FileType::Directory as i32;
-            emitted += 1;
-            if !emit(entry) {
-                return Ok(());
-            }
-            if is_dir && (max_depth == 0 || depth < max_depth) {
-                subdirs.push((n, full));
-            }
+        Ok(Cursor { dir, base, depth, names: names.into_iter() })
+    };
+    let mut stack = vec![open_cursor(top, root.to_vec(), 1)?];
+    let mut emitted = 0u64;
+    while let Some(cur) = stack.last_mut() {
+        let Some(n) = cur.names.next() else {
+            stack.pop();
+            continue;
+        };
+        if !include_hidden && n.as_bytes().first() == Some(&b'.') {
+            continue;
         }
-        // Reverse so the first name is walked first.
-        for (n, full) in subdirs.into_iter().rev() {
-            match rustix::fs::openat(&dir, Path::new(&n), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
-                Ok(fd) => stack.push((fd, full, depth + 1)),
+        let full = join_bytes(&cur.base, &n);
+        let depth = cur.depth;
+        let entry = match entry_of(&cur.dir, Path::new(&n), &full, depth) {
+            Ok(e) => e,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(os_err(OP, &full, e)),
+        };
+        if emitted == max_entries {
+            let mut e = agent_err(Kind::WalkLimit, OP, "walk entry budget exhausted");
+            e.path = bytes::Bytes::copy_from_slice(root);
+            e.limit_name = "max_entries".into();
+            e.limit = max_entries;
+            return Err(e);
+        }
+        let is_dir = entry.file_type == FileType::Directory as i32;
+        emitted += 1;
+        if !emit(entry) {
+            return Ok(());
+        }
+        if is_dir && (max_depth == 0 || depth < max_depth) {
+            // NOFOLLOW: a directory swapped for a symlink since the stat is
+            // not followed.
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            match rustix::fs::openat(&cur.dir, Path::new(&n), flags, Mode::empty()) {
+                Ok(fd) => {
+                    let c = open_cursor(fd, full, depth + 1)?;
+                    stack.push(c);
+                }
                 Err(Errno::NOENT) => {}
                 Err(e) => return Err(os_err(OP, &full, e)),
             }

@@ -1,0 +1,111 @@
+//! The conformance suite every namzu backend must pass.
+//!
+//! Cases are backend-agnostic: each gets fresh sandboxes from a factory and
+//! checks behaviour only through the [`Sandbox`] API. A backend is tested by
+//! one line in a test target with `harness = false`:
+//!
+//! ```ignore
+//! namzu_conformance::conformance_main!("host", |spec| async move {
+//!     provider().create(spec).await
+//! });
+//! ```
+//!
+//! which expands to a `main` that runs one test per case (libtest output,
+//! filters and `--ignored` work as usual). A case whose agent features the
+//! backend does not advertise is reported **ignored**, with the missing
+//! feature named in its kind — never a silent pass.
+
+mod cases;
+pub mod util;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use namzu::{Result, Sandbox, SandboxSpec};
+
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Makes a fresh sandbox for a case, with the spec the case asks for.
+pub type Factory = Arc<dyn Fn(SandboxSpec) -> BoxFut<Result<Box<dyn Sandbox>>> + Send + Sync>;
+
+/// What a case returns: `Err` with a description of the first broken promise.
+pub type Outcome = std::result::Result<(), String>;
+
+/// One conformance case.
+pub struct Case {
+    pub name: &'static str,
+    /// Agent features the case exercises.
+    pub needs: &'static [&'static str],
+    pub run: fn(Factory) -> BoxFut<Outcome>,
+}
+
+/// Every case, in a stable order.
+pub fn cases() -> Vec<Case> {
+    cases::all()
+}
+
+/// Runs the suite under libtest conventions and returns the process exit
+/// code. A probe sandbox is created first to read the features the backend
+/// advertises.
+pub fn run_main(backend: &str, factory: Factory) -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("conformance[{backend}]: cannot start a runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let features = rt.block_on(async {
+        let sb = (factory)(SandboxSpec::default()).await?;
+        let f = sb.agent().info().features.clone();
+        sb.destroy().await?;
+        Ok::<_, namzu::Error>(f)
+    });
+    drop(rt);
+    let features = match features {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("conformance[{backend}]: cannot create a probe sandbox: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let trials = cases()
+        .into_iter()
+        .map(|case| {
+            let missing: Vec<&str> = case.needs.iter().copied().filter(|f| !features.iter().any(|g| g == f)).collect();
+            let factory = factory.clone();
+            let run = case.run;
+            let trial = libtest_mimic::Trial::test(format!("{backend}::{}", case.name), move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(|e| libtest_mimic::Failed::from(format!("runtime: {e}")))?;
+                rt.block_on(run(factory)).map_err(libtest_mimic::Failed::from)
+            });
+            if missing.is_empty() {
+                trial
+            } else {
+                trial
+                    .with_ignored_flag(true)
+                    .with_kind(format!("unsupported: {}", missing.join(",")))
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Expands to a `main` running the whole suite against a provider factory
+/// `|spec: SandboxSpec| async { ... -> namzu::Result<Box<dyn Sandbox>> }`.
+#[macro_export]
+macro_rules! conformance_main {
+    ($backend:expr, $factory:expr) => {
+        fn main() -> ::std::process::ExitCode {
+            let f = $factory;
+            let factory: $crate::Factory = ::std::sync::Arc::new(move |spec| Box::pin(f(spec)));
+            $crate::run_main($backend, factory)
+        }
+    };
+}

@@ -56,6 +56,22 @@ pub mod limits {
     pub const PREFACE_TIMEOUT_MS: &str = "preface_timeout_ms";
     /// Time SIGTERM gives running work before the agent kills it and exits.
     pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
+
+    /// Every limit name, for validating overrides.
+    pub const ALL: &[&str] = &[
+        MAX_WRITE_BYTES,
+        MAX_READ_RANGE_BYTES,
+        MAX_MESSAGE_BYTES,
+        MAX_OUTPUT_BYTES,
+        SANDBOX_MAX_TIMEOUT_MS,
+        CANCEL_CONFIRM_MS,
+        MAX_EXECS,
+        MAX_LIST_ENTRIES,
+        MAX_WALK_ENTRIES,
+        MAX_TOKEN_BYTES,
+        PREFACE_TIMEOUT_MS,
+        SHUTDOWN_GRACE_MS,
+    ];
 }
 
 /// Feature strings an agent advertises in `HealthResponse.features`.

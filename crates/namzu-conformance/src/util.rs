@@ -1,0 +1,109 @@
+//! Helpers for cases: sandbox lifetime, deterministic data, assertions.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use namzu::{Sandbox, SandboxSpec};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use crate::{Factory, Outcome};
+
+/// Fails the case with a formatted message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!("{} (at {}:{})", format!($($fmt)+), file!(), line!()));
+        }
+    };
+}
+
+/// Converts any error into a case failure with context.
+pub trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Creates a sandbox, runs `body`, and destroys it whatever the outcome.
+pub async fn with_sandbox<F, Fut>(factory: &Factory, spec: SandboxSpec, body: F) -> Outcome
+where
+    F: FnOnce(Arc<dyn Sandbox>) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let sb: Arc<dyn Sandbox> = Arc::from(factory(spec).await.ctx("create sandbox")?);
+    let result = body(sb.clone()).await;
+    let destroyed = sb.destroy().await.ctx("destroy");
+    result.and(destroyed)
+}
+
+/// The byte at `pos` of the deterministic test pattern `seed`.
+#[inline]
+pub fn pattern_byte(seed: u64, pos: u64) -> u8 {
+    // splitmix64 of the 8-byte block, then the byte within it.
+    let mut z = seed.wrapping_add((pos / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    z.to_le_bytes()[(pos % 8) as usize]
+}
+
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| pattern_byte(seed, i)).collect()
+}
+
+/// An `AsyncRead` yielding `len` pattern bytes, optionally failing with an
+/// I/O error once `fail_at` bytes have been produced.
+pub struct PatternReader {
+    seed: u64,
+    pos: u64,
+    len: u64,
+    fail_at: Option<u64>,
+}
+
+impl PatternReader {
+    pub fn new(seed: u64, len: u64) -> Self {
+        Self { seed, pos: 0, len, fail_at: None }
+    }
+    pub fn failing_at(mut self, at: u64) -> Self {
+        self.fail_at = Some(at);
+        self
+    }
+}
+
+impl AsyncRead for PatternReader {
+    fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if let Some(at) = self.fail_at {
+            if self.pos >= at {
+                return Poll::Ready(Err(std::io::Error::other("injected read failure")));
+            }
+        }
+        let end = self.fail_at.map_or(self.len, |f| f.min(self.len));
+        let n = (end - self.pos).min(buf.remaining() as u64).min(256 * 1024) as usize;
+        let (seed, start) = (self.seed, self.pos);
+        let dst = buf.initialize_unfilled_to(n);
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = pattern_byte(seed, start + i as u64);
+        }
+        buf.advance(n);
+        self.pos += n as u64;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Checks that `data`, found at `offset`, matches the pattern.
+pub fn check_pattern(seed: u64, offset: u64, data: &[u8]) -> Outcome {
+    for (i, b) in data.iter().enumerate() {
+        let pos = offset + i as u64;
+        if *b != pattern_byte(seed, pos) {
+            return Err(format!("byte {pos} differs from the pattern"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! One module per isolation boundary, plus what they share: finding the
+//! agent binary, the state directory, and validating a spec.
+
+pub mod host;
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::sandbox::{SandboxSpec, Tier};
+
+/// Where sandboxes' state lives: `NAMZU_STATE_DIR`, else
+/// `$XDG_STATE_HOME/namzu`, else `~/.local/state/namzu`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("NAMZU_STATE_DIR") {
+        return d.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(d).join("namzu");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    home.join(".local/state/namzu")
+}
+
+/// Finds `namzu-agent`: `NAMZU_AGENT_BIN`, then beside the running
+/// executable, then one directory up (where cargo puts binaries relative to
+/// test executables in `deps/`).
+pub fn find_agent_binary() -> Result<PathBuf> {
+    let mut searched = Vec::new();
+    if let Some(p) = std::env::var_os("NAMZU_AGENT_BIN") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        searched.push(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            let p = dir.join("namzu-agent");
+            if p.is_file() {
+                return Ok(p);
+            }
+            searched.push(p);
+        }
+    }
+    Err(Error::AgentBinaryNotFound { searched })
+}
+
+/// Refuses agent-limit overrides whose name the agent does not know.
+pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
+    for (name, _) in &spec.limits {
+        if !namzu_proto::limits::ALL.contains(&name.as_str()) {
+            return Err(Error::OptionRefused {
+                tier: tier.name().into(),
+                option: format!("limits.{name}"),
+                reason: format!("unknown limit; known: {}", namzu_proto::limits::ALL.join(", ")),
+            });
+        }
+    }
+    for (k, _) in &spec.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Error::InvalidArgument { op: "create".into(), message: format!("invalid environment variable name {k:?}") });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,736 @@
+//! `AgentClient`: the host's end of one link to an agent.
+//!
+//! It owns one HTTP/2 connection, carried over whatever byte stream a dialer
+//! produces (unix socket, TCP, an inherited socket, later vsock or an exec's
+//! stdio). Each new stream is authenticated with the preface before HTTP/2
+//! starts. The client reads `Health` once at connect and refuses, with
+//! [`Error::Unsupported`], any op whose feature the agent did not advertise —
+//! before sending anything.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use hyper_util::rt::TokioIo;
+use namzu_proto::features as feat;
+use namzu_proto::v1::{
+    self, agent_client::AgentClient as Rpc, cancel_response::Outcome, exec_input, exec_output,
+    write_file_request,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::error::{bytes_path, Error, Result};
+use crate::types::*;
+
+/// Chunk size of uploads. Well under the message limit.
+pub const WRITE_CHUNK: usize = 1 << 20;
+
+/// Host-side options of a link.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Largest gRPC message accepted or sent (`max_message_bytes`).
+    pub max_message_bytes: usize,
+    /// HTTP/2 keepalive: a peer silent this long past a ping is dead.
+    pub keepalive: Duration,
+    /// Bound on dialing plus the preface.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: namzu_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            keepalive: Duration::from_secs(20),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A byte stream an agent link can run over.
+pub trait LinkStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkStream for T {}
+
+type DialFuture = Pin<Box<dyn Future<Output = io::Result<Box<dyn LinkStreamObj>>> + Send>>;
+type Dialer = Arc<dyn Fn() -> DialFuture + Send + Sync>;
+
+/// Object-safe form of [`LinkStream`], so one client type serves every
+/// transport.
+pub trait LinkStreamObj: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> LinkStreamObj for T {}
+
+struct Inner {
+    rpc: Rpc<Channel>,
+    info: AgentInfo,
+    features: HashSet<String>,
+    closed: AtomicBool,
+    retired: AtomicBool,
+    sandbox_id: String,
+}
+
+/// A cheap-to-clone handle on one agent link.
+#[derive(Clone)]
+pub struct AgentClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("sandbox_id", &self.inner.sandbox_id)
+            .field("boot_id", &self.inner.info.boot_id)
+            .finish()
+    }
+}
+
+impl AgentClient {
+    /// Connects through `dial`, which is called again if the connection has
+    /// to be re-established. `endpoint` names the peer in errors.
+    pub async fn connect<D, F, S>(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, dial: D) -> Result<Self>
+    where
+        D: Fn() -> F + Send + Sync + 'static,
+        F: Future<Output = io::Result<S>> + Send + 'static,
+        S: LinkStream,
+    {
+        let dial = Arc::new(dial);
+        let dialer: Dialer = Arc::new(move || {
+            let fut = dial();
+            Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
+        });
+        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+    }
+
+    /// Connects over one already-open stream (an inherited socket, an exec's
+    /// stdio). The link cannot be re-established once it drops.
+    pub async fn connect_stream<S: LinkStream>(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, stream: S) -> Result<Self> {
+        let slot = Arc::new(Mutex::new(Some(stream)));
+        let ep = endpoint.to_owned();
+        let dialer: Dialer = Arc::new(move || {
+            let taken = slot.lock().ok().and_then(|mut s| s.take());
+            let ep = ep.clone();
+            Box::pin(async move {
+                taken
+                    .map(|s| Box::new(s) as Box<dyn LinkStreamObj>)
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, format!("the one-shot link to {ep} is gone")))
+            })
+        });
+        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+    }
+
+    /// Connects to an agent's unix socket.
+    pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
+        let p = path.to_path_buf();
+        Self::connect(sandbox_id, &path.display().to_string(), token, opts, move || tokio::net::UnixStream::connect(p.clone())).await
+    }
+
+    /// Connects to an agent over TCP.
+    pub async fn connect_tcp(sandbox_id: &str, addr: std::net::SocketAddr, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
+        Self::connect(sandbox_id, &addr.to_string(), token, opts, move || async move {
+            let s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        })
+        .await
+    }
+
+    async fn connect_dialer(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, dialer: Dialer) -> Result<Self> {
+        let token = Arc::new(token);
+        // The first link is dialed here, not inside tonic, so a refused
+        // preface or a dead socket comes back as a typed error.
+        let first = tokio::time::timeout(opts.connect_timeout, async {
+            let mut s = dialer().await.map_err(|source| Error::Connect { endpoint: endpoint.into(), source })?;
+            namzu_proto::preface::offer(&mut s, &token)
+                .await
+                .map_err(|source| Error::Preface { endpoint: endpoint.into(), source })?;
+            Ok::<_, Error>(s)
+        })
+        .await
+        .map_err(|_| Error::Connect {
+            endpoint: endpoint.into(),
+            source: io::Error::new(io::ErrorKind::TimedOut, "connect and preface timed out"),
+        })??;
+        let first = Arc::new(Mutex::new(Some(first)));
+        let connector = tower::service_fn(move |_: Uri| {
+            let first = first.lock().ok().and_then(|mut f| f.take());
+            let dialer = dialer.clone();
+            let token = token.clone();
+            async move {
+                let s = match first {
+                    Some(s) => s,
+                    None => {
+                        let mut s = dialer().await?;
+                        namzu_proto::preface::offer(&mut s, &token)
+                            .await
+                            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+                        s
+                    }
+                };
+                Ok::<_, io::Error>(TokioIo::new(s))
+            }
+        });
+        // The URI is never resolved: the connector above supplies the stream.
+        let channel = Endpoint::from_static("http://namzu-agent")
+            .http2_keep_alive_interval(opts.keepalive)
+            .keep_alive_timeout(opts.keepalive)
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(8 << 20))
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| Error::Connect {
+                endpoint: endpoint.into(),
+                source: io::Error::other(e),
+            })?;
+        let mut rpc = Rpc::new(channel)
+            .max_decoding_message_size(opts.max_message_bytes)
+            .max_encoding_message_size(opts.max_message_bytes);
+        let h = rpc
+            .health(v1::HealthRequest {})
+            .await
+            .map_err(|s| Error::from_status("health", s))?
+            .into_inner();
+        if h.protocol_version != namzu_proto::PROTOCOL_VERSION {
+            return Err(Error::ProtocolVersion {
+                agent: h.protocol_version,
+                host: namzu_proto::PROTOCOL_VERSION,
+            });
+        }
+        let info = agent_info(h);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rpc,
+                features: info.features.iter().cloned().collect(),
+                retired: AtomicBool::new(info.retiring),
+                info,
+                closed: AtomicBool::new(false),
+                sandbox_id: sandbox_id.into(),
+            }),
+        })
+    }
+
+    /// What the agent said at connect time.
+    pub fn info(&self) -> &AgentInfo {
+        &self.inner.info
+    }
+
+    pub fn sandbox_id(&self) -> &str {
+        &self.inner.sandbox_id
+    }
+
+    /// A fresh Health call (RSS, retiring state).
+    pub async fn health(&self) -> Result<AgentInfo> {
+        self.open("health")?;
+        let h = self.rpc().health(v1::HealthRequest {}).await.map_err(|s| Error::from_status("health", s))?;
+        Ok(agent_info(h.into_inner()))
+    }
+
+    /// Marks the link unusable: every later op fails with
+    /// [`Error::SandboxDestroyed`].
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.inner.retired.load(Ordering::SeqCst)
+    }
+
+    fn rpc(&self) -> Rpc<Channel> {
+        self.inner.rpc.clone()
+    }
+
+    fn open(&self, _op: &str) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::SandboxDestroyed { id: self.inner.sandbox_id.clone() });
+        }
+        Ok(())
+    }
+
+    /// Checks the link is usable and the agent offers `feature` for `op`.
+    fn require(&self, op: &str, feature: &str) -> Result<()> {
+        self.open(op)?;
+        if self.is_retired() {
+            return Err(Error::AgentRetiring { op: op.into() });
+        }
+        if !self.inner.features.contains(feature) {
+            return Err(Error::Unsupported { op: op.into(), feature: feature.into() });
+        }
+        Ok(())
+    }
+
+    fn status(&self, op: &str, s: tonic::Status) -> Error {
+        let e = Error::from_status(op, s);
+        if matches!(e, Error::RemoteCancellationUnknown { .. } | Error::AgentRetiring { .. }) {
+            self.inner.retired.store(true, Ordering::SeqCst);
+        }
+        e
+    }
+
+    // ------------------------------------------------------------ exec --
+
+    /// Runs a command and collects its output.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
+        let mut stream = self.exec_stream(req).await?;
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        while let Some(ev) = stream.next().await {
+            match ev? {
+                ExecEvent::Stdout { data, .. } => stdout.extend_from_slice(&data),
+                ExecEvent::Stderr { data, .. } => stderr.extend_from_slice(&data),
+                ExecEvent::Exit(x) => {
+                    return Ok(ExecOutput {
+                        exec_id: stream.exec_id.clone(),
+                        status: x.status,
+                        stdout: stdout.into(),
+                        stderr: stderr.into(),
+                        stdout_truncated: x.stdout_truncated,
+                        stderr_truncated: x.stderr_truncated,
+                        stdout_bytes: x.stdout_bytes,
+                        stderr_bytes: x.stderr_bytes,
+                        duration: x.duration,
+                    });
+                }
+            }
+        }
+        Err(Error::Protocol { op: "exec".into(), message: "stream ended without an exit".into() })
+    }
+
+    /// Starts a command and streams its output. The id is reserved first, so
+    /// a cancel that races the start is never lost.
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
+        const OP: &str = "exec";
+        self.require(OP, feat::EXEC)?;
+        if matches!(req.stdin, Stdin::Stream(_)) {
+            self.require(OP, feat::EXEC_STDIN_STREAM)?;
+        }
+        if req.cancel.is_some() {
+            self.require(OP, feat::EXEC_CANCEL)?;
+        }
+        let cancel = req.cancel.clone();
+        let (mut start, stdin_stream) = exec_start(req);
+        let exec_id = self
+            .rpc()
+            .reserve_exec(v1::ReserveExecRequest {})
+            .await
+            .map_err(|s| self.status("reserve_exec", s))?
+            .into_inner()
+            .exec_id;
+        start.exec_id = exec_id.clone();
+
+        // From here a cancel is answered by the agent even before the start.
+        let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), exec_id.clone(), token)));
+        let input = exec_input_stream(start, stdin_stream);
+        let mut out = self.rpc().exec(input).await.map_err(|s| self.status(OP, s))?.into_inner();
+        let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
+            Some(v1::ExecOutput { msg: Some(exec_output::Msg::Started(s)) }) => Some(s.pid),
+            // Cancelled before start: the agent answers exit at once.
+            Some(v1::ExecOutput { msg: Some(exec_output::Msg::Exit(x)) }) => {
+                return Ok(ExecStream::finished(self.clone(), exec_id, exit_summary(x), canceller));
+            }
+            other => {
+                return Err(Error::Protocol { op: OP.into(), message: format!("expected started, got {other:?}") });
+            }
+        };
+        Ok(ExecStream {
+            exec_id,
+            pid,
+            client: self.clone(),
+            out: Some(out),
+            pending_exit: None,
+            canceller,
+        })
+    }
+
+    /// Cancels an execution: kills its process group and waits for the
+    /// agent to confirm. An unconfirmed kill retires the sandbox.
+    pub async fn cancel(&self, exec_id: &str) -> Result<CancelOutcome> {
+        const OP: &str = "cancel";
+        self.open(OP)?;
+        let r = self
+            .rpc()
+            .cancel(v1::CancelRequest { exec_id: exec_id.into() })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        match r.outcome() {
+            Outcome::Confirmed => Ok(CancelOutcome::Killed),
+            Outcome::NotStarted => Ok(CancelOutcome::NotStarted),
+            Outcome::AlreadyExited => Ok(CancelOutcome::AlreadyExited),
+            Outcome::Unconfirmed => {
+                self.inner.retired.store(true, Ordering::SeqCst);
+                Err(Error::RemoteCancellationUnknown { exec_id: exec_id.into() })
+            }
+            Outcome::Unspecified => Err(Error::Protocol { op: OP.into(), message: "no outcome".into() }),
+        }
+    }
+
+    // ----------------------------------------------------------- files --
+
+    /// Writes `data` to `path` atomically.
+    pub async fn write_file(&self, path: &Path, data: Bytes, opts: WriteOptions) -> Result<u64> {
+        const OP: &str = "write_file";
+        self.require(OP, feat::FILES_WRITE)?;
+        let total = data.len() as u64;
+        let chunks = (0..data.len()).step_by(WRITE_CHUNK).map(move |i| {
+            let end = (i + WRITE_CHUNK).min(data.len());
+            v1::WriteFileRequest { msg: Some(write_file_request::Msg::Data(data.slice(i..end))) }
+        });
+        let msgs = std::iter::once(begin_msg(path, &opts))
+            .chain(chunks)
+            .chain(std::iter::once(v1::WriteFileRequest {
+                msg: Some(write_file_request::Msg::Commit(v1::WriteCommit { total_bytes: total })),
+            }));
+        let r = self
+            .rpc()
+            .write_file(futures::stream::iter(msgs))
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(r.into_inner().bytes_written)
+    }
+
+    /// Writes everything `reader` yields to `path` atomically, streaming. A
+    /// read error aborts the write; the old file stays.
+    pub async fn write_file_from<R>(&self, path: &Path, mut reader: R, opts: WriteOptions) -> Result<u64>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        const OP: &str = "write_file";
+        self.require(OP, feat::FILES_WRITE)?;
+        let (tx, rx) = mpsc::channel(4);
+        let begin = begin_msg(path, &opts);
+        let pump = tokio::spawn(async move {
+            if tx.send(begin).await.is_err() {
+                return Ok(());
+            }
+            let mut total = 0u64;
+            loop {
+                let mut buf = Vec::with_capacity(WRITE_CHUNK);
+                let n = (&mut reader).take(WRITE_CHUNK as u64).read_to_end(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+                let msg = v1::WriteFileRequest { msg: Some(write_file_request::Msg::Data(buf.into())) };
+                if tx.send(msg).await.is_err() {
+                    return Ok(());
+                }
+            }
+            let _ = tx
+                .send(v1::WriteFileRequest {
+                    msg: Some(write_file_request::Msg::Commit(v1::WriteCommit { total_bytes: total })),
+                })
+                .await;
+            Ok::<_, io::Error>(())
+        });
+        let r = self.rpc().write_file(ReceiverStream::new(rx)).await;
+        // A local read error explains the failure better than the agent's
+        // "ended without commit".
+        if let Ok(Err(source)) = pump.await {
+            return Err(Error::LocalIo { op: OP.into(), source });
+        }
+        Ok(r.map_err(|s| self.status(OP, s))?.into_inner().bytes_written)
+    }
+
+    /// Reads a whole file, or a range of it.
+    pub async fn read_file(&self, path: &Path, range: Option<ByteRange>) -> Result<FileData> {
+        const OP: &str = "read_file";
+        self.require(OP, feat::FILES_READ)?;
+        let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let r = self
+            .rpc()
+            .read_file(v1::ReadFileRequest { path: path_bytes(path), offset, length })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        Ok(FileData { data: r.data, file_size: r.file_size, eof: r.eof })
+    }
+
+    /// Streams a file (or a range) in chunks; memory stays bounded on both
+    /// ends whatever the size.
+    pub async fn read_file_stream(&self, path: &Path, range: Option<ByteRange>) -> Result<ByteStream> {
+        const OP: &str = "read_file_stream";
+        self.require(OP, feat::FILES_READ_STREAM)?;
+        let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let s = self
+            .rpc()
+            .read_file_stream(v1::ReadFileStreamRequest { path: path_bytes(path), offset, length })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        let me = self.clone();
+        Ok(Box::pin(s.map(move |r| r.map(|c| c.data).map_err(|s| me.status(OP, s)))))
+    }
+
+    pub async fn list_files(&self, path: &Path) -> Result<Vec<FileInfo>> {
+        const OP: &str = "list_files";
+        self.require(OP, feat::FILES_LIST)?;
+        let r = self
+            .rpc()
+            .list_files(v1::ListFilesRequest { path: path_bytes(path) })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(r.into_inner().entries.into_iter().map(file_info).collect())
+    }
+
+    /// Walks a tree depth-first. Symlinks are reported, never followed. A
+    /// budget overrun ends the stream with [`Error::WalkLimit`].
+    pub async fn walk_files(&self, root: &Path, opts: WalkOptions) -> Result<FileInfoStream> {
+        const OP: &str = "walk_files";
+        self.require(OP, feat::FILES_WALK)?;
+        let s = self
+            .rpc()
+            .walk_files(v1::WalkFilesRequest {
+                root: path_bytes(root),
+                max_entries: opts.max_entries,
+                max_depth: opts.max_depth,
+                include_hidden: opts.include_hidden,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        let me = self.clone();
+        Ok(Box::pin(s.map(move |r| r.map(file_info).map_err(|s| me.status(OP, s)))))
+    }
+
+    pub async fn stat(&self, path: &Path) -> Result<FileInfo> {
+        const OP: &str = "stat";
+        self.require(OP, feat::FILES_STAT)?;
+        let r = self.rpc().stat(v1::StatRequest { path: path_bytes(path) }).await.map_err(|s| self.status(OP, s))?;
+        Ok(file_info(r.into_inner()))
+    }
+
+    pub async fn mkdir(&self, path: &Path, parents: bool) -> Result<()> {
+        const OP: &str = "mkdir";
+        self.require(OP, feat::FILES_MKDIR)?;
+        self.rpc()
+            .mkdir(v1::MkdirRequest { path: path_bytes(path), parents, mode: None })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+
+    pub async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
+        const OP: &str = "remove";
+        self.require(OP, feat::FILES_REMOVE)?;
+        self.rpc()
+            .remove(v1::RemoveRequest { path: path_bytes(path), recursive })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+
+    pub async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        const OP: &str = "rename";
+        self.require(OP, feat::FILES_RENAME)?;
+        self.rpc()
+            .rename(v1::RenameRequest { from: path_bytes(from), to: path_bytes(to), no_replace: false })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+}
+
+/// How a cancel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The whole process group was killed and is confirmed gone.
+    Killed,
+    /// Reserved but never started; it never will be.
+    NotStarted,
+    AlreadyExited,
+}
+
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
+pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;
+
+/// A running command's output, ending with [`ExecEvent::Exit`].
+pub struct ExecStream {
+    pub exec_id: String,
+    /// Pid inside the sandbox; `None` if it never started.
+    pub pid: Option<u32>,
+    client: AgentClient,
+    out: Option<tonic::Streaming<v1::ExecOutput>>,
+    pending_exit: Option<ExitSummary>,
+    canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>,
+}
+
+impl ExecStream {
+    /// A stream whose command never started (cancelled before its start).
+    fn finished(client: AgentClient, exec_id: String, exit: ExitSummary, canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>) -> Self {
+        Self { exec_id, pid: None, client, out: None, pending_exit: Some(exit), canceller }
+    }
+}
+
+impl Drop for ExecStream {
+    fn drop(&mut self) {
+        if let Some(c) = self.canceller.take() {
+            c.abort();
+        }
+    }
+}
+
+impl Stream for ExecStream {
+    type Item = Result<ExecEvent>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if let Some(x) = self.pending_exit.take() {
+            return Poll::Ready(Some(Ok(ExecEvent::Exit(x))));
+        }
+        let Some(out) = self.out.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match out.poll_next_unpin(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.out = None;
+                Poll::Ready(Some(Err(Error::LinkLost { op: "exec".into(), message: "stream ended before the exit".into() })))
+            }
+            Poll::Ready(Some(Err(s))) => {
+                self.out = None;
+                let e = self.client.status("exec", s);
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(Some(Ok(msg))) => match msg.msg {
+                Some(exec_output::Msg::Stdout(c)) => Poll::Ready(Some(Ok(ExecEvent::Stdout { offset: c.offset, data: c.data }))),
+                Some(exec_output::Msg::Stderr(c)) => Poll::Ready(Some(Ok(ExecEvent::Stderr { offset: c.offset, data: c.data }))),
+                Some(exec_output::Msg::Exit(x)) => {
+                    self.out = None;
+                    Poll::Ready(Some(Ok(ExecEvent::Exit(exit_summary(x)))))
+                }
+                _ => Poll::Ready(Some(Err(Error::Protocol { op: "exec".into(), message: "unexpected message".into() }))),
+            },
+        }
+    }
+}
+
+/// The start message (without its id yet) and the stdin stream, if any.
+fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<Pin<Box<dyn Stream<Item = Bytes> + Send>>>) {
+    let timeout_ms = match req.timeout {
+        None => 0,
+        Some(t) => u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1),
+    };
+    let (stdin, stream, follow) = match req.stdin {
+        Stdin::Null => (Bytes::new(), None, false),
+        Stdin::Bytes(b) => (b, None, false),
+        Stdin::Stream(s) => (Bytes::new(), Some(s), true),
+    };
+    let b = |s: &std::ffi::OsStr| Bytes::copy_from_slice(s.as_bytes());
+    let start = v1::ExecStart {
+        exec_id: String::new(),
+        command: b(&req.command),
+        args: req.args.iter().map(|a| b(a)).collect(),
+        cwd: req.cwd.as_ref().map(|c| b(c.as_os_str())).unwrap_or_default(),
+        env: req.env.iter().map(|(k, v)| v1::EnvVar { key: b(k), value: b(v) }).collect(),
+        clear_env: req.clear_env,
+        timeout_ms,
+        stdin_stream: follow,
+        stdin,
+    };
+    (start, stream)
+}
+
+async fn cancel_on(client: AgentClient, exec_id: String, token: CancellationToken) -> Result<CancelOutcome> {
+    token.cancelled().await;
+    client.cancel(&exec_id).await
+}
+
+/// `start`, then stdin chunks and an end-of-input marker if stdin streams.
+/// A forwarding task feeds a channel so the request stream is a concrete
+/// `Send + Sync` type whatever the caller's stdin stream is.
+fn exec_input_stream(start: v1::ExecStart, stdin: Option<Pin<Box<dyn Stream<Item = Bytes> + Send>>>) -> ReceiverStream<v1::ExecInput> {
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move {
+        if tx.send(v1::ExecInput { msg: Some(exec_input::Msg::Start(start)) }).await.is_err() {
+            return;
+        }
+        let Some(mut s) = stdin else {
+            // Holding `tx` open keeps the request half open until the call
+            // ends; the agent reads nothing more from it.
+            tx.closed().await;
+            return;
+        };
+        while let Some(b) = s.next().await {
+            if tx.send(v1::ExecInput { msg: Some(exec_input::Msg::Stdin(b)) }).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(v1::ExecInput { msg: Some(exec_input::Msg::StdinEof(v1::Empty {})) }).await;
+        tx.closed().await;
+    });
+    ReceiverStream::new(rx)
+}
+
+fn exit_summary(x: v1::ExecExit) -> ExitSummary {
+    ExitSummary {
+        status: ExitStatus { code: x.code, signal: x.signal, timed_out: x.timed_out, cancelled: x.cancelled },
+        stdout_truncated: x.stdout_truncated,
+        stderr_truncated: x.stderr_truncated,
+        stdout_bytes: x.stdout_bytes,
+        stderr_bytes: x.stderr_bytes,
+        duration: Duration::from_millis(x.duration_ms),
+    }
+}
+
+fn begin_msg(path: &Path, opts: &WriteOptions) -> v1::WriteFileRequest {
+    v1::WriteFileRequest {
+        msg: Some(write_file_request::Msg::Begin(v1::WriteBegin {
+            path: path_bytes(path),
+            mode: opts.mode,
+            create_parents: opts.create_parents,
+        })),
+    }
+}
+
+fn path_bytes(p: &Path) -> Bytes {
+    Bytes::copy_from_slice(p.as_os_str().as_bytes())
+}
+
+fn file_info(e: v1::FileEntry) -> FileInfo {
+    use std::os::unix::ffi::OsStringExt;
+    let kind = match e.file_type() {
+        v1::FileType::Regular => FileKind::File,
+        v1::FileType::Directory => FileKind::Dir,
+        v1::FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    };
+    let mtime = if e.mtime_ms >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(e.mtime_ms.unsigned_abs())
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_millis(e.mtime_ms.unsigned_abs())
+    };
+    FileInfo {
+        path: bytes_path(&e.path),
+        name: std::ffi::OsString::from_vec(e.name.to_vec()),
+        kind,
+        size: e.size,
+        mode: e.mode,
+        mtime,
+        symlink_target: e.symlink_target.as_deref().map(bytes_path),
+        depth: e.depth,
+    }
+}
+
+fn agent_info(h: v1::HealthResponse) -> AgentInfo {
+    AgentInfo {
+        protocol_version: h.protocol_version,
+        agent_version: h.agent_version,
+        boot_id: h.boot_id,
+        features: h.features,
+        retiring: h.retiring,
+        pid: h.pid,
+        rss_bytes: h.rss_bytes,
+        peak_rss_bytes: h.peak_rss_bytes,
+        limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
+    }
+}

@@ -1,0 +1,138 @@
+//! The errors of the host library. Every failure a caller may act on is a
+//! variant carrying what it needs (operation, path, id, limit); the free-form
+//! `message` fields are for humans only.
+
+use std::path::PathBuf;
+
+use namzu_proto::preface::PrefaceError;
+use namzu_proto::v1::agent_error::Kind;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- paths and files
+    #[error("{op}: {}: no such file or directory", path.display())]
+    NotFound { op: String, path: PathBuf },
+    #[error("{op}: {}: already exists", path.display())]
+    AlreadyExists { op: String, path: PathBuf },
+    #[error("{op}: {}: permission denied", path.display())]
+    PermissionDenied { op: String, path: PathBuf },
+    #[error("{op}: {}: path escapes the sandbox", path.display())]
+    PathEscape { op: String, path: PathBuf },
+    #[error("{op}: {}: not a directory", path.display())]
+    NotADirectory { op: String, path: PathBuf },
+    #[error("{op}: {}: is a directory", path.display())]
+    IsADirectory { op: String, path: PathBuf },
+    #[error("{op}: {}: not a regular file", path.display())]
+    NotRegularFile { op: String, path: PathBuf },
+    #[error("{op}: {}: directory not empty", path.display())]
+    DirectoryNotEmpty { op: String, path: PathBuf },
+    #[error("walk of {}: more than {limit} entries", root.display())]
+    WalkLimit { root: PathBuf, limit: u64 },
+    #[error("{op}: {}: i/o error (errno {errno}): {message}", path.display())]
+    Io { op: String, path: PathBuf, errno: i32, message: String },
+
+    // ---- limits and arguments
+    #[error("{op}: exceeds the limit {limit} = {value}")]
+    LimitExceeded { op: String, limit: String, value: u64, path: Option<PathBuf> },
+    #[error("{op}: invalid argument: {message}")]
+    InvalidArgument { op: String, message: String },
+
+    // ---- executions
+    #[error("cannot start {}: {message} (errno {errno})", command.display())]
+    SpawnFailed { command: PathBuf, errno: i32, message: String },
+    #[error("cancellation of execution {exec_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
+    RemoteCancellationUnknown { exec_id: String },
+    #[error("{op}: the agent is retiring after an unconfirmed kill and serves nothing but health")]
+    AgentRetiring { op: String },
+    #[error("{op}: unknown execution {exec_id}")]
+    UnknownExecution { op: String, exec_id: String },
+
+    // ---- capabilities
+    #[error("{op}: the agent does not offer feature {feature:?}")]
+    Unsupported { op: String, feature: String },
+    #[error("tier {tier} cannot honour option {option}: {reason}")]
+    OptionRefused { tier: String, option: String, reason: String },
+    #[error("tier {tier} is not available: {reason}")]
+    TierUnavailable { tier: String, reason: String },
+
+    // ---- sandboxes and links
+    #[error("sandbox {id} has been destroyed")]
+    SandboxDestroyed { id: String },
+    #[error("no sandbox with id {id}")]
+    SandboxNotFound { id: String },
+    #[error("sandbox {id} is not running (its agent is gone)")]
+    SandboxDead { id: String },
+    #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]
+    AgentBinaryNotFound { searched: Vec<PathBuf> },
+    #[error("agent of sandbox {id} did not come up: {reason}")]
+    AgentStart { id: String, reason: String },
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect { endpoint: String, #[source] source: std::io::Error },
+    #[error("link to {endpoint} refused during the preface: {source}")]
+    Preface { endpoint: String, #[source] source: PrefaceError },
+    #[error("agent speaks protocol {agent}, this host speaks {host}")]
+    ProtocolVersion { agent: u32, host: u32 },
+    #[error("{op}: the link to the agent failed: {message}")]
+    LinkLost { op: String, message: String },
+    #[error("{op}: the agent broke the protocol: {message}")]
+    Protocol { op: String, message: String },
+    #[error("{op}: the agent is shutting down")]
+    ShuttingDown { op: String },
+    #[error("{op}: local i/o: {source}")]
+    LocalIo { op: String, #[source] source: std::io::Error },
+    #[error("state of sandbox {id} is unreadable: {message}")]
+    State { id: String, message: String },
+}
+
+impl Error {
+    /// Rebuilds the typed error of `op` from an agent status.
+    pub(crate) fn from_status(op: &str, status: tonic::Status) -> Self {
+        let Some(e) = namzu_proto::error_from_status(&status) else {
+            return match status.code() {
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => Error::LinkLost {
+                    op: op.into(),
+                    message: status.message().into(),
+                },
+                _ => Error::Protocol {
+                    op: op.into(),
+                    message: format!("{:?}: {}", status.code(), status.message()),
+                },
+            };
+        };
+        let op = if e.op.is_empty() { op.to_owned() } else { e.op.clone() };
+        let path = bytes_path(&e.path);
+        match e.kind() {
+            Kind::NotFound => Error::NotFound { op, path },
+            Kind::AlreadyExists => Error::AlreadyExists { op, path },
+            Kind::PermissionDenied => Error::PermissionDenied { op, path },
+            Kind::PathEscape => Error::PathEscape { op, path },
+            Kind::NotADirectory => Error::NotADirectory { op, path },
+            Kind::IsADirectory => Error::IsADirectory { op, path },
+            Kind::NotRegularFile => Error::NotRegularFile { op, path },
+            Kind::DirectoryNotEmpty => Error::DirectoryNotEmpty { op, path },
+            Kind::WalkLimit => Error::WalkLimit { root: path, limit: e.limit },
+            Kind::LimitExceeded => Error::LimitExceeded {
+                op,
+                limit: e.limit_name,
+                value: e.limit,
+                path: (!e.path.is_empty()).then_some(path),
+            },
+            Kind::InvalidArgument => Error::InvalidArgument { op, message: e.message },
+            Kind::SpawnFailed => Error::SpawnFailed { command: path, errno: e.errno, message: e.message },
+            Kind::Retiring if !e.exec_id.is_empty() => Error::RemoteCancellationUnknown { exec_id: e.exec_id },
+            Kind::Retiring => Error::AgentRetiring { op },
+            Kind::UnknownExec => Error::UnknownExecution { op, exec_id: e.exec_id },
+            Kind::ShuttingDown => Error::ShuttingDown { op },
+            Kind::Io => Error::Io { op, path, errno: e.errno, message: e.message },
+            Kind::ExecState | Kind::Protocol | Kind::Unspecified => Error::Protocol { op, message: e.message },
+        }
+    }
+}
+
+pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    PathBuf::from(std::ffi::OsStr::from_bytes(b))
+}

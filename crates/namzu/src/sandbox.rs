@@ -1,0 +1,144 @@
+//! The one API every backend offers: [`Sandbox`] (a live sandbox) and
+//! [`Provider`] (makes and finds sandboxes of one tier).
+//!
+//! Every operation goes through the sandbox's agent, so the trait provides
+//! them all on top of [`Sandbox::agent`]; a backend supplies identity and
+//! lifecycle. After [`Sandbox::destroy`] every operation fails with
+//! [`Error::SandboxDestroyed`].
+
+use std::path::Path;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::io::AsyncRead;
+
+use crate::client::{AgentClient, ByteStream, CancelOutcome, ExecStream, FileInfoStream};
+use crate::error::{Error, Result};
+use crate::types::*;
+
+/// Isolation boundaries, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// No isolation: the agent is a plain child process. Development only.
+    Host,
+    /// Linux namespaces, seccomp, landlock; no daemon.
+    Local,
+    /// One OCI container per sandbox through dockerd (runc or runsc).
+    Docker,
+    /// One KVM guest per sandbox.
+    MicroVm,
+    /// agent-sandbox custom resources on a cluster.
+    Kubernetes,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 5] = [Tier::Host, Tier::Local, Tier::Docker, Tier::MicroVm, Tier::Kubernetes];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Host => "host",
+            Tier::Local => "local",
+            Tier::Docker => "docker",
+            Tier::MicroVm => "microvm",
+            Tier::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| Error::InvalidArgument { op: "tier".into(), message: format!("unknown tier {s:?}; known: host, local, docker, microvm, kubernetes") })
+    }
+}
+
+/// What to create. Options a tier cannot honour are refused by name.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxSpec {
+    /// Environment every command starts with.
+    pub env: Vec<(String, String)>,
+    /// Agent limits to override, by their names in
+    /// [`namzu_proto::limits`] (e.g. `sandbox_max_timeout_ms`).
+    pub limits: Vec<(String, u64)>,
+}
+
+/// A summary of a sandbox a provider knows about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub tier: Tier,
+    pub alive: bool,
+    pub created_unix: u64,
+}
+
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    fn id(&self) -> &str;
+    fn tier(&self) -> Tier;
+    /// The link to this sandbox's agent.
+    fn agent(&self) -> &AgentClient;
+
+    /// Tears the sandbox down: every process in it is killed and its state
+    /// removed. Idempotent.
+    async fn destroy(&self) -> Result<()>;
+
+    async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
+        self.agent().exec(req).await
+    }
+    async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
+        self.agent().exec_stream(req).await
+    }
+    async fn cancel(&self, exec_id: &str) -> Result<CancelOutcome> {
+        self.agent().cancel(exec_id).await
+    }
+    async fn write_file(&self, path: &Path, data: Bytes, opts: WriteOptions) -> Result<u64> {
+        self.agent().write_file(path, data, opts).await
+    }
+    async fn write_file_from(&self, path: &Path, reader: Box<dyn AsyncRead + Send + Unpin>, opts: WriteOptions) -> Result<u64> {
+        self.agent().write_file_from(path, reader, opts).await
+    }
+    async fn read_file(&self, path: &Path, range: Option<ByteRange>) -> Result<FileData> {
+        self.agent().read_file(path, range).await
+    }
+    async fn read_file_stream(&self, path: &Path, range: Option<ByteRange>) -> Result<ByteStream> {
+        self.agent().read_file_stream(path, range).await
+    }
+    async fn list_files(&self, path: &Path) -> Result<Vec<FileInfo>> {
+        self.agent().list_files(path).await
+    }
+    async fn walk_files(&self, root: &Path, opts: WalkOptions) -> Result<FileInfoStream> {
+        self.agent().walk_files(root, opts).await
+    }
+    async fn stat(&self, path: &Path) -> Result<FileInfo> {
+        self.agent().stat(path).await
+    }
+    async fn mkdir(&self, path: &Path, parents: bool) -> Result<()> {
+        self.agent().mkdir(path, parents).await
+    }
+    async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
+        self.agent().remove(path, recursive).await
+    }
+    async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        self.agent().rename(from, to).await
+    }
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    fn tier(&self) -> Tier;
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>>;
+    /// Reattaches to a sandbox made earlier, possibly by another process.
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>>;
+    async fn list(&self) -> Result<Vec<SandboxInfo>>;
+    /// Destroys a sandbox by id, whether or not it is still alive.
+    async fn destroy(&self, id: &str) -> Result<()>;
+}

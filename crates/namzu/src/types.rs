@@ -1,0 +1,243 @@
+//! Requests and results of sandbox operations, independent of any backend.
+
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio_util::sync::CancellationToken;
+
+/// Standard input of a command.
+#[derive(Default)]
+pub enum Stdin {
+    /// `/dev/null`.
+    #[default]
+    Null,
+    /// These bytes, then end of input.
+    Bytes(Bytes),
+    /// Chunks as they come; end of the stream closes stdin.
+    Stream(Pin<Box<dyn Stream<Item = Bytes> + Send>>),
+}
+
+impl std::fmt::Debug for Stdin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stdin::Null => f.write_str("Null"),
+            Stdin::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            Stdin::Stream(_) => f.write_str("Stream"),
+        }
+    }
+}
+
+/// A command to run in a sandbox. Arguments are bytes: nothing here
+/// assumes UTF-8.
+#[derive(Debug, Default)]
+pub struct ExecRequest {
+    pub command: OsString,
+    pub args: Vec<OsString>,
+    /// Relative to the sandbox's default working directory; `None` for it.
+    pub cwd: Option<PathBuf>,
+    pub env: Vec<(OsString, OsString)>,
+    /// Start from an empty environment instead of the sandbox's.
+    pub clear_env: bool,
+    pub stdin: Stdin,
+    /// `None`: the sandbox's maximum (`sandbox_max_timeout_ms`).
+    pub timeout: Option<Duration>,
+    /// Cancelling it kills the command's whole process group and waits for
+    /// the kill to be confirmed.
+    pub cancel: Option<CancellationToken>,
+}
+
+impl ExecRequest {
+    pub fn new(command: impl AsRef<OsStr>) -> Self {
+        Self {
+            command: command.as_ref().to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// `sh -c SCRIPT`.
+    pub fn shell(script: impl AsRef<OsStr>) -> Self {
+        Self::new("sh").arg("-c").arg(script)
+    }
+
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.args.push(a.as_ref().to_owned());
+        self
+    }
+
+    pub fn args<I, A>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<OsStr>,
+    {
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Self {
+        self.env.push((k.as_ref().to_owned(), v.as_ref().to_owned()));
+        self
+    }
+
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    pub fn stdin(mut self, data: impl Into<Bytes>) -> Self {
+        self.stdin = Stdin::Bytes(data.into());
+        self
+    }
+
+    pub fn stdin_stream(mut self, s: impl Stream<Item = Bytes> + Send + 'static) -> Self {
+        self.stdin = Stdin::Stream(Box::pin(s));
+        self
+    }
+
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    pub fn cancel_token(mut self, t: CancellationToken) -> Self {
+        self.cancel = Some(t);
+        self
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExitStatus {
+    /// Exit code when it exited on its own.
+    pub code: Option<i32>,
+    /// Signal that ended it, if any.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+}
+
+impl ExitStatus {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Shell convention: the code, or 128 + signal.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 255,
+        }
+    }
+}
+
+/// The collected result of [`crate::Sandbox::exec`].
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    pub exec_id: String,
+    pub status: ExitStatus,
+    pub stdout: Bytes,
+    pub stderr: Bytes,
+    /// Output beyond the agent's `max_output_bytes` was dropped.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Total bytes the command wrote, including dropped ones.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub duration: Duration,
+}
+
+/// One event of a streamed execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout { offset: u64, data: Bytes },
+    Stderr { offset: u64, data: Bytes },
+    /// Always the last event.
+    Exit(ExitSummary),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitSummary {
+    pub status: ExitStatus,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Full path (walk, stat) or the name joined to the listed directory.
+    pub path: PathBuf,
+    pub name: OsString,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    pub mtime: SystemTime,
+    pub symlink_target: Option<PathBuf>,
+    /// Walk only: 1 for direct children of the root.
+    pub depth: u32,
+}
+
+/// Options of a write.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// Mode of a new file (default 0644). An existing file keeps its own.
+    pub mode: Option<u32>,
+    pub create_parents: bool,
+}
+
+/// A range of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    pub offset: u64,
+    /// `None`: to the end of the file.
+    pub length: Option<u64>,
+}
+
+/// What a (ranged) read returned.
+#[derive(Debug, Clone)]
+pub struct FileData {
+    pub data: Bytes,
+    /// Size of the whole file.
+    pub file_size: u64,
+    /// The read reached the end of the file.
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WalkOptions {
+    /// 0: the agent's default budget. More entries than this end the walk
+    /// with [`crate::Error::WalkLimit`].
+    pub max_entries: u32,
+    /// 0: unlimited; 1: only the root's children.
+    pub max_depth: u32,
+    pub include_hidden: bool,
+}
+
+/// What the agent told about itself.
+#[derive(Debug, Clone)]
+pub struct AgentInfo {
+    pub protocol_version: u32,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub features: Vec<String>,
+    pub retiring: bool,
+    pub pid: u32,
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub limits: Vec<(String, u64)>,
+}
