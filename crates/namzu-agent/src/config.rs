@@ -116,4 +116,13 @@ pub struct AgentConfig {
     /// The bind token a peer must present in the preface.
     pub token: Vec<u8>,
     pub limits: Limits,
+    /// Features withheld by the operator (`NAMZU_DISABLED_FEATURES`, comma
+    /// separated): neither advertised nor served.
+    pub disabled_features: Vec<String>,
+}
+
+impl AgentConfig {
+    pub fn feature_enabled(&self, feature: &str) -> bool {
+        !self.disabled_features.iter().any(|f| f == feature)
+    }
 }

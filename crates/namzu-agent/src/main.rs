@@ -64,7 +64,14 @@ fn run() -> Result<(), String> {
         args.roots
     };
     let default_cwd = args.cwd.unwrap_or_else(|| roots[0].clone());
-    let cfg = AgentConfig { roots, default_cwd, token, limits };
+    let disabled_features = std::env::var("NAMZU_DISABLED_FEATURES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(String::from)
+        .collect();
+    let cfg = AgentConfig { roots, default_cwd, token, limits, disabled_features };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)

@@ -186,7 +186,9 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
             tokio::spawn(async {})
         }
     };
-    drop(links_tx);
+    // The server stops when its incoming stream ends, so one sender stays
+    // alive until shutdown even when nothing more will be accepted (fd mode).
+    let keep_incoming_open = links_tx;
     let incoming = tokio_stream::wrappers::ReceiverStream::new(links_rx);
 
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -198,6 +200,7 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
             _ = closed_rx => tracing::info!("inherited link closed: stopping"),
         }
         accept_task.abort();
+        drop(keep_incoming_open);
         if let Some(p) = unix_path {
             let _ = std::fs::remove_file(p);
         }

@@ -56,6 +56,7 @@ impl IntoStatus for OpError {
             | Kind::ExecState
             | Kind::SpawnFailed
             | Kind::Protocol => Code::FailedPrecondition,
+            Kind::FeatureDisabled => Code::Unimplemented,
         };
         namzu_proto::status_with_error(code, self)
     }
@@ -66,6 +67,7 @@ pub struct AgentService {
     jail: Arc<Jail>,
     execs: Arc<Execs>,
     boot_id: String,
+    ops_served: std::sync::atomic::AtomicU64,
 }
 
 impl AgentService {
@@ -75,11 +77,23 @@ impl AgentService {
             jail,
             execs,
             boot_id: format!("{:032x}", rand::random::<u128>()),
+            ops_served: Default::default(),
         }
     }
 
     fn limits(&self) -> &Limits {
         &self.cfg.limits
+    }
+
+    /// Counts the op and refuses it if its feature is withheld.
+    fn admit(&self, op: &str, feature: &str) -> Result<(), Status> {
+        self.ops_served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !self.cfg.feature_enabled(feature) {
+            let mut e = agent_err(Kind::FeatureDisabled, op, "feature disabled on this agent");
+            e.feature = feature.into();
+            return Err(e.into_status());
+        }
+        Ok(())
     }
 
     /// The fence: a retiring agent serves only Health and Cancel.
@@ -132,7 +146,12 @@ impl Agent for AgentService {
             protocol_version: namzu_proto::PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
             boot_id: self.boot_id.clone(),
-            features: namzu_proto::features::ALL.iter().map(|f| (*f).into()).collect(),
+            features: namzu_proto::features::ALL
+                .iter()
+                .filter(|f| self.cfg.feature_enabled(f))
+                .map(|f| (*f).into())
+                .collect(),
+            ops_served: self.ops_served.load(std::sync::atomic::Ordering::Relaxed),
             retiring: self.execs.retiring(),
             pid: std::process::id(),
             rss_bytes,
@@ -147,6 +166,7 @@ impl Agent for AgentService {
     }
 
     async fn reserve_exec(&self, _: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
+        self.admit("reserve_exec", namzu_proto::features::EXEC)?;
         self.gate("reserve_exec")?;
         let exec_id = self.execs.reserve().map_err(IntoStatus::into_status)?;
         Ok(Response::new(ReserveExecResponse { exec_id }))
@@ -155,6 +175,7 @@ impl Agent for AgentService {
     type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
 
     async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
+        self.admit("exec", namzu_proto::features::EXEC)?;
         self.gate("exec")?;
         let mut input = req.into_inner();
         let start = match input.next().await {
@@ -162,12 +183,16 @@ impl Agent for AgentService {
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, "exec", "first message must be start").into_status()),
         };
+        if start.stdin_stream {
+            self.admit("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
+        }
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
+        self.admit("cancel", namzu_proto::features::EXEC_CANCEL)?;
         let outcome = self
             .execs
             .cancel(&req.into_inner().exec_id)
@@ -178,6 +203,7 @@ impl Agent for AgentService {
 
     async fn write_file(&self, req: Request<Streaming<WriteFileRequest>>) -> Result<Response<WriteFileResponse>, Status> {
         const OP: &str = "write_file";
+        self.admit("write_file", namzu_proto::features::FILES_WRITE)?;
         self.gate(OP)?;
         let mut input = req.into_inner();
         let begin = match input.next().await {
@@ -213,6 +239,7 @@ impl Agent for AgentService {
     }
 
     async fn read_file(&self, req: Request<ReadFileRequest>) -> Result<Response<ReadFileResponse>, Status> {
+        self.admit("read_file", namzu_proto::features::FILES_READ)?;
         let r = req.into_inner();
         let max = self.limits().max_read_range_bytes;
         let (data, file_size, eof) = self
@@ -225,6 +252,7 @@ impl Agent for AgentService {
 
     async fn read_file_stream(&self, req: Request<ReadFileStreamRequest>) -> Result<Response<Self::ReadFileStreamStream>, Status> {
         const OP: &str = "read_file_stream";
+        self.admit("read_file_stream", namzu_proto::features::FILES_READ_STREAM)?;
         let r = req.into_inner();
         let path = r.path.clone();
         let (file, _) = self.blocking(OP, move |jail| files::open_regular(jail, OP, &path)).await?;
@@ -260,6 +288,7 @@ impl Agent for AgentService {
     }
 
     async fn list_files(&self, req: Request<ListFilesRequest>) -> Result<Response<ListFilesResponse>, Status> {
+        self.admit("list_files", namzu_proto::features::FILES_LIST)?;
         let r = req.into_inner();
         let max = self.limits().max_list_entries;
         let entries = self.blocking("list_files", move |jail| files::list(jail, &r.path, max)).await?;
@@ -270,6 +299,7 @@ impl Agent for AgentService {
 
     async fn walk_files(&self, req: Request<WalkFilesRequest>) -> Result<Response<Self::WalkFilesStream>, Status> {
         const OP: &str = "walk_files";
+        self.admit("walk_files", namzu_proto::features::FILES_WALK)?;
         self.gate(OP)?;
         let r = req.into_inner();
         let cap = self.limits().max_walk_entries;
@@ -294,23 +324,27 @@ impl Agent for AgentService {
     }
 
     async fn stat(&self, req: Request<StatRequest>) -> Result<Response<FileEntry>, Status> {
+        self.admit("stat", namzu_proto::features::FILES_STAT)?;
         let r = req.into_inner();
         Ok(Response::new(self.blocking("stat", move |jail| files::stat(jail, &r.path)).await?))
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<Empty>, Status> {
+        self.admit("mkdir", namzu_proto::features::FILES_MKDIR)?;
         let r = req.into_inner();
         self.blocking("mkdir", move |jail| files::mkdir(jail, &r.path, r.parents, r.mode)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<Empty>, Status> {
+        self.admit("remove", namzu_proto::features::FILES_REMOVE)?;
         let r = req.into_inner();
         self.blocking("remove", move |jail| files::remove(jail, &r.path, r.recursive)).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<Empty>, Status> {
+        self.admit("rename", namzu_proto::features::FILES_RENAME)?;
         let r = req.into_inner();
         self.blocking("rename", move |jail| files::rename(jail, &r.from, &r.to, r.no_replace)).await?;
         Ok(Response::new(Empty {}))

@@ -77,6 +77,9 @@ struct Inner {
     closed: AtomicBool,
     retired: AtomicBool,
     sandbox_id: String,
+    /// Upload chunk: [`WRITE_CHUNK`], or less if the agent's message limit
+    /// is smaller.
+    write_chunk: usize,
 }
 
 /// A cheap-to-clone handle on one agent link.
@@ -207,6 +210,13 @@ impl AgentClient {
             });
         }
         let info = agent_info(h);
+        let agent_max = info
+            .limits
+            .iter()
+            .find(|(n, _)| n == namzu_proto::limits::MAX_MESSAGE_BYTES)
+            .map_or(opts.max_message_bytes, |(_, v)| usize::try_from(*v).unwrap_or(usize::MAX));
+        // Room for the message's own framing and fields.
+        let write_chunk = WRITE_CHUNK.min(agent_max.min(opts.max_message_bytes).saturating_sub(1024)).max(1);
         Ok(Self {
             inner: Arc::new(Inner {
                 rpc,
@@ -215,6 +225,7 @@ impl AgentClient {
                 info,
                 closed: AtomicBool::new(false),
                 sandbox_id: sandbox_id.into(),
+                write_chunk,
             }),
         })
     }
@@ -381,8 +392,9 @@ impl AgentClient {
         const OP: &str = "write_file";
         self.require(OP, feat::FILES_WRITE)?;
         let total = data.len() as u64;
-        let chunks = (0..data.len()).step_by(WRITE_CHUNK).map(move |i| {
-            let end = (i + WRITE_CHUNK).min(data.len());
+        let chunk = self.inner.write_chunk;
+        let chunks = (0..data.len()).step_by(chunk).map(move |i| {
+            let end = (i + chunk).min(data.len());
             v1::WriteFileRequest { msg: Some(write_file_request::Msg::Data(data.slice(i..end))) }
         });
         let msgs = std::iter::once(begin_msg(path, &opts))
@@ -408,14 +420,15 @@ impl AgentClient {
         self.require(OP, feat::FILES_WRITE)?;
         let (tx, rx) = mpsc::channel(4);
         let begin = begin_msg(path, &opts);
+        let chunk = self.inner.write_chunk;
         let pump = tokio::spawn(async move {
             if tx.send(begin).await.is_err() {
                 return Ok(());
             }
             let mut total = 0u64;
             loop {
-                let mut buf = Vec::with_capacity(WRITE_CHUNK);
-                let n = (&mut reader).take(WRITE_CHUNK as u64).read_to_end(&mut buf).await?;
+                let mut buf = Vec::with_capacity(chunk);
+                let n = (&mut reader).take(chunk as u64).read_to_end(&mut buf).await?;
                 if n == 0 {
                     break;
                 }
@@ -732,5 +745,6 @@ fn agent_info(h: v1::HealthResponse) -> AgentInfo {
         rss_bytes: h.rss_bytes,
         peak_rss_bytes: h.peak_rss_bytes,
         limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
+        ops_served: h.ops_served,
     }
 }

@@ -127,6 +127,7 @@ impl Error {
             Kind::UnknownExec => Error::UnknownExecution { op, exec_id: e.exec_id },
             Kind::ShuttingDown => Error::ShuttingDown { op },
             Kind::Io => Error::Io { op, path, errno: e.errno, message: e.message },
+            Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
             Kind::ExecState | Kind::Protocol | Kind::Unspecified => Error::Protocol { op, message: e.message },
         }
     }

@@ -240,4 +240,6 @@ pub struct AgentInfo {
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
     pub limits: Vec<(String, u64)>,
+    /// Ops other than Health the agent has served since it started.
+    pub ops_served: u64,
 }

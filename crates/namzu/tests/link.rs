@@ -1,0 +1,246 @@
+//! The host-agent link against the real agent binary: transports, the
+//! preface gate, limits, feature negotiation, shutdown. Needs `namzu-agent`
+//! built (`cargo build --workspace --bins`) or `NAMZU_AGENT_BIN`.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use namzu::{AgentClient, ClientOptions, Error, ExecEvent, ExecRequest, WalkOptions, WriteOptions};
+use namzu_proto::preface::PrefaceError;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &[u8] = b"test-token-0123456789";
+
+struct Agent {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    fn sock(&self) -> PathBuf {
+        self.dir.path().join("agent.sock")
+    }
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent_cmd(dir: &Path, listen: &str, env: &[(&str, &str)]) -> Command {
+    let bin = namzu::backend::find_agent_binary().expect("agent binary");
+    std::fs::create_dir_all(dir.join("root")).unwrap();
+    std::fs::write(dir.join("token"), TOKEN).unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.arg("--listen")
+        .arg(listen)
+        .arg("--token-file")
+        .arg(dir.join("token"))
+        .arg("--root")
+        .arg(dir.join("root"))
+        .env("NAMZU_AGENT_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null());
+    cmd
+}
+
+async fn spawn_unix(env: &[(&str, &str)]) -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("unix:{}", dir.path().join("agent.sock").display());
+    let child = agent_cmd(dir.path(), &listen, env).spawn().unwrap();
+    let a = Agent { child, dir };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.sock().exists() {
+        assert!(Instant::now() < deadline, "agent did not listen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a
+}
+
+async fn connect(a: &Agent) -> namzu::Result<AgentClient> {
+    AgentClient::connect_unix("t", &a.sock(), TOKEN.to_vec(), ClientOptions::default()).await
+}
+
+#[tokio::test]
+async fn wrong_token_is_refused_and_right_token_still_works() {
+    let a = spawn_unix(&[]).await;
+    let r = AgentClient::connect_unix("t", &a.sock(), b"not-the-token".to_vec(), ClientOptions::default()).await;
+    assert!(matches!(r, Err(Error::Preface { source: PrefaceError::Refused, .. })), "{r:?}");
+    let c = connect(&a).await.unwrap();
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
+
+/// Reads until EOF or `limit`; returns bytes read and whether EOF came.
+async fn drain(s: &mut tokio::net::UnixStream, limit: Duration) -> (usize, bool) {
+    let mut n = 0;
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (n, true),
+            Ok(Ok(k)) => n += k,
+            Err(_) => return (n, false),
+        }
+    }
+}
+
+#[tokio::test]
+async fn malformed_prefaces_are_dropped_without_an_answer() {
+    let a = spawn_unix(&[("NAMZU_PREFACE_TIMEOUT_MS", "300")]).await;
+
+    // An HTTP request instead of a preface: dropped at the magic.
+    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
+
+    // A header announcing a 60000-byte token: dropped after 6 bytes,
+    // without waiting for the token.
+    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let mut hdr = b"NZL1".to_vec();
+    hdr.extend_from_slice(&60000u16.to_be_bytes());
+    s.write_all(&hdr).await.unwrap();
+    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
+
+    // Silence: dropped after the preface timeout.
+    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let t0 = Instant::now();
+    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
+    assert!(t0.elapsed() >= Duration::from_millis(250), "dropped before the timeout");
+
+    // A megabyte of garbage: the agent stops reading early and closes.
+    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let junk = vec![b'N'; 1 << 20];
+    let wrote = tokio::time::timeout(Duration::from_secs(5), s.write_all(&junk)).await;
+    assert!(matches!(wrote, Ok(Err(_)) | Err(_)) || drain(&mut s, Duration::from_secs(5)).await == (0, true));
+
+    // None of it harmed the agent.
+    let c = connect(&a).await.unwrap();
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
+
+#[tokio::test]
+async fn oversized_message_is_refused_and_the_agent_survives() {
+    let a = spawn_unix(&[("NAMZU_MAX_MESSAGE_BYTES", "65536")]).await;
+    let c = connect(&a).await.unwrap();
+    // One 1 MiB stdin message is over the agent's bound.
+    let r = c.exec(ExecRequest::new("cat").stdin(Bytes::from(vec![b'x'; 1 << 20]))).await;
+    assert!(r.is_err(), "oversized message accepted: {r:?}");
+    // Uploads adapt their chunk size to the advertised bound.
+    let n = c.write_file(Path::new("f"), Bytes::from(vec![7u8; 300_000]), WriteOptions::default()).await.unwrap();
+    assert_eq!(n, 300_000);
+    let c2 = connect(&a).await.unwrap();
+    assert!(c2.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
+
+#[tokio::test]
+async fn inherited_fd_link_serves_and_ends_with_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut child = agent_cmd(dir.path(), "fd:0", &[]).stdin(Stdio::from(OwnedFd::from(theirs))).spawn().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let s = tokio::net::UnixStream::from_std(ours).unwrap();
+    let c = AgentClient::connect_stream("t", "fd", TOKEN.to_vec(), ClientOptions::default(), s).await.unwrap();
+    let out = c.exec(ExecRequest::new("echo").arg("over fd")).await.unwrap();
+    assert_eq!(&out.stdout[..], b"over fd\n");
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent outlived its only link");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn tcp_link_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let child = agent_cmd(dir.path(), &format!("tcp:{addr}"), &[]).spawn().unwrap();
+    let _a = Agent { child, dir };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match AgentClient::connect_tcp("t", addr, TOKEN.to_vec(), ClientOptions::default()).await {
+            Ok(c) => break c,
+            Err(Error::Connect { .. }) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(&c.exec(ExecRequest::new("echo").arg("tcp")).await.unwrap().stdout[..], b"tcp\n");
+}
+
+#[tokio::test]
+async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
+    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
+    let c = connect(&a).await.unwrap();
+    let mut s = c.exec_stream(ExecRequest::shell("echo started; exec sleep 300")).await.unwrap();
+    let pid = s.pid.unwrap();
+    assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
+    let t0 = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = loop {
+        if let Some(st) = a.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "agent did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "exit status {status:?}");
+    // The running command was killed, not orphaned.
+    assert!(!Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z")));
+    // Its stream ended (killed exit, or the link closing) rather than hanging.
+    let rest = tokio::time::timeout(Duration::from_secs(5), async { while s.next().await.is_some() {} }).await;
+    assert!(rest.is_ok(), "exec stream hung after the agent exited");
+}
+
+#[tokio::test]
+async fn boot_id_is_stable_per_agent_and_new_per_start() {
+    let a = spawn_unix(&[]).await;
+    let one = connect(&a).await.unwrap().info().boot_id.clone();
+    let again = connect(&a).await.unwrap().info().boot_id.clone();
+    assert_eq!(one, again);
+    let b = spawn_unix(&[]).await;
+    let other = connect(&b).await.unwrap().info().boot_id.clone();
+    assert_ne!(one, other);
+    assert_eq!(one.len(), 32);
+}
+
+#[tokio::test]
+async fn an_op_the_agent_did_not_advertise_is_refused_before_sending() {
+    let a = spawn_unix(&[("NAMZU_DISABLED_FEATURES", "files.walk")]).await;
+    let c = connect(&a).await.unwrap();
+    assert!(!c.info().features.iter().any(|f| f == "files.walk"));
+    let before = c.health().await.unwrap().ops_served;
+    let r = c.walk_files(Path::new("."), WalkOptions::default()).await;
+    assert!(matches!(&r, Err(Error::Unsupported { feature, .. }) if feature == "files.walk"), "{:?}", r.err());
+    assert_eq!(c.health().await.unwrap().ops_served, before, "the refused op reached the agent");
+    // Other ops are unaffected, and the agent itself also refuses the op.
+    assert!(c.list_files(Path::new(".")).await.is_ok());
+    assert!(a.root().is_dir());
+}
+
+#[tokio::test]
+async fn agent_refuses_to_start_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = namzu::backend::find_agent_binary().unwrap();
+    let out = Command::new(bin)
+        .args(["--listen", &format!("unix:{}", dir.path().join("s").display())])
+        .env_remove("NAMZU_AGENT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no bind token"));
+}
