@@ -1,1 +1,325 @@
-fn main(){}
+//! `namzu`: run commands in sandboxes from the shell.
+//!
+//! Sandboxes outlive this process: their state lives in the state directory
+//! (`--state-dir`, `NAMZU_STATE_DIR`), and a later `namzu` reconnects to the
+//! agent by id. Every failure prints one line to stderr and exits non-zero
+//! (125 for namzu's own errors, 2 for bad usage); `run` and `exec` otherwise
+//! exit with the command's code, or 128 + signal.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use namzu::backend::host::HostProvider;
+use namzu::{CancellationToken, ExecEvent, ExecRequest, Provider, Sandbox, SandboxSpec, Tier, WriteOptions};
+use tokio::io::AsyncWriteExt;
+
+/// Exit code for namzu's own failures (as `docker run` does).
+const EXIT_NAMZU: u8 = 125;
+const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "namzu", version, about = "Sandboxes for AI agents: run commands behind an isolation boundary")]
+struct Cli {
+    /// Where sandbox state lives.
+    #[arg(long, global = true, env = "NAMZU_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct ExecArgs {
+    /// KEY=VALUE added to the command's environment (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+    /// Working directory inside the sandbox (relative to its workspace).
+    #[arg(long, short = 'w')]
+    workdir: Option<PathBuf>,
+    /// Kill the command (and everything it started) after this many seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<OsString>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a sandbox, run one command in it, destroy it.
+    Run {
+        /// Isolation tier.
+        #[arg(long, default_value = "host")]
+        tier: Tier,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Create a sandbox that outlives this process; prints its id.
+    Create {
+        #[arg(long, default_value = "host")]
+        tier: Tier,
+        /// KEY=VALUE in every command's environment (repeatable).
+        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+    },
+    /// Run a command in an existing sandbox.
+    Exec {
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Copy a file; write ID:PATH for a path inside a sandbox.
+    Cp { src: String, dst: String },
+    /// List sandboxes.
+    Ls,
+    /// Destroy sandboxes.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.into(), v.into())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// A failure to report in one line.
+struct Fail(String);
+
+impl From<namzu::Error> for Fail {
+    fn from(e: namzu::Error) -> Self {
+        Fail(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let msg = e.render().to_string();
+            let first = msg.lines().next().unwrap_or("invalid usage").trim_start_matches("error: ");
+            eprintln!("namzu: {first} (see namzu --help)");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NAMZU_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")))
+        .init();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("namzu: cannot start: {e}");
+            return ExitCode::from(EXIT_NAMZU);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(Fail(msg)) => {
+            eprintln!("namzu: {msg}");
+            ExitCode::from(EXIT_NAMZU)
+        }
+    }
+}
+
+fn provider(state_dir: &Option<PathBuf>, tier: Tier) -> Result<Box<dyn Provider>, Fail> {
+    let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
+    match tier {
+        Tier::Host => Ok(Box::new(HostProvider::new(dir)?)),
+        other => Err(Fail(format!("tier {other} is not available yet; use --tier host (no isolation)"))),
+    }
+}
+
+fn warn_host(tier: Tier) {
+    if tier == Tier::Host {
+        eprintln!("namzu: WARNING: tier host isolates NOTHING; the command runs as you, on this machine");
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Fail> {
+    match cli.cmd {
+        Cmd::Run { tier, exec } => {
+            let p = provider(&cli.state_dir, tier)?;
+            warn_host(tier);
+            let sb = p.create(SandboxSpec::default()).await?;
+            let result = run_command(sb.as_ref(), exec).await;
+            let destroyed = sb.destroy().await;
+            let code = result?;
+            destroyed?;
+            Ok(code)
+        }
+        Cmd::Create { tier, env } => {
+            let p = provider(&cli.state_dir, tier)?;
+            warn_host(tier);
+            let sb = p.create(SandboxSpec { env, ..Default::default() }).await?;
+            println!("{}", sb.id());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Exec { id, exec } => {
+            let p = provider(&cli.state_dir, Tier::Host)?;
+            warn_host(Tier::Host);
+            let sb = p.connect(&id).await?;
+            run_command(sb.as_ref(), exec).await
+        }
+        Cmd::Cp { src, dst } => {
+            let p = provider(&cli.state_dir, Tier::Host)?;
+            copy(p.as_ref(), &src, &dst).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Ls => {
+            let p = provider(&cli.state_dir, Tier::Host)?;
+            println!("{:<18} {:<8} {:<6} CREATED", "ID", "TIER", "STATE");
+            for s in p.list().await? {
+                println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, if s.alive { "up" } else { "dead" }, s.created_unix);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Rm { ids } => {
+            let p = provider(&cli.state_dir, Tier::Host)?;
+            for id in ids {
+                // Unknown ids are an error here, although destroy itself is
+                // idempotent: a typo should not look like success.
+                if !p.list().await?.iter().any(|s| s.id == id) {
+                    return Err(Fail(format!("no sandbox with id {id}")));
+                }
+                p.destroy(&id).await?;
+                println!("{id}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Runs one command, streaming its output; Ctrl-C cancels it (and
+/// everything it started). Returns the command's exit code.
+async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
+    let mut args = a.command.into_iter();
+    let Some(cmd) = args.next() else {
+        return Err(Fail("no command given".into()));
+    };
+    let mut req = ExecRequest::new(cmd).args(args);
+    for (k, v) in a.env {
+        req = req.env(k, v);
+    }
+    if let Some(w) = a.workdir {
+        req = req.cwd(w);
+    }
+    if let Some(t) = a.timeout {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(Fail(format!("--timeout must be a positive number of seconds, got {t}")));
+        }
+        req = req.timeout(Duration::from_secs_f64(t));
+    }
+    // Piped input is forwarded; a terminal is not (no PTY yet), so an
+    // interactive shell does not wait on keystrokes it cannot see.
+    if !std::io::stdin().is_terminal() {
+        let stdin = tokio_util::io::ReaderStream::new(tokio::io::stdin())
+            .take_while(|r| futures::future::ready(r.is_ok()))
+            .filter_map(|r| futures::future::ready(r.ok()));
+        req = req.stdin_stream(stdin);
+    }
+    let token = CancellationToken::new();
+    let ctrl_c = {
+        let token = token.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                token.cancel();
+            }
+        })
+    };
+    let mut stream = sb.exec_stream(req.cancel_token(token)).await?;
+    let mut out = tokio::io::stdout();
+    let mut err = tokio::io::stderr();
+    let mut code = ExitCode::from(EXIT_NAMZU);
+    while let Some(ev) = stream.next().await {
+        match ev? {
+            ExecEvent::Stdout { data, .. } => {
+                out.write_all(&data).await.map_err(|e| Fail(format!("stdout: {e}")))?;
+                out.flush().await.map_err(|e| Fail(format!("stdout: {e}")))?;
+            }
+            ExecEvent::Stderr { data, .. } => {
+                err.write_all(&data).await.map_err(|e| Fail(format!("stderr: {e}")))?;
+            }
+            ExecEvent::Exit(x) => {
+                if x.status.timed_out {
+                    eprintln!("namzu: command timed out and was killed");
+                }
+                if x.stdout_truncated || x.stderr_truncated {
+                    eprintln!("namzu: output beyond the sandbox's max_output_bytes was dropped");
+                }
+                code = ExitCode::from(u8::try_from(x.status.shell_code().clamp(0, 255)).unwrap_or(255));
+            }
+        }
+    }
+    ctrl_c.abort();
+    Ok(code)
+}
+
+/// `ID:PATH` → (id, path); anything else is a local path.
+fn split_remote(s: &str) -> Option<(&str, &str)> {
+    let (id, path) = s.split_once(':')?;
+    (id.starts_with("sb-") && !id.contains('/')).then_some((id, path))
+}
+
+async fn copy(p: &dyn Provider, src: &str, dst: &str) -> Result<(), Fail> {
+    match (split_remote(src), split_remote(dst)) {
+        (None, Some((id, path))) => {
+            let sb = p.connect(id).await?;
+            let file = tokio::fs::File::open(src).await.map_err(|e| Fail(format!("{src}: {e}")))?;
+            let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+            let bar = progress(len, "upload");
+            let reader = bar.wrap_async_read(file);
+            sb.write_file_from(Path::new(path), Box::new(reader), WriteOptions::default()).await?;
+            bar.finish_and_clear();
+            Ok(())
+        }
+        (Some((id, path)), None) => {
+            let sb = p.connect(id).await?;
+            let size = sb.stat(Path::new(path)).await?.size;
+            let bar = progress(size, "download");
+            let mut s = sb.read_file_stream(Path::new(path), None).await?;
+            // Written beside the target and renamed, so a failed copy never
+            // leaves a truncated file under the destination name.
+            let target = PathBuf::from(dst);
+            let tmp = target.with_file_name(format!(".{}.namzu-part", target.file_name().and_then(|n| n.to_str()).unwrap_or("copy")));
+            let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+            let res = async {
+                while let Some(chunk) = s.next().await {
+                    let chunk = chunk?;
+                    f.write_all(&chunk).await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+                    bar.inc(chunk.len() as u64);
+                }
+                f.sync_all().await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+                tokio::fs::rename(&tmp, &target).await.map_err(|e| Fail(format!("{dst}: {e}")))
+            }
+            .await;
+            if res.is_err() {
+                let _ = tokio::fs::remove_file(&tmp).await;
+            }
+            bar.finish_and_clear();
+            res
+        }
+        (Some(_), Some(_)) => Err(Fail("copying between two sandboxes is not supported; copy through the host".into())),
+        (None, None) => Err(Fail("one side of cp must be ID:PATH".into())),
+    }
+}
+
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}") {
+        bar.set_style(style);
+    }
+    bar.set_message(what.to_owned());
+    bar
+}

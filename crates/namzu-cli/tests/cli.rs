@@ -1,0 +1,124 @@
+//! The `namzu` binary, end to end, on the host tier.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn namzu(state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(args)
+        .env("NAMZU_STATE_DIR", state)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stderr_lines(o: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| !l.contains("isolates NOTHING"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn run_streams_output_and_exits_with_the_command_code() {
+    let st = tempfile::tempdir().unwrap();
+    let o = namzu(st.path(), &["run", "--env", "A=1", "--", "sh", "-c", "echo out$A; echo err >&2; exit 7"]);
+    assert_eq!(o.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out1\n");
+    assert_eq!(stderr_lines(&o), ["err"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("isolates NOTHING"), "host tier must warn");
+    // The sandbox is gone afterwards.
+    let ls = namzu(st.path(), &["ls"]);
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 1, "{}", String::from_utf8_lossy(&ls.stdout));
+}
+
+#[test]
+fn killed_commands_exit_128_plus_signal_and_timeouts_kill() {
+    let st = tempfile::tempdir().unwrap();
+    let o = namzu(st.path(), &["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(o.status.code(), Some(143));
+    let o = namzu(st.path(), &["run", "--timeout", "0.3", "--", "sleep", "30"]);
+    assert_eq!(o.status.code(), Some(137));
+    assert!(stderr_lines(&o).iter().any(|l| l.contains("timed out")));
+}
+
+#[test]
+fn sandboxes_outlive_the_cli_and_files_copy_both_ways() {
+    let st = tempfile::tempdir().unwrap();
+    let o = namzu(st.path(), &["create"]);
+    assert!(o.status.success(), "{o:?}");
+    let id = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    assert!(id.starts_with("sb-"));
+    let o = namzu(st.path(), &["exec", &id, "--", "sh", "-c", "echo kept > state.txt"]);
+    assert!(o.status.success());
+    // A later process sees the same sandbox.
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "state.txt"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "kept\n");
+
+    let local = st.path().join("up.bin");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+    let o = namzu(st.path(), &["cp", local.to_str().unwrap(), &format!("{id}:in/../up.bin")]);
+    assert!(!o.status.success(), "a path with .. must be refused");
+    let o = namzu(st.path(), &["cp", local.to_str().unwrap(), &format!("{id}:up.bin")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let back = st.path().join("back.bin");
+    let o = namzu(st.path(), &["cp", &format!("{id}:up.bin"), back.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+
+    let ls = String::from_utf8_lossy(&namzu(st.path(), &["ls"]).stdout).into_owned();
+    assert!(ls.lines().any(|l| l.starts_with(&id) && l.contains(" up ")), "{ls}");
+    let o = namzu(st.path(), &["rm", &id]);
+    assert!(o.status.success());
+    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert_eq!(stderr_lines(&o), [format!("namzu: no sandbox with id {id}")]);
+}
+
+#[test]
+fn dead_sandbox_unknown_id_and_bad_flags_give_one_line() {
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout).trim().to_owned();
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(st.path().join("host").join(&id).join("meta.json")).unwrap()).unwrap();
+    let pid = meta["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert_eq!(stderr_lines(&o), [format!("namzu: sandbox {id} is not running (its agent is gone)")]);
+    assert!(namzu(st.path(), &["rm", &id]).status.success(), "rm of a dead sandbox");
+
+    let o = namzu(st.path(), &["exec", "sb-deadbeef", "--", "true"]);
+    assert_eq!(stderr_lines(&o), ["namzu: no sandbox with id sb-deadbeef"]);
+    let o = namzu(st.path(), &["run", "--bogus", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr_lines(&o).len(), 1, "{:?}", stderr_lines(&o));
+    let o = namzu(st.path(), &["run", "--env", "NOEQUALS", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = namzu(st.path(), &["run", "--tier", "local", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert_eq!(stderr_lines(&o).len(), 1);
+}
+
+#[test]
+fn piped_stdin_reaches_the_command() {
+    let st = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["run", "--", "wc", "-c"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&vec![b'z'; 100_000]).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "100000");
+}
