@@ -57,10 +57,7 @@ impl Limits {
         for (name, slot) in l.slots_mut() {
             let var = format!("NAMZU_{}", name.to_ascii_uppercase());
             if let Ok(value) = std::env::var(&var) {
-                *slot = value
-                    .trim()
-                    .parse()
-                    .map_err(|_| BadOverride { var, value })?;
+                *slot = value.trim().parse().map_err(|_| BadOverride { var, value })?;
             }
         }
         Ok(l)

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use namzu_proto::v1::{
-    self, agent_error::Kind, cancel_response::Outcome, exec_input, exec_output, ExecExit,
-    ExecOutput, ExecStart, OutputChunk,
+    self, agent_error::Kind, cancel_response::Outcome, exec_input, exec_output, ExecExit, ExecOutput, ExecStart,
+    OutputChunk,
 };
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -104,7 +104,8 @@ impl Execs {
         }
         let mut t = self.table();
         let now = Instant::now();
-        t.slots.retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > RESERVATION_TTL));
+        t.slots
+            .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > RESERVATION_TTL));
         let live = t
             .slots
             .values()
@@ -443,9 +444,7 @@ impl Execs {
         // command its own session and process group, so a kill of the group
         // reaches everything it started and nothing of the agent.
         unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)
-            });
+            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
         }
         Ok(cmd)
     }
@@ -498,12 +497,7 @@ async fn pump(
     (is_stdout, total, truncated)
 }
 
-async fn feed_stdin(
-    fd: OwnedFd,
-    initial: bytes::Bytes,
-    follow: bool,
-    mut input: InputStream,
-) {
+async fn feed_stdin(fd: OwnedFd, initial: bytes::Bytes, follow: bool, mut input: InputStream) {
     let Ok(mut w) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
         return;
     };

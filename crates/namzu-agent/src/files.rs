@@ -52,14 +52,14 @@ pub fn os_err(op: &str, path: &[u8], e: impl Into<ResolveError>) -> OpError {
         }
     };
     let mut err = agent_err(kind, op, &msg);
-    err.path = bytes::Bytes::copy_from_slice(&path);
+    err.path = bytes::Bytes::copy_from_slice(path);
     err.errno = errno;
     err
 }
 
 fn limit_err(op: &str, path: &[u8], name: &str, limit: u64) -> OpError {
     let mut e = agent_err(Kind::LimitExceeded, op, &format!("exceeds {name} ({limit})"));
-    e.path = bytes::Bytes::copy_from_slice(&path);
+    e.path = bytes::Bytes::copy_from_slice(path);
     e.limit_name = name.into();
     e.limit = limit;
     e
@@ -130,9 +130,17 @@ impl PendingWrite {
         use std::io::Write;
         let next = self.written + data.len() as u64;
         if next > self.max {
-            return Err(limit_err("write_file", &self.path, namzu_proto::limits::MAX_WRITE_BYTES, self.max));
+            return Err(limit_err(
+                "write_file",
+                &self.path,
+                namzu_proto::limits::MAX_WRITE_BYTES,
+                self.max,
+            ));
         }
-        let f = self.file.as_mut().ok_or_else(|| agent_err(Kind::Protocol, "write_file", "write after commit"))?;
+        let f = self
+            .file
+            .as_mut()
+            .ok_or_else(|| agent_err(Kind::Protocol, "write_file", "write after commit"))?;
         f.write_all(data)
             .map_err(|e| os_err("write_file", &self.path, Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
         self.written = next;
@@ -148,7 +156,10 @@ impl PendingWrite {
             err.path = bytes::Bytes::copy_from_slice(&self.path);
             return Err(err);
         }
-        let file = self.file.take().ok_or_else(|| agent_err(Kind::Protocol, OP, "committed twice"))?;
+        let file = self
+            .file
+            .take()
+            .ok_or_else(|| agent_err(Kind::Protocol, OP, "committed twice"))?;
         rustix::fs::fchmod(&file, Mode::from_raw_mode(self.mode)).map_err(e)?;
         rustix::fs::fsync(&file).map_err(e)?;
         drop(file);
@@ -203,7 +214,7 @@ pub fn open_regular(jail: &Jail, op: &str, path: &[u8]) -> Result<(std::fs::File
         RxFileType::Directory => return Err(os_err(op, path, Errno::ISDIR)),
         _ => {
             let mut e = agent_err(Kind::NotRegularFile, op, "not a regular file");
-            e.path = bytes::Bytes::copy_from_slice(&path);
+            e.path = bytes::Bytes::copy_from_slice(path);
             return Err(e);
         }
     }
@@ -217,7 +228,9 @@ pub fn read_at(file: &std::fs::File, offset: u64, want: u64, buf_cap: usize) -> 
     let mut chunk = vec![0u8; STREAM_CHUNK.min(usize::try_from(want).unwrap_or(STREAM_CHUNK)).max(1)];
     let mut pos = offset;
     while (out.len() as u64) < want {
-        let room = usize::try_from(want - out.len() as u64).unwrap_or(usize::MAX).min(chunk.len());
+        let room = usize::try_from(want - out.len() as u64)
+            .unwrap_or(usize::MAX)
+            .min(chunk.len());
         let n = match file.read_at(&mut chunk[..room], pos) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -233,12 +246,23 @@ pub fn read_at(file: &std::fs::File, offset: u64, want: u64, buf_cap: usize) -> 
 }
 
 /// Ranged or whole read, bounded by `max_range`. Returns (data, size, eof).
-pub fn read_file(jail: &Jail, path: &[u8], offset: u64, length: Option<u64>, max_range: u64) -> Result<(Vec<u8>, u64, bool), OpError> {
+pub fn read_file(
+    jail: &Jail,
+    path: &[u8],
+    offset: u64,
+    length: Option<u64>,
+    max_range: u64,
+) -> Result<(Vec<u8>, u64, bool), OpError> {
     const OP: &str = "read_file";
     let (file, size) = open_regular(jail, OP, path)?;
     if let Some(len) = length {
         if len > max_range {
-            return Err(limit_err(OP, path, namzu_proto::limits::MAX_READ_RANGE_BYTES, max_range));
+            return Err(limit_err(
+                OP,
+                path,
+                namzu_proto::limits::MAX_READ_RANGE_BYTES,
+                max_range,
+            ));
         }
     }
     // Whole reads probe one byte past the limit to tell "too big" from "fits".
@@ -246,7 +270,12 @@ pub fn read_file(jail: &Jail, path: &[u8], offset: u64, length: Option<u64>, max
     let (data, eof) = read_at(&file, offset, want, 4 << 20)
         .map_err(|e| os_err(OP, path, Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
     if length.is_none() && data.len() as u64 > max_range {
-        return Err(limit_err(OP, path, namzu_proto::limits::MAX_READ_RANGE_BYTES, max_range));
+        return Err(limit_err(
+            OP,
+            path,
+            namzu_proto::limits::MAX_READ_RANGE_BYTES,
+            max_range,
+        ));
     }
     let end = offset + data.len() as u64;
     // procfs-style files report size 0 and are read to EOF instead.
@@ -277,7 +306,8 @@ fn entry_of(dir: impl AsFd, name: &Path, full: &[u8], depth: u32) -> Result<File
         file_type: file_type as i32,
         size: u64::try_from(st.st_size).unwrap_or(0),
         mode: st.st_mode & 0o7777,
-        mtime_ms: i64::try_from(st.st_mtime).unwrap_or(0) * 1000 + i64::try_from(st.st_mtime_nsec / 1_000_000).unwrap_or(0),
+        mtime_ms: i64::try_from(st.st_mtime).unwrap_or(0) * 1000
+            + i64::try_from(st.st_mtime_nsec / 1_000_000).unwrap_or(0),
         symlink_target,
         depth,
     })
@@ -287,7 +317,9 @@ pub fn stat(jail: &Jail, path: &[u8]) -> Result<FileEntry, OpError> {
     const OP: &str = "stat";
     let loc = locate(jail, OP, path)?;
     if loc.rel.as_os_str().is_empty() {
-        let fd = jail.open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(OP, path, e))?;
+        let fd = jail
+            .open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+            .map_err(|e| os_err(OP, path, e))?;
         return entry_of(&fd, Path::new("."), path, 0).map_err(|e| os_err(OP, path, e));
     }
     let (dir, name) = jail.parent(&loc).map_err(|e| os_err(OP, path, e))?;
@@ -320,7 +352,9 @@ fn join_bytes(base: &[u8], name: &OsStr) -> Vec<u8> {
 pub fn list(jail: &Jail, path: &[u8], max: u64) -> Result<Vec<FileEntry>, OpError> {
     const OP: &str = "list_files";
     let loc = locate(jail, OP, path)?;
-    let dir = jail.open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(OP, path, e))?;
+    let dir = jail
+        .open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| os_err(OP, path, e))?;
     let names = names(&dir).map_err(|e| os_err(OP, path, e))?;
     if names.len() as u64 > max {
         return Err(limit_err(OP, path, namzu_proto::limits::MAX_LIST_ENTRIES, max));
@@ -349,7 +383,9 @@ pub fn walk(
 ) -> Result<(), OpError> {
     const OP: &str = "walk_files";
     let loc = locate(jail, OP, root)?;
-    let top = jail.open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(OP, root, e))?;
+    let top = jail
+        .open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+        .map_err(|e| os_err(OP, root, e))?;
     // One cursor per open directory: pre-order depth-first, with memory
     // proportional to depth times directory width, never to the tree.
     struct Cursor {
@@ -360,7 +396,12 @@ pub fn walk(
     }
     let open_cursor = |dir: OwnedFd, base: Vec<u8>, depth: u32| -> Result<Cursor, OpError> {
         let names = names(&dir).map_err(|e| os_err(OP, &base, e))?;
-        Ok(Cursor { dir, base, depth, names: names.into_iter() })
+        Ok(Cursor {
+            dir,
+            base,
+            depth,
+            names: names.into_iter(),
+        })
     };
     let mut stack = vec![open_cursor(top, root.to_vec(), 1)?];
     let mut emitted = 0u64;
@@ -414,13 +455,16 @@ pub fn mkdir(jail: &Jail, path: &[u8], parents: bool, mode: Option<u32>) -> Resu
     if parents {
         mkdir_all(jail, loc.root, &loc.rel).map_err(|e| os_err(OP, path, e))?;
         if let Some(m) = mode {
-            let fd = jail.open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(OP, path, e))?;
+            let fd = jail
+                .open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                .map_err(|e| os_err(OP, path, e))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777)).map_err(|e| os_err(OP, path, e))?;
         }
         return Ok(());
     }
     let (dir, name) = jail.parent(&loc).map_err(|e| os_err(OP, path, e))?;
-    rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(mode.unwrap_or(0o755) & 0o7777)).map_err(|e| os_err(OP, path, e))
+    rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(mode.unwrap_or(0o755) & 0o7777))
+        .map_err(|e| os_err(OP, path, e))
 }
 
 pub fn remove(jail: &Jail, path: &[u8], recursive: bool) -> Result<(), OpError> {
@@ -436,7 +480,12 @@ fn remove_at(dir: &OwnedFd, name: &Path, recursive: bool) -> Result<(), Errno> {
         return rustix::fs::unlinkat(dir, name, AtFlags::empty());
     }
     if recursive {
-        let sub = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+        let sub = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         for n in names(&sub)? {
             remove_at(&sub, Path::new(&n), true)?;
         }
@@ -450,6 +499,10 @@ pub fn rename(jail: &Jail, from: &[u8], to: &[u8], no_replace: bool) -> Result<(
     let lt = locate(jail, OP, to)?;
     let (fd_from, n_from) = jail.parent(&lf).map_err(|e| os_err(OP, from, e))?;
     let (fd_to, n_to) = jail.parent(&lt).map_err(|e| os_err(OP, to, e))?;
-    let flags = if no_replace { RenameFlags::NOREPLACE } else { RenameFlags::empty() };
+    let flags = if no_replace {
+        RenameFlags::NOREPLACE
+    } else {
+        RenameFlags::empty()
+    };
     rustix::fs::renameat_with(&fd_from, &n_from, &fd_to, &n_to, flags).map_err(|e| os_err(OP, from, e))
 }

@@ -14,8 +14,8 @@
 //! `*at` syscall on a single name, which the kernel does not resolve further.
 
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -135,10 +135,7 @@ impl Jail {
 
 /// The pure lexical half of [`Jail::locate`], separate so it can be fuzzed
 /// without opening anything.
-pub fn locate_in<'a>(
-    roots: impl Iterator<Item = &'a Path> + Clone,
-    raw: &[u8],
-) -> Result<Located, JailError> {
+pub fn locate_in<'a>(roots: impl Iterator<Item = &'a Path> + Clone, raw: &[u8]) -> Result<Located, JailError> {
     if raw.is_empty() {
         return Err(JailError::Empty);
     }
@@ -192,15 +189,36 @@ mod tests {
     fn relative_paths_go_under_the_first_root() {
         assert_eq!(
             loc("a/./b").unwrap(),
-            Located { root: 0, rel: "a/b".into() }
+            Located {
+                root: 0,
+                rel: "a/b".into()
+            }
         );
     }
 
     #[test]
     fn absolute_paths_pick_their_root() {
-        assert_eq!(loc("/data/x").unwrap(), Located { root: 1, rel: "x".into() });
-        assert_eq!(loc("/srv/ws").unwrap(), Located { root: 0, rel: "".into() });
-        assert_eq!(loc("//srv//ws/./k").unwrap(), Located { root: 0, rel: "k".into() });
+        assert_eq!(
+            loc("/data/x").unwrap(),
+            Located {
+                root: 1,
+                rel: "x".into()
+            }
+        );
+        assert_eq!(
+            loc("/srv/ws").unwrap(),
+            Located {
+                root: 0,
+                rel: "".into()
+            }
+        );
+        assert_eq!(
+            loc("//srv//ws/./k").unwrap(),
+            Located {
+                root: 0,
+                rel: "k".into()
+            }
+        );
     }
 
     #[test]

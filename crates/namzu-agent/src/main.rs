@@ -71,12 +71,19 @@ fn run() -> Result<(), String> {
         .filter(|f| !f.is_empty())
         .map(String::from)
         .collect();
-    let cfg = AgentConfig { roots, default_cwd, token, limits, disabled_features };
+    let cfg = AgentConfig {
+        roots,
+        default_cwd,
+        token,
+        limits,
+        disabled_features,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(32)
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    rt.block_on(namzu_agent::serve(cfg, args.listen)).map_err(|e| e.to_string())
+    rt.block_on(namzu_agent::serve(cfg, args.listen))
+        .map_err(|e| e.to_string())
 }

@@ -45,7 +45,10 @@ impl std::str::FromStr for Listen {
             return Ok(Self::Unix(p.into()));
         }
         if let Some(a) = s.strip_prefix("tcp:") {
-            return a.parse().map(Self::Tcp).map_err(|e| format!("bad tcp address {a:?}: {e}"));
+            return a
+                .parse()
+                .map(Self::Tcp)
+                .map_err(|e| format!("bad tcp address {a:?}: {e}"));
         }
         if let Some(fd) = s.strip_prefix("fd:") {
             return fd.parse().map(Self::Fd).map_err(|e| format!("bad fd {fd:?}: {e}"));
@@ -110,8 +113,13 @@ impl AsyncWrite for Conn {
 }
 
 /// Runs the preface on a fresh stream and, if it passes, queues the link.
-fn authenticate<S>(mut s: S, token: Arc<Vec<u8>>, limits: &Limits, links: mpsc::Sender<std::io::Result<Conn>>, closed: Option<oneshot::Sender<()>>)
-where
+fn authenticate<S>(
+    mut s: S,
+    token: Arc<Vec<u8>>,
+    limits: &Limits,
+    links: mpsc::Sender<std::io::Result<Conn>>,
+    closed: Option<oneshot::Sender<()>>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let deadline = limits.preface_timeout();
@@ -119,7 +127,12 @@ where
     tokio::spawn(async move {
         match tokio::time::timeout(deadline, namzu_proto::preface::accept(&mut s, &token, max)).await {
             Ok(Ok(())) => {
-                let _ = links.send(Ok(Conn { io: Box::pin(s), closed })).await;
+                let _ = links
+                    .send(Ok(Conn {
+                        io: Box::pin(s),
+                        closed,
+                    }))
+                    .await;
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
             Err(_) => tracing::warn!(?deadline, "link refused: no preface in time"),
@@ -148,7 +161,10 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
     let accept_task = match listen {
         Listen::Unix(path) => {
             let _ = std::fs::remove_file(&path);
-            let l = UnixListener::bind(&path).map_err(|source| ServeError::Listen { what: path.display().to_string(), source })?;
+            let l = UnixListener::bind(&path).map_err(|source| ServeError::Listen {
+                what: path.display().to_string(),
+                source,
+            })?;
             // Owner only: the socket is the way in; the token is the lock.
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
@@ -162,7 +178,10 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
             })
         }
         Listen::Tcp(addr) => {
-            let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen { what: addr.to_string(), source })?;
+            let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
+                what: addr.to_string(),
+                source,
+            })?;
             tracing::info!(addr = %l.local_addr().map_or(addr, |a| a), "listening");
             let (limits, token, links) = (limits.clone(), token.clone(), links_tx.clone());
             tokio::spawn(async move {
@@ -178,10 +197,14 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
             // for our exclusive use; nothing else in this process owns it.
             let owned = unsafe { OwnedFd::from_raw_fd(fd) };
             let std_stream = std::os::unix::net::UnixStream::from(owned);
-            std_stream
-                .set_nonblocking(true)
-                .map_err(|source| ServeError::Listen { what: format!("fd {fd}"), source })?;
-            let s = UnixStream::from_std(std_stream).map_err(|source| ServeError::Listen { what: format!("fd {fd}"), source })?;
+            std_stream.set_nonblocking(true).map_err(|source| ServeError::Listen {
+                what: format!("fd {fd}"),
+                source,
+            })?;
+            let s = UnixStream::from_std(std_stream).map_err(|source| ServeError::Listen {
+                what: format!("fd {fd}"),
+                source,
+            })?;
             authenticate(s, token.clone(), &limits, links_tx.clone(), Some(closed_tx));
             tokio::spawn(async {})
         }
@@ -213,7 +236,10 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
         })
         .await;
         if waited.is_err() {
-            tracing::warn!(running = execs_for_stop.running(), "grace over: killing running commands");
+            tracing::warn!(
+                running = execs_for_stop.running(),
+                "grace over: killing running commands"
+            );
             execs_for_stop.kill_all(Duration::from_secs(2)).await;
         }
         let _ = stop_tx.send(());

@@ -7,11 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use namzu_proto::v1::{
-    self, agent_error::Kind, agent_server::Agent, exec_input, write_file_request, CancelRequest,
-    CancelResponse, Empty, ExecInput, ExecOutput, FileChunk, FileEntry, HealthRequest,
-    HealthResponse, ListFilesRequest, ListFilesResponse, MkdirRequest, ReadFileRequest,
-    ReadFileResponse, ReadFileStreamRequest, RemoveRequest, RenameRequest, ReserveExecRequest,
-    ReserveExecResponse, StatRequest, WalkFilesRequest, WriteFileRequest, WriteFileResponse,
+    self, agent_error::Kind, agent_server::Agent, exec_input, write_file_request, CancelRequest, CancelResponse, Empty,
+    ExecInput, ExecOutput, FileChunk, FileEntry, HealthRequest, HealthResponse, ListFilesRequest, ListFilesResponse,
+    MkdirRequest, ReadFileRequest, ReadFileResponse, ReadFileStreamRequest, RemoveRequest, RenameRequest,
+    ReserveExecRequest, ReserveExecResponse, StatRequest, WalkFilesRequest, WriteFileRequest, WriteFileResponse,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -160,7 +159,10 @@ impl Agent for AgentService {
                 .limits()
                 .named()
                 .into_iter()
-                .map(|(name, value)| v1::Limit { name: name.into(), value })
+                .map(|(name, value)| v1::Limit {
+                    name: name.into(),
+                    value,
+                })
                 .collect(),
         }))
     }
@@ -179,7 +181,9 @@ impl Agent for AgentService {
         self.gate("exec")?;
         let mut input = req.into_inner();
         let start = match input.next().await {
-            Some(Ok(ExecInput { msg: Some(exec_input::Msg::Start(s)) })) => s,
+            Some(Ok(ExecInput {
+                msg: Some(exec_input::Msg::Start(s)),
+            })) => s,
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, "exec", "first message must be start").into_status()),
         };
@@ -198,16 +202,23 @@ impl Agent for AgentService {
             .cancel(&req.into_inner().exec_id)
             .await
             .map_err(IntoStatus::into_status)?;
-        Ok(Response::new(CancelResponse { outcome: outcome as i32 }))
+        Ok(Response::new(CancelResponse {
+            outcome: outcome as i32,
+        }))
     }
 
-    async fn write_file(&self, req: Request<Streaming<WriteFileRequest>>) -> Result<Response<WriteFileResponse>, Status> {
+    async fn write_file(
+        &self,
+        req: Request<Streaming<WriteFileRequest>>,
+    ) -> Result<Response<WriteFileResponse>, Status> {
         const OP: &str = "write_file";
         self.admit("write_file", namzu_proto::features::FILES_WRITE)?;
         self.gate(OP)?;
         let mut input = req.into_inner();
         let begin = match input.next().await {
-            Some(Ok(WriteFileRequest { msg: Some(write_file_request::Msg::Begin(b)) })) => b,
+            Some(Ok(WriteFileRequest {
+                msg: Some(write_file_request::Msg::Begin(b)),
+            })) => b,
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, OP, "first message must be begin").into_status()),
         };
@@ -243,19 +254,30 @@ impl Agent for AgentService {
         let r = req.into_inner();
         let max = self.limits().max_read_range_bytes;
         let (data, file_size, eof) = self
-            .blocking("read_file", move |jail| files::read_file(jail, &r.path, r.offset, r.length, max))
+            .blocking("read_file", move |jail| {
+                files::read_file(jail, &r.path, r.offset, r.length, max)
+            })
             .await?;
-        Ok(Response::new(ReadFileResponse { data: data.into(), file_size, eof }))
+        Ok(Response::new(ReadFileResponse {
+            data: data.into(),
+            file_size,
+            eof,
+        }))
     }
 
     type ReadFileStreamStream = ReceiverStream<Result<FileChunk, Status>>;
 
-    async fn read_file_stream(&self, req: Request<ReadFileStreamRequest>) -> Result<Response<Self::ReadFileStreamStream>, Status> {
+    async fn read_file_stream(
+        &self,
+        req: Request<ReadFileStreamRequest>,
+    ) -> Result<Response<Self::ReadFileStreamStream>, Status> {
         const OP: &str = "read_file_stream";
         self.admit("read_file_stream", namzu_proto::features::FILES_READ_STREAM)?;
         let r = req.into_inner();
         let path = r.path.clone();
-        let (file, _) = self.blocking(OP, move |jail| files::open_regular(jail, OP, &path)).await?;
+        let (file, _) = self
+            .blocking(OP, move |jail| files::open_regular(jail, OP, &path))
+            .await?;
         // Capacity 2: with HTTP/2 flow control this bounds what the agent holds
         // for one stream to a few chunks, whatever the file size.
         let (tx, rx) = mpsc::channel(2);
@@ -267,7 +289,10 @@ impl Agent for AgentService {
                 let item = match files::read_at(&file, offset, want, files::STREAM_CHUNK) {
                     Ok((data, eof)) => {
                         let n = data.len() as u64;
-                        let chunk = FileChunk { offset, data: Bytes::from(data) };
+                        let chunk = FileChunk {
+                            offset,
+                            data: Bytes::from(data),
+                        };
                         offset += n;
                         left -= n;
                         if n > 0 && tx.blocking_send(Ok(chunk)).is_err() {
@@ -278,7 +303,12 @@ impl Agent for AgentService {
                         }
                         continue;
                     }
-                    Err(e) => Err(files::os_err(OP, &r.path, rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO)).into_status()),
+                    Err(e) => Err(files::os_err(
+                        OP,
+                        &r.path,
+                        rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+                    )
+                    .into_status()),
                 };
                 let _ = tx.blocking_send(item);
                 return;
@@ -291,7 +321,9 @@ impl Agent for AgentService {
         self.admit("list_files", namzu_proto::features::FILES_LIST)?;
         let r = req.into_inner();
         let max = self.limits().max_list_entries;
-        let entries = self.blocking("list_files", move |jail| files::list(jail, &r.path, max)).await?;
+        let entries = self
+            .blocking("list_files", move |jail| files::list(jail, &r.path, max))
+            .await?;
         Ok(Response::new(ListFilesResponse { entries }))
     }
 
@@ -309,7 +341,8 @@ impl Agent for AgentService {
         };
         // A missing root must fail the call itself, not arrive mid-stream.
         let root = r.root.clone();
-        self.blocking(OP, move |jail| files::stat(jail, &root).map(|_| ())).await?;
+        self.blocking(OP, move |jail| files::stat(jail, &root).map(|_| ()))
+            .await?;
         let (tx, rx) = mpsc::channel(64);
         let jail = self.jail.clone();
         tokio::task::spawn_blocking(move || {
@@ -326,27 +359,32 @@ impl Agent for AgentService {
     async fn stat(&self, req: Request<StatRequest>) -> Result<Response<FileEntry>, Status> {
         self.admit("stat", namzu_proto::features::FILES_STAT)?;
         let r = req.into_inner();
-        Ok(Response::new(self.blocking("stat", move |jail| files::stat(jail, &r.path)).await?))
+        Ok(Response::new(
+            self.blocking("stat", move |jail| files::stat(jail, &r.path)).await?,
+        ))
     }
 
     async fn mkdir(&self, req: Request<MkdirRequest>) -> Result<Response<Empty>, Status> {
         self.admit("mkdir", namzu_proto::features::FILES_MKDIR)?;
         let r = req.into_inner();
-        self.blocking("mkdir", move |jail| files::mkdir(jail, &r.path, r.parents, r.mode)).await?;
+        self.blocking("mkdir", move |jail| files::mkdir(jail, &r.path, r.parents, r.mode))
+            .await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<Empty>, Status> {
         self.admit("remove", namzu_proto::features::FILES_REMOVE)?;
         let r = req.into_inner();
-        self.blocking("remove", move |jail| files::remove(jail, &r.path, r.recursive)).await?;
+        self.blocking("remove", move |jail| files::remove(jail, &r.path, r.recursive))
+            .await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<Empty>, Status> {
         self.admit("rename", namzu_proto::features::FILES_RENAME)?;
         let r = req.into_inner();
-        self.blocking("rename", move |jail| files::rename(jail, &r.from, &r.to, r.no_replace)).await?;
+        self.blocking("rename", move |jail| files::rename(jail, &r.from, &r.to, r.no_replace))
+            .await?;
         Ok(Response::new(Empty {}))
     }
 }

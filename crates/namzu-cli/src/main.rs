@@ -23,7 +23,11 @@ const EXIT_NAMZU: u8 = 125;
 const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
-#[command(name = "namzu", version, about = "Sandboxes for AI agents: run commands behind an isolation boundary")]
+#[command(
+    name = "namzu",
+    version,
+    about = "Sandboxes for AI agents: run commands behind an isolation boundary"
+)]
 struct Cli {
     /// Where sandbox state lives.
     #[arg(long, global = true, env = "NAMZU_STATE_DIR")]
@@ -102,20 +106,32 @@ impl From<namzu::Error> for Fail {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
         Err(e) => {
             let msg = e.render().to_string();
-            let first = msg.lines().next().unwrap_or("invalid usage").trim_start_matches("error: ");
+            let first = msg
+                .lines()
+                .next()
+                .unwrap_or("invalid usage")
+                .trim_start_matches("error: ");
             eprintln!("namzu: {first} (see namzu --help)");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NAMZU_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NAMZU_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
         .init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -137,7 +153,9 @@ fn provider(state_dir: &Option<PathBuf>, tier: Tier) -> Result<Box<dyn Provider>
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     match tier {
         Tier::Host => Ok(Box::new(HostProvider::new(dir)?)),
-        other => Err(Fail(format!("tier {other} is not available yet; use --tier host (no isolation)"))),
+        other => Err(Fail(format!(
+            "tier {other} is not available yet; use --tier host (no isolation)"
+        ))),
     }
 }
 
@@ -162,7 +180,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Create { tier, env } => {
             let p = provider(&cli.state_dir, tier)?;
             warn_host(tier);
-            let sb = p.create(SandboxSpec { env, ..Default::default() }).await?;
+            let sb = p
+                .create(SandboxSpec {
+                    env,
+                    ..Default::default()
+                })
+                .await?;
             println!("{}", sb.id());
             Ok(ExitCode::SUCCESS)
         }
@@ -181,7 +204,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let p = provider(&cli.state_dir, Tier::Host)?;
             println!("{:<18} {:<8} {:<6} CREATED", "ID", "TIER", "STATE");
             for s in p.list().await? {
-                println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, if s.alive { "up" } else { "dead" }, s.created_unix);
+                println!(
+                    "{:<18} {:<8} {:<6} {}",
+                    s.id,
+                    s.tier,
+                    if s.alive { "up" } else { "dead" },
+                    s.created_unix
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -276,11 +305,14 @@ async fn copy(p: &dyn Provider, src: &str, dst: &str) -> Result<(), Fail> {
     match (split_remote(src), split_remote(dst)) {
         (None, Some((id, path))) => {
             let sb = p.connect(id).await?;
-            let file = tokio::fs::File::open(src).await.map_err(|e| Fail(format!("{src}: {e}")))?;
+            let file = tokio::fs::File::open(src)
+                .await
+                .map_err(|e| Fail(format!("{src}: {e}")))?;
             let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
             let bar = progress(len, "upload");
             let reader = bar.wrap_async_read(file);
-            sb.write_file_from(Path::new(path), Box::new(reader), WriteOptions::default()).await?;
+            sb.write_file_from(Path::new(path), Box::new(reader), WriteOptions::default())
+                .await?;
             bar.finish_and_clear();
             Ok(())
         }
@@ -292,16 +324,27 @@ async fn copy(p: &dyn Provider, src: &str, dst: &str) -> Result<(), Fail> {
             // Written beside the target and renamed, so a failed copy never
             // leaves a truncated file under the destination name.
             let target = PathBuf::from(dst);
-            let tmp = target.with_file_name(format!(".{}.namzu-part", target.file_name().and_then(|n| n.to_str()).unwrap_or("copy")));
-            let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+            let tmp = target.with_file_name(format!(
+                ".{}.namzu-part",
+                target.file_name().and_then(|n| n.to_str()).unwrap_or("copy")
+            ));
+            let mut f = tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
             let res = async {
                 while let Some(chunk) = s.next().await {
                     let chunk = chunk?;
-                    f.write_all(&chunk).await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+                    f.write_all(&chunk)
+                        .await
+                        .map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
                     bar.inc(chunk.len() as u64);
                 }
-                f.sync_all().await.map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
-                tokio::fs::rename(&tmp, &target).await.map_err(|e| Fail(format!("{dst}: {e}")))
+                f.sync_all()
+                    .await
+                    .map_err(|e| Fail(format!("{}: {e}", tmp.display())))?;
+                tokio::fs::rename(&tmp, &target)
+                    .await
+                    .map_err(|e| Fail(format!("{dst}: {e}")))
             }
             .await;
             if res.is_err() {
@@ -310,7 +353,9 @@ async fn copy(p: &dyn Provider, src: &str, dst: &str) -> Result<(), Fail> {
             bar.finish_and_clear();
             res
         }
-        (Some(_), Some(_)) => Err(Fail("copying between two sandboxes is not supported; copy through the host".into())),
+        (Some(_), Some(_)) => Err(Fail(
+            "copying between two sandboxes is not supported; copy through the host".into(),
+        )),
         (None, None) => Err(Fail("one side of cp must be ID:PATH".into())),
     }
 }

@@ -1,5 +1,7 @@
 //! The `namzu` binary, end to end, on the host tier.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -23,14 +25,33 @@ fn stderr_lines(o: &Output) -> Vec<String> {
 #[test]
 fn run_streams_output_and_exits_with_the_command_code() {
     let st = tempfile::tempdir().unwrap();
-    let o = namzu(st.path(), &["run", "--env", "A=1", "--", "sh", "-c", "echo out$A; echo err >&2; exit 7"]);
+    let o = namzu(
+        st.path(),
+        &[
+            "run",
+            "--env",
+            "A=1",
+            "--",
+            "sh",
+            "-c",
+            "echo out$A; echo err >&2; exit 7",
+        ],
+    );
     assert_eq!(o.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "out1\n");
     assert_eq!(stderr_lines(&o), ["err"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("isolates NOTHING"), "host tier must warn");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("isolates NOTHING"),
+        "host tier must warn"
+    );
     // The sandbox is gone afterwards.
     let ls = namzu(st.path(), &["ls"]);
-    assert_eq!(String::from_utf8_lossy(&ls.stdout).lines().count(), 1, "{}", String::from_utf8_lossy(&ls.stdout));
+    assert_eq!(
+        String::from_utf8_lossy(&ls.stdout).lines().count(),
+        1,
+        "{}",
+        String::from_utf8_lossy(&ls.stdout)
+    );
 }
 
 #[test]
@@ -59,7 +80,10 @@ fn sandboxes_outlive_the_cli_and_files_copy_both_ways() {
     let local = st.path().join("up.bin");
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&local, &data).unwrap();
-    let o = namzu(st.path(), &["cp", local.to_str().unwrap(), &format!("{id}:in/../up.bin")]);
+    let o = namzu(
+        st.path(),
+        &["cp", local.to_str().unwrap(), &format!("{id}:in/../up.bin")],
+    );
     assert!(!o.status.success(), "a path with .. must be refused");
     let o = namzu(st.path(), &["cp", local.to_str().unwrap(), &format!("{id}:up.bin")]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -80,14 +104,20 @@ fn sandboxes_outlive_the_cli_and_files_copy_both_ways() {
 #[test]
 fn dead_sandbox_unknown_id_and_bad_flags_give_one_line() {
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout).trim().to_owned();
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(st.path().join("host").join(&id).join("meta.json")).unwrap()).unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(st.path().join("host").join(&id).join("meta.json")).unwrap()).unwrap();
     let pid = meta["pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
     let o = namzu(st.path(), &["exec", &id, "--", "true"]);
     assert_eq!(o.status.code(), Some(125));
-    assert_eq!(stderr_lines(&o), [format!("namzu: sandbox {id} is not running (its agent is gone)")]);
+    assert_eq!(
+        stderr_lines(&o),
+        [format!("namzu: sandbox {id} is not running (its agent is gone)")]
+    );
     assert!(namzu(st.path(), &["rm", &id]).status.success(), "rm of a dead sandbox");
 
     let o = namzu(st.path(), &["exec", "sb-deadbeef", "--", "true"]);

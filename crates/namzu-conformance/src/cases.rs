@@ -7,7 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use namzu::features as feat;
-use namzu::{ByteRange, CancellationToken, Error, ExecEvent, ExecRequest, FileKind, Sandbox, SandboxSpec, WalkOptions, WriteOptions};
+use namzu::{
+    ByteRange, CancellationToken, Error, ExecEvent, ExecRequest, FileKind, Sandbox, SandboxSpec, WalkOptions,
+    WriteOptions,
+};
 
 use crate::util::{check_pattern, pattern, with_sandbox, Ctx, PatternReader};
 use crate::{ensure, Case, Factory, Outcome};
@@ -66,7 +69,11 @@ async fn exec_basics(f: Factory) -> Outcome {
         let out = sb.exec(ExecRequest::new("echo").arg("hello")).await.ctx("echo")?;
         ensure!(&out.stdout[..] == b"hello\n", "stdout {:?}", out.stdout);
         ensure!(out.stderr.is_empty(), "stderr {:?}", out.stderr);
-        ensure!(out.status.success() && out.status.signal.is_none(), "status {:?}", out.status);
+        ensure!(
+            out.status.success() && out.status.signal.is_none(),
+            "status {:?}",
+            out.status
+        );
         ensure!(!out.status.timed_out && !out.status.cancelled, "flags {:?}", out.status);
         Ok(())
     })
@@ -77,9 +84,17 @@ async fn exec_basics(f: Factory) -> Outcome {
 async fn exit_codes_and_signals(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let out = sh(&sb, "exit 3").await?;
-        ensure!(out.status.code == Some(3) && out.status.signal.is_none(), "exit 3 gave {:?}", out.status);
+        ensure!(
+            out.status.code == Some(3) && out.status.signal.is_none(),
+            "exit 3 gave {:?}",
+            out.status
+        );
         let out = sh(&sb, "kill -TERM $$").await?;
-        ensure!(out.status.code.is_none() && out.status.signal == Some(15), "kill -TERM gave {:?}", out.status);
+        ensure!(
+            out.status.code.is_none() && out.status.signal == Some(15),
+            "kill -TERM gave {:?}",
+            out.status
+        );
         ensure!(out.status.shell_code() == 143, "shell code {}", out.status.shell_code());
         let out = sh(&sb, "kill -KILL $$").await?;
         ensure!(out.status.signal == Some(9), "kill -KILL gave {:?}", out.status);
@@ -114,7 +129,10 @@ async fn stdout_stderr_separated_with_offsets(f: Factory) -> Outcome {
         ensure!(out == want_out.as_bytes(), "stdout mixed or lost");
         ensure!(err == want_err.as_bytes(), "stderr mixed or lost");
         let exit = exit.ok_or("no exit event")?;
-        ensure!(exit.stdout_bytes == out.len() as u64 && exit.stderr_bytes == err.len() as u64, "byte totals {exit:?}");
+        ensure!(
+            exit.stdout_bytes == out.len() as u64 && exit.stderr_bytes == err.len() as u64,
+            "byte totals {exit:?}"
+        );
         Ok(())
     })
     .await
@@ -123,21 +141,41 @@ async fn stdout_stderr_separated_with_offsets(f: Factory) -> Outcome {
 /// Environment (spec-wide and per command), working directory and both
 /// forms of stdin reach the command.
 async fn env_cwd_stdin(f: Factory) -> Outcome {
-    let spec = SandboxSpec { env: vec![("SPEC_VAR".into(), "from-spec".into())], ..Default::default() };
+    let spec = SandboxSpec {
+        env: vec![("SPEC_VAR".into(), "from-spec".into())],
+        ..Default::default()
+    };
     with_sandbox(&f, spec, |sb| async move {
-        let out = sb.exec(ExecRequest::shell("printf '%s %s' \"$SPEC_VAR\" \"$CMD_VAR\"").env("CMD_VAR", "from-cmd")).await.ctx("env")?;
+        let out = sb
+            .exec(ExecRequest::shell("printf '%s %s' \"$SPEC_VAR\" \"$CMD_VAR\"").env("CMD_VAR", "from-cmd"))
+            .await
+            .ctx("env")?;
         ensure!(&out.stdout[..] == b"from-spec from-cmd", "env gave {:?}", out.stdout);
         sb.mkdir(p("sub/dir"), true).await.ctx("mkdir")?;
         let out = sb.exec(ExecRequest::new("pwd").cwd("sub/dir")).await.ctx("pwd")?;
         ensure!(out.stdout.ends_with(b"/sub/dir\n"), "cwd gave {:?}", out.stdout);
-        let out = sb.exec(ExecRequest::new("cat").stdin(Bytes::from_static(b"stdin bytes"))).await.ctx("cat")?;
+        let out = sb
+            .exec(ExecRequest::new("cat").stdin(Bytes::from_static(b"stdin bytes")))
+            .await
+            .ctx("cat")?;
         ensure!(&out.stdout[..] == b"stdin bytes", "stdin bytes gave {:?}", out.stdout);
         let chunks = futures::stream::iter((0..100).map(|i| Bytes::from(format!("chunk{i};"))));
-        let out = sb.exec(ExecRequest::new("cat").stdin_stream(chunks)).await.ctx("cat stream")?;
+        let out = sb
+            .exec(ExecRequest::new("cat").stdin_stream(chunks))
+            .await
+            .ctx("cat stream")?;
         let want: String = (0..100).map(|i| format!("chunk{i};")).collect();
-        ensure!(out.stdout == want.as_bytes(), "streamed stdin gave {} bytes", out.stdout.len());
+        ensure!(
+            out.stdout == want.as_bytes(),
+            "streamed stdin gave {} bytes",
+            out.stdout.len()
+        );
         let out = sb.exec(ExecRequest::new("cat")).await.ctx("cat null")?;
-        ensure!(out.stdout.is_empty() && out.status.success(), "null stdin: {:?}", out.status);
+        ensure!(
+            out.stdout.is_empty() && out.status.success(),
+            "null stdin: {:?}",
+            out.status
+        );
         Ok(())
     })
     .await
@@ -148,7 +186,10 @@ async fn non_utf8_argv_round_trips(f: Factory) -> Outcome {
     use std::os::unix::ffi::OsStrExt;
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let arg = std::ffi::OsStr::from_bytes(b"\xff\xfe-not-utf8\x80");
-        let out = sb.exec(ExecRequest::new("printf").arg("%s").arg(arg)).await.ctx("printf")?;
+        let out = sb
+            .exec(ExecRequest::new("printf").arg("%s").arg(arg))
+            .await
+            .ctx("printf")?;
         ensure!(&out.stdout[..] == arg.as_bytes(), "got {:?}", out.stdout);
         Ok(())
     })
@@ -166,7 +207,10 @@ async fn missing_command_is_spawn_failed(f: Factory) -> Outcome {
             other => return Err(format!("expected SpawnFailed, got {other:?}")),
         }
         // The sandbox is still usable afterwards.
-        ensure!(sh(&sb, "true").await?.status.success(), "sandbox unusable after a failed spawn");
+        ensure!(
+            sh(&sb, "true").await?.status.success(),
+            "sandbox unusable after a failed spawn"
+        );
         Ok(())
     })
     .await
@@ -177,14 +221,22 @@ async fn missing_command_is_spawn_failed(f: Factory) -> Outcome {
 async fn timeout_kills_the_whole_group(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let script = "sleep 300 & echo $! > bg.pid; echo $$ > fg.pid; sleep 300";
-        let out = sb.exec(ExecRequest::shell(script).timeout(Duration::from_millis(700))).await.ctx("exec")?;
+        let out = sb
+            .exec(ExecRequest::shell(script).timeout(Duration::from_millis(700)))
+            .await
+            .ctx("exec")?;
         ensure!(out.status.timed_out, "not timed out: {:?}", out.status);
         ensure!(out.status.signal == Some(9), "not killed: {:?}", out.status);
         ensure!(out.duration < Duration::from_secs(60), "took {:?}", out.duration);
         for f in ["bg.pid", "fg.pid"] {
-            let pid = String::from_utf8_lossy(&sb.read_file(p(f), None).await.ctx(f)?.data).trim().to_owned();
+            let pid = String::from_utf8_lossy(&sb.read_file(p(f), None).await.ctx(f)?.data)
+                .trim()
+                .to_owned();
             ensure!(!pid.is_empty(), "{f} empty");
-            ensure!(!pid_alive(&sb, &pid).await?, "process {pid} from {f} survived the timeout");
+            ensure!(
+                !pid_alive(&sb, &pid).await?,
+                "process {pid} from {f} survived the timeout"
+            );
         }
         Ok(())
     })
@@ -193,15 +245,28 @@ async fn timeout_kills_the_whole_group(f: Factory) -> Outcome {
 
 /// A timeout above the sandbox maximum is refused by the limit's name.
 async fn timeout_above_the_maximum_is_refused(f: Factory) -> Outcome {
-    let spec = SandboxSpec { limits: vec![("sandbox_max_timeout_ms".into(), 5_000)], ..Default::default() };
+    let spec = SandboxSpec {
+        limits: vec![("sandbox_max_timeout_ms".into(), 5_000)],
+        ..Default::default()
+    };
     with_sandbox(&f, spec, |sb| async move {
         match sb.exec(ExecRequest::new("true").timeout(Duration::from_secs(6))).await {
             Err(Error::LimitExceeded { limit, value, .. }) => {
-                ensure!(limit == "sandbox_max_timeout_ms" && value == 5_000, "limit {limit}={value}");
+                ensure!(
+                    limit == "sandbox_max_timeout_ms" && value == 5_000,
+                    "limit {limit}={value}"
+                );
             }
             other => return Err(format!("expected LimitExceeded, got {other:?}")),
         }
-        ensure!(sb.exec(ExecRequest::new("true").timeout(Duration::from_secs(5))).await.ctx("at the max")?.status.success(), "max itself refused");
+        ensure!(
+            sb.exec(ExecRequest::new("true").timeout(Duration::from_secs(5)))
+                .await
+                .ctx("at the max")?
+                .status
+                .success(),
+            "max itself refused"
+        );
         Ok(())
     })
     .await
@@ -213,7 +278,10 @@ async fn cancel_kills_the_whole_group(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let token = CancellationToken::new();
         let script = "sleep 300 & echo $! > bg.pid; echo ready; sleep 300";
-        let mut s = sb.exec_stream(ExecRequest::shell(script).cancel_token(token.clone())).await.ctx("exec_stream")?;
+        let mut s = sb
+            .exec_stream(ExecRequest::shell(script).cancel_token(token.clone()))
+            .await
+            .ctx("exec_stream")?;
         let fg = s.pid.ok_or("no pid")?;
         let mut exit = None;
         while let Some(ev) = s.next().await {
@@ -224,10 +292,22 @@ async fn cancel_kills_the_whole_group(f: Factory) -> Outcome {
             }
         }
         let exit = exit.ok_or("no exit")?;
-        ensure!(exit.status.cancelled && exit.status.signal == Some(9), "exit {:?}", exit.status);
-        let bg = String::from_utf8_lossy(&sb.read_file(p("bg.pid"), None).await.ctx("bg.pid")?.data).trim().to_owned();
-        ensure!(!pid_alive(&sb, &bg).await?, "background process {bg} survived the cancel");
-        ensure!(!pid_alive(&sb, &fg.to_string()).await?, "leader {fg} survived the cancel");
+        ensure!(
+            exit.status.cancelled && exit.status.signal == Some(9),
+            "exit {:?}",
+            exit.status
+        );
+        let bg = String::from_utf8_lossy(&sb.read_file(p("bg.pid"), None).await.ctx("bg.pid")?.data)
+            .trim()
+            .to_owned();
+        ensure!(
+            !pid_alive(&sb, &bg).await?,
+            "background process {bg} survived the cancel"
+        );
+        ensure!(
+            !pid_alive(&sb, &fg.to_string()).await?,
+            "leader {fg} survived the cancel"
+        );
         Ok(())
     })
     .await
@@ -238,8 +318,15 @@ async fn cancel_before_start_never_runs(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let token = CancellationToken::new();
         token.cancel();
-        let out = sb.exec(ExecRequest::shell("echo ran > ran.txt").cancel_token(token)).await.ctx("exec")?;
-        ensure!(out.status.cancelled && out.status.code.is_none(), "status {:?}", out.status);
+        let out = sb
+            .exec(ExecRequest::shell("echo ran > ran.txt").cancel_token(token))
+            .await
+            .ctx("exec")?;
+        ensure!(
+            out.status.cancelled && out.status.code.is_none(),
+            "status {:?}",
+            out.status
+        );
         match sb.stat(p("ran.txt")).await {
             Err(Error::NotFound { .. }) => Ok(()),
             other => Err(format!("the command ran anyway: {other:?}")),
@@ -252,14 +339,20 @@ async fn cancel_before_start_never_runs(f: Factory) -> Outcome {
 /// parent that left it) makes cancel answer RemoteCancellationUnknown, and
 /// the sandbox refuses further work while still answering health.
 async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcome {
-    let spec = SandboxSpec { limits: vec![("cancel_confirm_ms".into(), 400)], ..Default::default() };
+    let spec = SandboxSpec {
+        limits: vec![("cancel_confirm_ms".into(), 400)],
+        ..Default::default()
+    };
     with_sandbox(&f, spec, |sb| async move {
         // The subshell forks a sleeper into the group, then leaves the group
         // with setsid and never reaps it: after the group kill the sleeper
         // stays a zombie in the group, which no signal can remove.
         let script = "(sleep 30 & exec setsid sleep 30) & echo ready; wait";
         let token = CancellationToken::new();
-        let mut s = sb.exec_stream(ExecRequest::shell(script).cancel_token(token.clone())).await.ctx("exec_stream")?;
+        let mut s = sb
+            .exec_stream(ExecRequest::shell(script).cancel_token(token.clone()))
+            .await
+            .ctx("exec_stream")?;
         let exec_id = s.exec_id.clone();
         let mut last = None;
         while let Some(ev) = s.next().await {
@@ -304,7 +397,10 @@ async fn concurrent_execs_do_not_cross_talk(f: Factory) -> Outcome {
             let out = out.ctx("exec")?;
             let want: String = (0..2000).map(|i| format!("{n}-{i}\n")).collect();
             ensure!(out.stdout == want.as_bytes(), "exec {n}: stdout is not its own");
-            ensure!(out.stderr == format!("e{n}\n").repeat(2000).as_bytes(), "exec {n}: stderr is not its own");
+            ensure!(
+                out.stderr == format!("e{n}\n").repeat(2000).as_bytes(),
+                "exec {n}: stderr is not its own"
+            );
         }
         Ok(())
     })
@@ -314,13 +410,25 @@ async fn concurrent_execs_do_not_cross_talk(f: Factory) -> Outcome {
 /// Output past `max_output_bytes` is dropped and reported, and the command
 /// still runs to completion (it never blocks on a full pipe).
 async fn output_cap_reports_truncation(f: Factory) -> Outcome {
-    let spec = SandboxSpec { limits: vec![("max_output_bytes".into(), 1000)], ..Default::default() };
+    let spec = SandboxSpec {
+        limits: vec![("max_output_bytes".into(), 1000)],
+        ..Default::default()
+    };
     with_sandbox(&f, spec, |sb| async move {
         let out = sh(&sb, "head -c 300000 /dev/zero; echo done >&2").await?;
         ensure!(out.status.success(), "status {:?}", out.status);
-        ensure!(out.stdout.len() == 1000 && out.stdout_truncated, "kept {} truncated={}", out.stdout.len(), out.stdout_truncated);
+        ensure!(
+            out.stdout.len() == 1000 && out.stdout_truncated,
+            "kept {} truncated={}",
+            out.stdout.len(),
+            out.stdout_truncated
+        );
         ensure!(out.stdout_bytes == 300_000, "counted {}", out.stdout_bytes);
-        ensure!(&out.stderr[..] == b"done\n" && !out.stderr_truncated, "stderr {:?}", out.stderr);
+        ensure!(
+            &out.stderr[..] == b"done\n" && !out.stderr_truncated,
+            "stderr {:?}",
+            out.stderr
+        );
         Ok(())
     })
     .await
@@ -332,21 +440,43 @@ async fn write_64mib_round_trips(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         const N: usize = 64 << 20;
         let data = Bytes::from(pattern(7, N));
-        let n = sb.write_file(p("big.bin"), data.clone(), WriteOptions::default()).await.ctx("write")?;
+        let n = sb
+            .write_file(p("big.bin"), data.clone(), WriteOptions::default())
+            .await
+            .ctx("write")?;
         ensure!(n == N as u64, "wrote {n}");
         let mut s = sb.read_file_stream(p("big.bin"), None).await.ctx("stream")?;
         let mut got = 0usize;
         while let Some(chunk) = s.next().await {
             let chunk = chunk.ctx("chunk")?;
-            ensure!(data[got..got + chunk.len()] == chunk[..], "bytes differ near offset {got}");
+            ensure!(
+                data[got..got + chunk.len()] == chunk[..],
+                "bytes differ near offset {got}"
+            );
             got += chunk.len();
         }
         ensure!(got == N, "streamed {got} of {N}");
-        let r = sb.read_file(p("big.bin"), Some(ByteRange { offset: 10 << 20, length: Some(1 << 20) })).await.ctx("range")?;
-        ensure!(r.data[..] == data[10 << 20..11 << 20] && r.file_size == N as u64, "range differs");
+        let r = sb
+            .read_file(
+                p("big.bin"),
+                Some(ByteRange {
+                    offset: 10 << 20,
+                    length: Some(1 << 20),
+                }),
+            )
+            .await
+            .ctx("range")?;
+        ensure!(
+            r.data[..] == data[10 << 20..11 << 20] && r.file_size == N as u64,
+            "range differs"
+        );
         match sb.read_file(p("big.bin"), None).await {
             Err(Error::LimitExceeded { limit, .. }) => ensure!(limit == "max_read_range_bytes", "limit {limit}"),
-            other => return Err(format!("whole read of 64 MiB should exceed the range limit, got {other:?}")),
+            other => {
+                return Err(format!(
+                    "whole read of 64 MiB should exceed the range limit, got {other:?}"
+                ))
+            }
         }
         Ok(())
     })
@@ -360,7 +490,9 @@ async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         const N: usize = 1 << 20;
         let a = Bytes::from(vec![b'a'; N]);
         let b = Bytes::from(vec![b'b'; 2 * N]);
-        sb.write_file(p("f"), a.clone(), WriteOptions::default()).await.ctx("seed")?;
+        sb.write_file(p("f"), a.clone(), WriteOptions::default())
+            .await
+            .ctx("seed")?;
         let writer = {
             let sb = sb.clone();
             tokio::spawn(async move {
@@ -373,10 +505,23 @@ async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         };
         let mut reads = 0;
         while !writer.is_finished() || reads < 5 {
-            let r = sb.read_file(p("f"), Some(ByteRange { offset: 0, length: Some(4 * N as u64) })).await.ctx("read")?;
+            let r = sb
+                .read_file(
+                    p("f"),
+                    Some(ByteRange {
+                        offset: 0,
+                        length: Some(4 * N as u64),
+                    }),
+                )
+                .await
+                .ctx("read")?;
             let whole_a = r.data.len() == N && r.data.iter().all(|&c| c == b'a');
             let whole_b = r.data.len() == 2 * N && r.data.iter().all(|&c| c == b'b');
-            ensure!(whole_a || whole_b, "read {reads} saw a partial file of {} bytes", r.data.len());
+            ensure!(
+                whole_a || whole_b,
+                "read {reads} saw a partial file of {} bytes",
+                r.data.len()
+            );
             reads += 1;
         }
         writer.await.ctx("writer task")?.ctx("writer")?;
@@ -389,15 +534,34 @@ async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
 /// temporary file behind.
 async fn failed_write_leaves_the_old_file(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.write_file(p("keep.txt"), Bytes::from_static(b"old contents"), WriteOptions::default()).await.ctx("seed")?;
+        sb.write_file(
+            p("keep.txt"),
+            Bytes::from_static(b"old contents"),
+            WriteOptions::default(),
+        )
+        .await
+        .ctx("seed")?;
         let reader = PatternReader::new(1, 8 << 20).failing_at(3 << 20);
-        match sb.write_file_from(p("keep.txt"), Box::new(reader), WriteOptions::default()).await {
+        match sb
+            .write_file_from(p("keep.txt"), Box::new(reader), WriteOptions::default())
+            .await
+        {
             Err(Error::LocalIo { .. }) => {}
             other => return Err(format!("expected the local read error, got {other:?}")),
         }
         let r = sb.read_file(p("keep.txt"), None).await.ctx("read back")?;
-        ensure!(&r.data[..] == b"old contents", "old file changed: {} bytes", r.data.len());
-        let names: Vec<_> = sb.list_files(p(".")).await.ctx("list")?.into_iter().map(|e| e.name).collect();
+        ensure!(
+            &r.data[..] == b"old contents",
+            "old file changed: {} bytes",
+            r.data.len()
+        );
+        let names: Vec<_> = sb
+            .list_files(p("."))
+            .await
+            .ctx("list")?
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         ensure!(names == ["keep.txt"], "leftovers: {names:?}");
         Ok(())
     })
@@ -406,15 +570,34 @@ async fn failed_write_leaves_the_old_file(f: Factory) -> Outcome {
 
 /// A write over `max_write_bytes` is refused by name and changes nothing.
 async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
-    let spec = SandboxSpec { limits: vec![("max_write_bytes".into(), 1 << 20)], ..Default::default() };
+    let spec = SandboxSpec {
+        limits: vec![("max_write_bytes".into(), 1 << 20)],
+        ..Default::default()
+    };
     with_sandbox(&f, spec, |sb| async move {
-        sb.write_file(p("keep.txt"), Bytes::from_static(b"old"), WriteOptions::default()).await.ctx("seed")?;
-        match sb.write_file(p("keep.txt"), Bytes::from(vec![0u8; 2 << 20]), WriteOptions::default()).await {
-            Err(Error::LimitExceeded { limit, value, .. }) => ensure!(limit == "max_write_bytes" && value == 1 << 20, "{limit}={value}"),
+        sb.write_file(p("keep.txt"), Bytes::from_static(b"old"), WriteOptions::default())
+            .await
+            .ctx("seed")?;
+        match sb
+            .write_file(p("keep.txt"), Bytes::from(vec![0u8; 2 << 20]), WriteOptions::default())
+            .await
+        {
+            Err(Error::LimitExceeded { limit, value, .. }) => {
+                ensure!(limit == "max_write_bytes" && value == 1 << 20, "{limit}={value}")
+            }
             other => return Err(format!("expected LimitExceeded, got {other:?}")),
         }
-        ensure!(&sb.read_file(p("keep.txt"), None).await.ctx("read")?.data[..] == b"old", "old file changed");
-        let names: Vec<_> = sb.list_files(p(".")).await.ctx("list")?.into_iter().map(|e| e.name).collect();
+        ensure!(
+            &sb.read_file(p("keep.txt"), None).await.ctx("read")?.data[..] == b"old",
+            "old file changed"
+        );
+        let names: Vec<_> = sb
+            .list_files(p("."))
+            .await
+            .ctx("list")?
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         ensure!(names == ["keep.txt"], "leftovers: {names:?}");
         Ok(())
     })
@@ -424,15 +607,30 @@ async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
 /// A new file takes the requested mode; an overwrite keeps the target's.
 async fn mode_is_preserved(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        let opts = WriteOptions { mode: Some(0o600), ..Default::default() };
-        sb.write_file(p("new.sh"), Bytes::from_static(b"#!/bin/sh\necho hi\n"), opts).await.ctx("write")?;
+        let opts = WriteOptions {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        sb.write_file(p("new.sh"), Bytes::from_static(b"#!/bin/sh\necho hi\n"), opts)
+            .await
+            .ctx("write")?;
         ensure!(sb.stat(p("new.sh")).await.ctx("stat")?.mode == 0o600, "new file mode");
         ensure!(sh(&sb, "chmod 0751 new.sh").await?.status.success(), "chmod");
-        sb.write_file(p("new.sh"), Bytes::from_static(b"#!/bin/sh\necho again\n"), WriteOptions::default()).await.ctx("overwrite")?;
+        sb.write_file(
+            p("new.sh"),
+            Bytes::from_static(b"#!/bin/sh\necho again\n"),
+            WriteOptions::default(),
+        )
+        .await
+        .ctx("overwrite")?;
         let st = sb.stat(p("new.sh")).await.ctx("stat")?;
         ensure!(st.mode == 0o751, "overwrite changed mode to {:o}", st.mode);
         let out = sh(&sb, "./new.sh").await?;
-        ensure!(&out.stdout[..] == b"again\n", "new contents not executed: {:?}", out.stdout);
+        ensure!(
+            &out.stdout[..] == b"again\n",
+            "new contents not executed: {:?}",
+            out.stdout
+        );
         Ok(())
     })
     .await
@@ -442,14 +640,26 @@ async fn mode_is_preserved(f: Factory) -> Outcome {
 /// what exists; a stream honours offset and length.
 async fn ranged_reads(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.write_file(p("r.txt"), Bytes::from_static(b"0123456789"), WriteOptions::default()).await.ctx("write")?;
+        sb.write_file(p("r.txt"), Bytes::from_static(b"0123456789"), WriteOptions::default())
+            .await
+            .ctx("write")?;
         let rng = |o, l| Some(ByteRange { offset: o, length: l });
         let r = sb.read_file(p("r.txt"), rng(2, Some(3))).await.ctx("2+3")?;
-        ensure!(&r.data[..] == b"234" && r.file_size == 10 && !r.eof, "2+3 gave {:?} size {} eof {}", r.data, r.file_size, r.eof);
+        ensure!(
+            &r.data[..] == b"234" && r.file_size == 10 && !r.eof,
+            "2+3 gave {:?} size {} eof {}",
+            r.data,
+            r.file_size,
+            r.eof
+        );
         let r = sb.read_file(p("r.txt"), rng(8, Some(10))).await.ctx("8+10")?;
         ensure!(&r.data[..] == b"89" && r.eof, "8+10 gave {:?} eof {}", r.data, r.eof);
         let r = sb.read_file(p("r.txt"), rng(20, Some(5))).await.ctx("20+5")?;
-        ensure!(r.data.is_empty() && r.eof && r.file_size == 10, "past EOF gave {:?}", r.data);
+        ensure!(
+            r.data.is_empty() && r.eof && r.file_size == 10,
+            "past EOF gave {:?}",
+            r.data
+        );
         let r = sb.read_file(p("r.txt"), rng(4, None)).await.ctx("4+")?;
         ensure!(&r.data[..] == b"456789" && r.eof, "4.. gave {:?}", r.data);
         let mut s = sb.read_file_stream(p("r.txt"), rng(3, Some(4))).await.ctx("stream")?;
@@ -472,7 +682,13 @@ async fn streamed_1gib_read_keeps_agent_memory_bounded(f: Factory) -> Outcome {
     const BOUND: u64 = 96 << 20;
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let before = sb.agent().health().await.ctx("health")?;
-        sb.write_file_from(p("huge.bin"), Box::new(PatternReader::new(3, N)), WriteOptions::default()).await.ctx("write 1 GiB")?;
+        sb.write_file_from(
+            p("huge.bin"),
+            Box::new(PatternReader::new(3, N)),
+            WriteOptions::default(),
+        )
+        .await
+        .ctx("write 1 GiB")?;
         let after_write = sb.agent().health().await.ctx("health")?;
         let mut s = sb.read_file_stream(p("huge.bin"), None).await.ctx("stream")?;
         let mut off = 0u64;
@@ -492,7 +708,11 @@ async fn streamed_1gib_read_keeps_agent_memory_bounded(f: Factory) -> Outcome {
             after_write.peak_rss_bytes >> 10,
             after_read.peak_rss_bytes >> 10
         );
-        ensure!(growth < BOUND, "agent peak RSS grew by {} MiB moving 1 GiB", growth >> 20);
+        ensure!(
+            growth < BOUND,
+            "agent peak RSS grew by {} MiB moving 1 GiB",
+            growth >> 20
+        );
         Ok(())
     })
     .await
@@ -502,19 +722,48 @@ async fn streamed_1gib_read_keeps_agent_memory_bounded(f: Factory) -> Outcome {
 async fn list_stat_mkdir_remove_rename(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         sb.mkdir(p("d/e"), true).await.ctx("mkdir -p")?;
-        ensure!(matches!(sb.mkdir(p("d"), false).await, Err(Error::AlreadyExists { .. })), "mkdir existing");
-        sb.write_file(p("d/x.txt"), Bytes::from_static(b"xx"), WriteOptions::default()).await.ctx("write")?;
+        ensure!(
+            matches!(sb.mkdir(p("d"), false).await, Err(Error::AlreadyExists { .. })),
+            "mkdir existing"
+        );
+        sb.write_file(p("d/x.txt"), Bytes::from_static(b"xx"), WriteOptions::default())
+            .await
+            .ctx("write")?;
         let st = sb.stat(p("d/x.txt")).await.ctx("stat")?;
         ensure!(st.kind == FileKind::File && st.size == 2, "stat {st:?}");
-        let names: Vec<_> = sb.list_files(p("d")).await.ctx("list")?.into_iter().map(|e| (e.name, e.kind)).collect();
-        ensure!(names == [("e".into(), FileKind::Dir), ("x.txt".into(), FileKind::File)], "list {names:?}");
-        ensure!(matches!(sb.list_files(p("d/x.txt")).await, Err(Error::NotADirectory { .. })), "list of a file");
+        let names: Vec<_> = sb
+            .list_files(p("d"))
+            .await
+            .ctx("list")?
+            .into_iter()
+            .map(|e| (e.name, e.kind))
+            .collect();
+        ensure!(
+            names == [("e".into(), FileKind::Dir), ("x.txt".into(), FileKind::File)],
+            "list {names:?}"
+        );
+        ensure!(
+            matches!(sb.list_files(p("d/x.txt")).await, Err(Error::NotADirectory { .. })),
+            "list of a file"
+        );
         sb.rename(p("d/x.txt"), p("d/e/y.txt")).await.ctx("rename")?;
-        ensure!(matches!(sb.stat(p("d/x.txt")).await, Err(Error::NotFound { .. })), "old name remains");
-        ensure!(matches!(sb.remove(p("d"), false).await, Err(Error::DirectoryNotEmpty { .. })), "non-recursive remove of a tree");
+        ensure!(
+            matches!(sb.stat(p("d/x.txt")).await, Err(Error::NotFound { .. })),
+            "old name remains"
+        );
+        ensure!(
+            matches!(sb.remove(p("d"), false).await, Err(Error::DirectoryNotEmpty { .. })),
+            "non-recursive remove of a tree"
+        );
         sb.remove(p("d"), true).await.ctx("rm -r")?;
-        ensure!(matches!(sb.stat(p("d")).await, Err(Error::NotFound { .. })), "tree remains");
-        ensure!(matches!(sb.remove(p("d"), true).await, Err(Error::NotFound { .. })), "remove of nothing");
+        ensure!(
+            matches!(sb.stat(p("d")).await, Err(Error::NotFound { .. })),
+            "tree remains"
+        );
+        ensure!(
+            matches!(sb.remove(p("d"), true).await, Err(Error::NotFound { .. })),
+            "remove of nothing"
+        );
         Ok(())
     })
     .await
@@ -525,7 +774,16 @@ async fn list_stat_mkdir_remove_rename(f: Factory) -> Outcome {
 /// exhausted budget.
 async fn walk_reports_symlinks_and_honours_limits(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        ensure!(sh(&sb, "mkdir -p t/a/b t/.hid && touch t/a/b/deep t/a/f t/.hid/h t/z && ln -s a t/link && ln -s / t/root").await?.status.success(), "setup");
+        ensure!(
+            sh(
+                &sb,
+                "mkdir -p t/a/b t/.hid && touch t/a/b/deep t/a/f t/.hid/h t/z && ln -s a t/link && ln -s / t/root"
+            )
+            .await?
+            .status
+            .success(),
+            "setup"
+        );
         let collect = |opts: WalkOptions| {
             let sb = sb.clone();
             async move {
@@ -543,15 +801,45 @@ async fn walk_reports_symlinks_and_honours_limits(f: Factory) -> Outcome {
         let (all, err) = collect(WalkOptions::default()).await.ctx("walk")?;
         ensure!(err.is_none(), "walk failed: {err:?}");
         let paths: Vec<&str> = all.iter().map(|e| e.0.as_str()).collect();
-        ensure!(paths == ["t/a", "t/a/b", "t/a/b/deep", "t/a/f", "t/link", "t/root", "t/z"], "walk order {paths:?}");
-        ensure!(all.iter().any(|e| e.0 == "t/link" && e.1 == FileKind::Symlink), "symlink not reported as one");
-        let (hidden, _) = collect(WalkOptions { include_hidden: true, ..Default::default() }).await.ctx("walk hidden")?;
-        ensure!(hidden.iter().any(|e| e.0 == "t/.hid/h"), "include_hidden missed t/.hid/h");
-        let (shallow, _) = collect(WalkOptions { max_depth: 1, ..Default::default() }).await.ctx("walk depth 1")?;
-        ensure!(shallow.iter().all(|e| e.2 == 1) && shallow.len() == 4, "depth 1 gave {shallow:?}");
-        let (some, err) = collect(WalkOptions { max_entries: 3, ..Default::default() }).await.ctx("walk budget")?;
+        ensure!(
+            paths == ["t/a", "t/a/b", "t/a/b/deep", "t/a/f", "t/link", "t/root", "t/z"],
+            "walk order {paths:?}"
+        );
+        ensure!(
+            all.iter().any(|e| e.0 == "t/link" && e.1 == FileKind::Symlink),
+            "symlink not reported as one"
+        );
+        let (hidden, _) = collect(WalkOptions {
+            include_hidden: true,
+            ..Default::default()
+        })
+        .await
+        .ctx("walk hidden")?;
+        ensure!(
+            hidden.iter().any(|e| e.0 == "t/.hid/h"),
+            "include_hidden missed t/.hid/h"
+        );
+        let (shallow, _) = collect(WalkOptions {
+            max_depth: 1,
+            ..Default::default()
+        })
+        .await
+        .ctx("walk depth 1")?;
+        ensure!(
+            shallow.iter().all(|e| e.2 == 1) && shallow.len() == 4,
+            "depth 1 gave {shallow:?}"
+        );
+        let (some, err) = collect(WalkOptions {
+            max_entries: 3,
+            ..Default::default()
+        })
+        .await
+        .ctx("walk budget")?;
         ensure!(some.len() == 3, "budget 3 gave {} entries", some.len());
-        ensure!(matches!(err, Some(Error::WalkLimit { limit: 3, .. })), "budget overrun gave {err:?}");
+        ensure!(
+            matches!(err, Some(Error::WalkLimit { limit: 3, .. })),
+            "budget overrun gave {err:?}"
+        );
         match sb.walk_files(p("nope"), WalkOptions::default()).await {
             Err(Error::NotFound { .. }) => {}
             Ok(_) => return Err("walk of a missing root succeeded".into()),
@@ -566,25 +854,52 @@ async fn walk_reports_symlinks_and_honours_limits(f: Factory) -> Outcome {
 /// refused as PathEscape, for reads, writes, renames and removes.
 async fn path_escapes_are_refused(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        ensure!(sh(&sb, "ln -s / rootlink && ln -s ../../../../../../etc up && mkdir -p d && ln -s /tmp d/tmplink").await?.status.success(), "setup");
-        let escapes = ["../x", "a/../../x", "/etc/passwd", "rootlink/etc/passwd", "up/passwd", "d/tmplink/x"];
+        ensure!(
+            sh(
+                &sb,
+                "ln -s / rootlink && ln -s ../../../../../../etc up && mkdir -p d && ln -s /tmp d/tmplink"
+            )
+            .await?
+            .status
+            .success(),
+            "setup"
+        );
+        let escapes = [
+            "../x",
+            "a/../../x",
+            "/etc/passwd",
+            "rootlink/etc/passwd",
+            "up/passwd",
+            "d/tmplink/x",
+        ];
         for e in escapes {
             let r = sb.read_file(p(e), None).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "read {e}: {r:?}");
-            let r = sb.write_file(p(e), Bytes::from_static(b"pwn"), WriteOptions::default()).await;
+            let r = sb
+                .write_file(p(e), Bytes::from_static(b"pwn"), WriteOptions::default())
+                .await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "write {e}: {r:?}");
             let r = sb.read_file_stream(p(e), None).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "stream {e}: {:?}", r.err());
             let r = sb.list_files(p(e)).await;
-            ensure!(matches!(r, Err(Error::PathEscape { .. }) | Err(Error::NotFound { .. })), "list {e}: {r:?}");
+            ensure!(
+                matches!(r, Err(Error::PathEscape { .. }) | Err(Error::NotFound { .. })),
+                "list {e}: {r:?}"
+            );
         }
         let r = sb.rename(p("d"), p("../moved")).await;
         ensure!(matches!(r, Err(Error::PathEscape { .. })), "rename out: {r:?}");
         let r = sb.remove(p("rootlink/tmp"), true).await;
-        ensure!(matches!(r, Err(Error::PathEscape { .. })), "remove through a link: {r:?}");
+        ensure!(
+            matches!(r, Err(Error::PathEscape { .. })),
+            "remove through a link: {r:?}"
+        );
         // The link itself is inside and may be inspected and removed.
         let st = sb.stat(p("rootlink")).await.ctx("stat link")?;
-        ensure!(st.kind == FileKind::Symlink && st.symlink_target.as_deref() == Some(Path::new("/")), "stat link {st:?}");
+        ensure!(
+            st.kind == FileKind::Symlink && st.symlink_target.as_deref() == Some(Path::new("/")),
+            "stat link {st:?}"
+        );
         sb.remove(p("rootlink"), false).await.ctx("remove link")?;
         Ok(())
     })

@@ -74,7 +74,12 @@ pub fn run_main(backend: &str, factory: Factory) -> std::process::ExitCode {
     let trials = cases()
         .into_iter()
         .map(|case| {
-            let missing: Vec<&str> = case.needs.iter().copied().filter(|f| !features.iter().any(|g| g == f)).collect();
+            let missing: Vec<&str> = case
+                .needs
+                .iter()
+                .copied()
+                .filter(|f| !features.iter().any(|g| g == f))
+                .collect();
             let factory = factory.clone();
             let run = case.run;
             let trial = libtest_mimic::Trial::test(format!("{backend}::{}", case.name), move || {

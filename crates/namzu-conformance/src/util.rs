@@ -69,7 +69,12 @@ pub struct PatternReader {
 
 impl PatternReader {
     pub fn new(seed: u64, len: u64) -> Self {
-        Self { seed, pos: 0, len, fail_at: None }
+        Self {
+            seed,
+            pos: 0,
+            len,
+            fail_at: None,
+        }
     }
     pub fn failing_at(mut self, at: u64) -> Self {
         self.fail_at = Some(at);

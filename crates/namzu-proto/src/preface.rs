@@ -92,30 +92,20 @@ pub fn token_matches(expected: &[u8], got: &[u8]) -> bool {
     if expected.len() != got.len() {
         return false;
     }
-    expected
-        .iter()
-        .zip(got)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    expected.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 /// Agent side: reads one preface, at most `HEADER_LEN + max_token_bytes`
 /// bytes, and answers [`ACCEPTED`] if the token matches. The caller bounds the
 /// time this may take.
-pub async fn accept<S>(
-    stream: &mut S,
-    expected: &[u8],
-    max_token_bytes: usize,
-) -> Result<(), PrefaceError>
+pub async fn accept<S>(stream: &mut S, expected: &[u8], max_token_bytes: usize) -> Result<(), PrefaceError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; HEADER_LEN];
     read_exact(stream, &mut buf).await?;
     // Validates the magic and the length before reading the token.
-    if let Err(e) = parse(&buf, max_token_bytes) {
-        return Err(e);
-    }
+    parse(&buf, max_token_bytes)?;
     let len = usize::from(u16::from_be_bytes([buf[4], buf[5]]));
     buf.resize(HEADER_LEN + len, 0);
     read_exact(stream, &mut buf[HEADER_LEN..]).await?;
@@ -128,10 +118,7 @@ where
         .write_all(&[ACCEPTED])
         .await
         .map_err(|e| PrefaceError::Io(e.to_string()))?;
-    stream
-        .flush()
-        .await
-        .map_err(|e| PrefaceError::Io(e.to_string()))
+    stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))
 }
 
 /// Host side: sends the preface and waits for the agent's acceptance.
@@ -144,10 +131,7 @@ where
         .write_all(&bytes)
         .await
         .map_err(|e| PrefaceError::Io(e.to_string()))?;
-    stream
-        .flush()
-        .await
-        .map_err(|e| PrefaceError::Io(e.to_string()))?;
+    stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))?;
     let mut answer = [0u8; 1];
     match stream.read(&mut answer).await {
         Ok(0) => Err(PrefaceError::Refused),

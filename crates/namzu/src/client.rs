@@ -22,8 +22,7 @@ use futures::{Stream, StreamExt};
 use hyper_util::rt::TokioIo;
 use namzu_proto::features as feat;
 use namzu_proto::v1::{
-    self, agent_client::AgentClient as Rpc, cancel_response::Outcome, exec_input, exec_output,
-    write_file_request,
+    self, agent_client::AgentClient as Rpc, cancel_response::Outcome, exec_input, exec_output, write_file_request,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
@@ -100,7 +99,13 @@ impl std::fmt::Debug for AgentClient {
 impl AgentClient {
     /// Connects through `dial`, which is called again if the connection has
     /// to be re-established. `endpoint` names the peer in errors.
-    pub async fn connect<D, F, S>(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, dial: D) -> Result<Self>
+    pub async fn connect<D, F, S>(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        dial: D,
+    ) -> Result<Self>
     where
         D: Fn() -> F + Send + Sync + 'static,
         F: Future<Output = io::Result<S>> + Send + 'static,
@@ -116,16 +121,25 @@ impl AgentClient {
 
     /// Connects over one already-open stream (an inherited socket, an exec's
     /// stdio). The link cannot be re-established once it drops.
-    pub async fn connect_stream<S: LinkStream>(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, stream: S) -> Result<Self> {
+    pub async fn connect_stream<S: LinkStream>(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        stream: S,
+    ) -> Result<Self> {
         let slot = Arc::new(Mutex::new(Some(stream)));
         let ep = endpoint.to_owned();
         let dialer: Dialer = Arc::new(move || {
             let taken = slot.lock().ok().and_then(|mut s| s.take());
             let ep = ep.clone();
             Box::pin(async move {
-                taken
-                    .map(|s| Box::new(s) as Box<dyn LinkStreamObj>)
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, format!("the one-shot link to {ep} is gone")))
+                taken.map(|s| Box::new(s) as Box<dyn LinkStreamObj>).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!("the one-shot link to {ep} is gone"),
+                    )
+                })
             })
         });
         Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
@@ -134,11 +148,19 @@ impl AgentClient {
     /// Connects to an agent's unix socket.
     pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
         let p = path.to_path_buf();
-        Self::connect(sandbox_id, &path.display().to_string(), token, opts, move || tokio::net::UnixStream::connect(p.clone())).await
+        Self::connect(sandbox_id, &path.display().to_string(), token, opts, move || {
+            tokio::net::UnixStream::connect(p.clone())
+        })
+        .await
     }
 
     /// Connects to an agent over TCP.
-    pub async fn connect_tcp(sandbox_id: &str, addr: std::net::SocketAddr, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
+    pub async fn connect_tcp(
+        sandbox_id: &str,
+        addr: std::net::SocketAddr,
+        token: Vec<u8>,
+        opts: ClientOptions,
+    ) -> Result<Self> {
         Self::connect(sandbox_id, &addr.to_string(), token, opts, move || async move {
             let s = tokio::net::TcpStream::connect(addr).await?;
             s.set_nodelay(true)?;
@@ -147,15 +169,27 @@ impl AgentClient {
         .await
     }
 
-    async fn connect_dialer(sandbox_id: &str, endpoint: &str, token: Vec<u8>, opts: ClientOptions, dialer: Dialer) -> Result<Self> {
+    async fn connect_dialer(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        dialer: Dialer,
+    ) -> Result<Self> {
         let token = Arc::new(token);
         // The first link is dialed here, not inside tonic, so a refused
         // preface or a dead socket comes back as a typed error.
         let first = tokio::time::timeout(opts.connect_timeout, async {
-            let mut s = dialer().await.map_err(|source| Error::Connect { endpoint: endpoint.into(), source })?;
+            let mut s = dialer().await.map_err(|source| Error::Connect {
+                endpoint: endpoint.into(),
+                source,
+            })?;
             namzu_proto::preface::offer(&mut s, &token)
                 .await
-                .map_err(|source| Error::Preface { endpoint: endpoint.into(), source })?;
+                .map_err(|source| Error::Preface {
+                    endpoint: endpoint.into(),
+                    source,
+                })?;
             Ok::<_, Error>(s)
         })
         .await
@@ -214,9 +248,13 @@ impl AgentClient {
             .limits
             .iter()
             .find(|(n, _)| n == namzu_proto::limits::MAX_MESSAGE_BYTES)
-            .map_or(opts.max_message_bytes, |(_, v)| usize::try_from(*v).unwrap_or(usize::MAX));
+            .map_or(opts.max_message_bytes, |(_, v)| {
+                usize::try_from(*v).unwrap_or(usize::MAX)
+            });
         // Room for the message's own framing and fields.
-        let write_chunk = WRITE_CHUNK.min(agent_max.min(opts.max_message_bytes).saturating_sub(1024)).max(1);
+        let write_chunk = WRITE_CHUNK
+            .min(agent_max.min(opts.max_message_bytes).saturating_sub(1024))
+            .max(1);
         Ok(Self {
             inner: Arc::new(Inner {
                 rpc,
@@ -242,7 +280,11 @@ impl AgentClient {
     /// A fresh Health call (RSS, retiring state).
     pub async fn health(&self) -> Result<AgentInfo> {
         self.open("health")?;
-        let h = self.rpc().health(v1::HealthRequest {}).await.map_err(|s| Error::from_status("health", s))?;
+        let h = self
+            .rpc()
+            .health(v1::HealthRequest {})
+            .await
+            .map_err(|s| Error::from_status("health", s))?;
         Ok(agent_info(h.into_inner()))
     }
 
@@ -262,7 +304,9 @@ impl AgentClient {
 
     fn open(&self, _op: &str) -> Result<()> {
         if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(Error::SandboxDestroyed { id: self.inner.sandbox_id.clone() });
+            return Err(Error::SandboxDestroyed {
+                id: self.inner.sandbox_id.clone(),
+            });
         }
         Ok(())
     }
@@ -274,7 +318,10 @@ impl AgentClient {
             return Err(Error::AgentRetiring { op: op.into() });
         }
         if !self.inner.features.contains(feature) {
-            return Err(Error::Unsupported { op: op.into(), feature: feature.into() });
+            return Err(Error::Unsupported {
+                op: op.into(),
+                feature: feature.into(),
+            });
         }
         Ok(())
     }
@@ -313,7 +360,10 @@ impl AgentClient {
                 }
             }
         }
-        Err(Error::Protocol { op: "exec".into(), message: "stream ended without an exit".into() })
+        Err(Error::Protocol {
+            op: "exec".into(),
+            message: "stream ended without an exit".into(),
+        })
     }
 
     /// Starts a command and streams its output. The id is reserved first, so
@@ -341,15 +391,27 @@ impl AgentClient {
         // From here a cancel is answered by the agent even before the start.
         let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), exec_id.clone(), token)));
         let input = exec_input_stream(start, stdin_stream);
-        let mut out = self.rpc().exec(input).await.map_err(|s| self.status(OP, s))?.into_inner();
+        let mut out = self
+            .rpc()
+            .exec(input)
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
         let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
-            Some(v1::ExecOutput { msg: Some(exec_output::Msg::Started(s)) }) => Some(s.pid),
+            Some(v1::ExecOutput {
+                msg: Some(exec_output::Msg::Started(s)),
+            }) => Some(s.pid),
             // Cancelled before start: the agent answers exit at once.
-            Some(v1::ExecOutput { msg: Some(exec_output::Msg::Exit(x)) }) => {
+            Some(v1::ExecOutput {
+                msg: Some(exec_output::Msg::Exit(x)),
+            }) => {
                 return Ok(ExecStream::finished(self.clone(), exec_id, exit_summary(x), canceller));
             }
             other => {
-                return Err(Error::Protocol { op: OP.into(), message: format!("expected started, got {other:?}") });
+                return Err(Error::Protocol {
+                    op: OP.into(),
+                    message: format!("expected started, got {other:?}"),
+                });
             }
         };
         Ok(ExecStream {
@@ -369,7 +431,9 @@ impl AgentClient {
         self.open(OP)?;
         let r = self
             .rpc()
-            .cancel(v1::CancelRequest { exec_id: exec_id.into() })
+            .cancel(v1::CancelRequest {
+                exec_id: exec_id.into(),
+            })
             .await
             .map_err(|s| self.status(OP, s))?
             .into_inner();
@@ -379,9 +443,14 @@ impl AgentClient {
             Outcome::AlreadyExited => Ok(CancelOutcome::AlreadyExited),
             Outcome::Unconfirmed => {
                 self.inner.retired.store(true, Ordering::SeqCst);
-                Err(Error::RemoteCancellationUnknown { exec_id: exec_id.into() })
+                Err(Error::RemoteCancellationUnknown {
+                    exec_id: exec_id.into(),
+                })
             }
-            Outcome::Unspecified => Err(Error::Protocol { op: OP.into(), message: "no outcome".into() }),
+            Outcome::Unspecified => Err(Error::Protocol {
+                op: OP.into(),
+                message: "no outcome".into(),
+            }),
         }
     }
 
@@ -395,7 +464,9 @@ impl AgentClient {
         let chunk = self.inner.write_chunk;
         let chunks = (0..data.len()).step_by(chunk).map(move |i| {
             let end = (i + chunk).min(data.len());
-            v1::WriteFileRequest { msg: Some(write_file_request::Msg::Data(data.slice(i..end))) }
+            v1::WriteFileRequest {
+                msg: Some(write_file_request::Msg::Data(data.slice(i..end))),
+            }
         });
         let msgs = std::iter::once(begin_msg(path, &opts))
             .chain(chunks)
@@ -433,7 +504,9 @@ impl AgentClient {
                     break;
                 }
                 total += n as u64;
-                let msg = v1::WriteFileRequest { msg: Some(write_file_request::Msg::Data(buf.into())) };
+                let msg = v1::WriteFileRequest {
+                    msg: Some(write_file_request::Msg::Data(buf.into())),
+                };
                 if tx.send(msg).await.is_err() {
                     return Ok(());
                 }
@@ -461,11 +534,19 @@ impl AgentClient {
         let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
         let r = self
             .rpc()
-            .read_file(v1::ReadFileRequest { path: path_bytes(path), offset, length })
+            .read_file(v1::ReadFileRequest {
+                path: path_bytes(path),
+                offset,
+                length,
+            })
             .await
             .map_err(|s| self.status(OP, s))?
             .into_inner();
-        Ok(FileData { data: r.data, file_size: r.file_size, eof: r.eof })
+        Ok(FileData {
+            data: r.data,
+            file_size: r.file_size,
+            eof: r.eof,
+        })
     }
 
     /// Streams a file (or a range) in chunks; memory stays bounded on both
@@ -476,12 +557,18 @@ impl AgentClient {
         let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
         let s = self
             .rpc()
-            .read_file_stream(v1::ReadFileStreamRequest { path: path_bytes(path), offset, length })
+            .read_file_stream(v1::ReadFileStreamRequest {
+                path: path_bytes(path),
+                offset,
+                length,
+            })
             .await
             .map_err(|s| self.status(OP, s))?
             .into_inner();
         let me = self.clone();
-        Ok(Box::pin(s.map(move |r| r.map(|c| c.data).map_err(|s| me.status(OP, s)))))
+        Ok(Box::pin(
+            s.map(move |r| r.map(|c| c.data).map_err(|s| me.status(OP, s))),
+        ))
     }
 
     pub async fn list_files(&self, path: &Path) -> Result<Vec<FileInfo>> {
@@ -518,7 +605,11 @@ impl AgentClient {
     pub async fn stat(&self, path: &Path) -> Result<FileInfo> {
         const OP: &str = "stat";
         self.require(OP, feat::FILES_STAT)?;
-        let r = self.rpc().stat(v1::StatRequest { path: path_bytes(path) }).await.map_err(|s| self.status(OP, s))?;
+        let r = self
+            .rpc()
+            .stat(v1::StatRequest { path: path_bytes(path) })
+            .await
+            .map_err(|s| self.status(OP, s))?;
         Ok(file_info(r.into_inner()))
     }
 
@@ -526,7 +617,11 @@ impl AgentClient {
         const OP: &str = "mkdir";
         self.require(OP, feat::FILES_MKDIR)?;
         self.rpc()
-            .mkdir(v1::MkdirRequest { path: path_bytes(path), parents, mode: None })
+            .mkdir(v1::MkdirRequest {
+                path: path_bytes(path),
+                parents,
+                mode: None,
+            })
             .await
             .map_err(|s| self.status(OP, s))?;
         Ok(())
@@ -536,7 +631,10 @@ impl AgentClient {
         const OP: &str = "remove";
         self.require(OP, feat::FILES_REMOVE)?;
         self.rpc()
-            .remove(v1::RemoveRequest { path: path_bytes(path), recursive })
+            .remove(v1::RemoveRequest {
+                path: path_bytes(path),
+                recursive,
+            })
             .await
             .map_err(|s| self.status(OP, s))?;
         Ok(())
@@ -546,7 +644,11 @@ impl AgentClient {
         const OP: &str = "rename";
         self.require(OP, feat::FILES_RENAME)?;
         self.rpc()
-            .rename(v1::RenameRequest { from: path_bytes(from), to: path_bytes(to), no_replace: false })
+            .rename(v1::RenameRequest {
+                from: path_bytes(from),
+                to: path_bytes(to),
+                no_replace: false,
+            })
             .await
             .map_err(|s| self.status(OP, s))?;
         Ok(())
@@ -579,8 +681,20 @@ pub struct ExecStream {
 
 impl ExecStream {
     /// A stream whose command never started (cancelled before its start).
-    fn finished(client: AgentClient, exec_id: String, exit: ExitSummary, canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>) -> Self {
-        Self { exec_id, pid: None, client, out: None, pending_exit: Some(exit), canceller }
+    fn finished(
+        client: AgentClient,
+        exec_id: String,
+        exit: ExitSummary,
+        canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>,
+    ) -> Self {
+        Self {
+            exec_id,
+            pid: None,
+            client,
+            out: None,
+            pending_exit: Some(exit),
+            canceller,
+        }
     }
 }
 
@@ -607,7 +721,10 @@ impl Stream for ExecStream {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.out = None;
-                Poll::Ready(Some(Err(Error::LinkLost { op: "exec".into(), message: "stream ended before the exit".into() })))
+                Poll::Ready(Some(Err(Error::LinkLost {
+                    op: "exec".into(),
+                    message: "stream ended before the exit".into(),
+                })))
             }
             Poll::Ready(Some(Err(s))) => {
                 self.out = None;
@@ -615,20 +732,29 @@ impl Stream for ExecStream {
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(Some(Ok(msg))) => match msg.msg {
-                Some(exec_output::Msg::Stdout(c)) => Poll::Ready(Some(Ok(ExecEvent::Stdout { offset: c.offset, data: c.data }))),
-                Some(exec_output::Msg::Stderr(c)) => Poll::Ready(Some(Ok(ExecEvent::Stderr { offset: c.offset, data: c.data }))),
+                Some(exec_output::Msg::Stdout(c)) => Poll::Ready(Some(Ok(ExecEvent::Stdout {
+                    offset: c.offset,
+                    data: c.data,
+                }))),
+                Some(exec_output::Msg::Stderr(c)) => Poll::Ready(Some(Ok(ExecEvent::Stderr {
+                    offset: c.offset,
+                    data: c.data,
+                }))),
                 Some(exec_output::Msg::Exit(x)) => {
                     self.out = None;
                     Poll::Ready(Some(Ok(ExecEvent::Exit(exit_summary(x)))))
                 }
-                _ => Poll::Ready(Some(Err(Error::Protocol { op: "exec".into(), message: "unexpected message".into() }))),
+                _ => Poll::Ready(Some(Err(Error::Protocol {
+                    op: "exec".into(),
+                    message: "unexpected message".into(),
+                }))),
             },
         }
     }
 }
 
 /// The start message (without its id yet) and the stdin stream, if any.
-fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<Pin<Box<dyn Stream<Item = Bytes> + Send>>>) {
+fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<StdinStream>) {
     let timeout_ms = match req.timeout {
         None => 0,
         Some(t) => u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1),
@@ -644,7 +770,11 @@ fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<Pin<Box<dyn Stream<Ite
         command: b(&req.command),
         args: req.args.iter().map(|a| b(a)).collect(),
         cwd: req.cwd.as_ref().map(|c| b(c.as_os_str())).unwrap_or_default(),
-        env: req.env.iter().map(|(k, v)| v1::EnvVar { key: b(k), value: b(v) }).collect(),
+        env: req
+            .env
+            .iter()
+            .map(|(k, v)| v1::EnvVar { key: b(k), value: b(v) })
+            .collect(),
         clear_env: req.clear_env,
         timeout_ms,
         stdin_stream: follow,
@@ -661,10 +791,16 @@ async fn cancel_on(client: AgentClient, exec_id: String, token: CancellationToke
 /// `start`, then stdin chunks and an end-of-input marker if stdin streams.
 /// A forwarding task feeds a channel so the request stream is a concrete
 /// `Send + Sync` type whatever the caller's stdin stream is.
-fn exec_input_stream(start: v1::ExecStart, stdin: Option<Pin<Box<dyn Stream<Item = Bytes> + Send>>>) -> ReceiverStream<v1::ExecInput> {
+fn exec_input_stream(start: v1::ExecStart, stdin: Option<StdinStream>) -> ReceiverStream<v1::ExecInput> {
     let (tx, rx) = mpsc::channel(8);
     tokio::spawn(async move {
-        if tx.send(v1::ExecInput { msg: Some(exec_input::Msg::Start(start)) }).await.is_err() {
+        if tx
+            .send(v1::ExecInput {
+                msg: Some(exec_input::Msg::Start(start)),
+            })
+            .await
+            .is_err()
+        {
             return;
         }
         let Some(mut s) = stdin else {
@@ -674,11 +810,21 @@ fn exec_input_stream(start: v1::ExecStart, stdin: Option<Pin<Box<dyn Stream<Item
             return;
         };
         while let Some(b) = s.next().await {
-            if tx.send(v1::ExecInput { msg: Some(exec_input::Msg::Stdin(b)) }).await.is_err() {
+            if tx
+                .send(v1::ExecInput {
+                    msg: Some(exec_input::Msg::Stdin(b)),
+                })
+                .await
+                .is_err()
+            {
                 return;
             }
         }
-        let _ = tx.send(v1::ExecInput { msg: Some(exec_input::Msg::StdinEof(v1::Empty {})) }).await;
+        let _ = tx
+            .send(v1::ExecInput {
+                msg: Some(exec_input::Msg::StdinEof(v1::Empty {})),
+            })
+            .await;
         tx.closed().await;
     });
     ReceiverStream::new(rx)
@@ -686,7 +832,12 @@ fn exec_input_stream(start: v1::ExecStart, stdin: Option<Pin<Box<dyn Stream<Item
 
 fn exit_summary(x: v1::ExecExit) -> ExitSummary {
     ExitSummary {
-        status: ExitStatus { code: x.code, signal: x.signal, timed_out: x.timed_out, cancelled: x.cancelled },
+        status: ExitStatus {
+            code: x.code,
+            signal: x.signal,
+            timed_out: x.timed_out,
+            cancelled: x.cancelled,
+        },
         stdout_truncated: x.stdout_truncated,
         stderr_truncated: x.stderr_truncated,
         stdout_bytes: x.stdout_bytes,

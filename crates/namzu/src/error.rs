@@ -32,17 +32,31 @@ pub enum Error {
     #[error("walk of {}: more than {limit} entries", root.display())]
     WalkLimit { root: PathBuf, limit: u64 },
     #[error("{op}: {}: i/o error (errno {errno}): {message}", path.display())]
-    Io { op: String, path: PathBuf, errno: i32, message: String },
+    Io {
+        op: String,
+        path: PathBuf,
+        errno: i32,
+        message: String,
+    },
 
     // ---- limits and arguments
     #[error("{op}: exceeds the limit {limit} = {value}")]
-    LimitExceeded { op: String, limit: String, value: u64, path: Option<PathBuf> },
+    LimitExceeded {
+        op: String,
+        limit: String,
+        value: u64,
+        path: Option<PathBuf>,
+    },
     #[error("{op}: invalid argument: {message}")]
     InvalidArgument { op: String, message: String },
 
     // ---- executions
     #[error("cannot start {}: {message} (errno {errno})", command.display())]
-    SpawnFailed { command: PathBuf, errno: i32, message: String },
+    SpawnFailed {
+        command: PathBuf,
+        errno: i32,
+        message: String,
+    },
     #[error("cancellation of execution {exec_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
     RemoteCancellationUnknown { exec_id: String },
     #[error("{op}: the agent is retiring after an unconfirmed kill and serves nothing but health")]
@@ -54,7 +68,11 @@ pub enum Error {
     #[error("{op}: the agent does not offer feature {feature:?}")]
     Unsupported { op: String, feature: String },
     #[error("tier {tier} cannot honour option {option}: {reason}")]
-    OptionRefused { tier: String, option: String, reason: String },
+    OptionRefused {
+        tier: String,
+        option: String,
+        reason: String,
+    },
     #[error("tier {tier} is not available: {reason}")]
     TierUnavailable { tier: String, reason: String },
 
@@ -70,9 +88,17 @@ pub enum Error {
     #[error("agent of sandbox {id} did not come up: {reason}")]
     AgentStart { id: String, reason: String },
     #[error("cannot connect to {endpoint}: {source}")]
-    Connect { endpoint: String, #[source] source: std::io::Error },
+    Connect {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("link to {endpoint} refused during the preface: {source}")]
-    Preface { endpoint: String, #[source] source: PrefaceError },
+    Preface {
+        endpoint: String,
+        #[source]
+        source: PrefaceError,
+    },
     #[error("agent speaks protocol {agent}, this host speaks {host}")]
     ProtocolVersion { agent: u32, host: u32 },
     #[error("{op}: the link to the agent failed: {message}")]
@@ -82,7 +108,11 @@ pub enum Error {
     #[error("{op}: the agent is shutting down")]
     ShuttingDown { op: String },
     #[error("{op}: local i/o: {source}")]
-    LocalIo { op: String, #[source] source: std::io::Error },
+    LocalIo {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("state of sandbox {id} is unreadable: {message}")]
     State { id: String, message: String },
 }
@@ -92,10 +122,12 @@ impl Error {
     pub(crate) fn from_status(op: &str, status: tonic::Status) -> Self {
         let Some(e) = namzu_proto::error_from_status(&status) else {
             return match status.code() {
-                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => Error::LinkLost {
-                    op: op.into(),
-                    message: status.message().into(),
-                },
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => {
+                    Error::LinkLost {
+                        op: op.into(),
+                        message: status.message().into(),
+                    }
+                }
                 _ => Error::Protocol {
                     op: op.into(),
                     message: format!("{:?}: {}", status.code(), status.message()),
@@ -113,7 +145,10 @@ impl Error {
             Kind::IsADirectory => Error::IsADirectory { op, path },
             Kind::NotRegularFile => Error::NotRegularFile { op, path },
             Kind::DirectoryNotEmpty => Error::DirectoryNotEmpty { op, path },
-            Kind::WalkLimit => Error::WalkLimit { root: path, limit: e.limit },
+            Kind::WalkLimit => Error::WalkLimit {
+                root: path,
+                limit: e.limit,
+            },
             Kind::LimitExceeded => Error::LimitExceeded {
                 op,
                 limit: e.limit_name,
@@ -121,12 +156,21 @@ impl Error {
                 path: (!e.path.is_empty()).then_some(path),
             },
             Kind::InvalidArgument => Error::InvalidArgument { op, message: e.message },
-            Kind::SpawnFailed => Error::SpawnFailed { command: path, errno: e.errno, message: e.message },
+            Kind::SpawnFailed => Error::SpawnFailed {
+                command: path,
+                errno: e.errno,
+                message: e.message,
+            },
             Kind::Retiring if !e.exec_id.is_empty() => Error::RemoteCancellationUnknown { exec_id: e.exec_id },
             Kind::Retiring => Error::AgentRetiring { op },
             Kind::UnknownExec => Error::UnknownExecution { op, exec_id: e.exec_id },
             Kind::ShuttingDown => Error::ShuttingDown { op },
-            Kind::Io => Error::Io { op, path, errno: e.errno, message: e.message },
+            Kind::Io => Error::Io {
+                op,
+                path,
+                errno: e.errno,
+                message: e.message,
+            },
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
             Kind::ExecState | Kind::Protocol | Kind::Unspecified => Error::Protocol { op, message: e.message },
         }

@@ -57,7 +57,10 @@ impl std::str::FromStr for Tier {
         Tier::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| Error::InvalidArgument { op: "tier".into(), message: format!("unknown tier {s:?}; known: host, local, docker, microvm, kubernetes") })
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "tier".into(),
+                message: format!("unknown tier {s:?}; known: host, local, docker, microvm, kubernetes"),
+            })
     }
 }
 
@@ -103,7 +106,12 @@ pub trait Sandbox: Send + Sync {
     async fn write_file(&self, path: &Path, data: Bytes, opts: WriteOptions) -> Result<u64> {
         self.agent().write_file(path, data, opts).await
     }
-    async fn write_file_from(&self, path: &Path, reader: Box<dyn AsyncRead + Send + Unpin>, opts: WriteOptions) -> Result<u64> {
+    async fn write_file_from(
+        &self,
+        path: &Path,
+        reader: Box<dyn AsyncRead + Send + Unpin>,
+        opts: WriteOptions,
+    ) -> Result<u64> {
         self.agent().write_file_from(path, reader, opts).await
     }
     async fn read_file(&self, path: &Path, range: Option<ByteRange>) -> Result<FileData> {

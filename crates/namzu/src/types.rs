@@ -9,6 +9,9 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio_util::sync::CancellationToken;
 
+/// Chunks fed to a command's stdin.
+pub type StdinStream = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
+
 /// Standard input of a command.
 #[derive(Default)]
 pub enum Stdin {
@@ -18,7 +21,7 @@ pub enum Stdin {
     /// These bytes, then end of input.
     Bytes(Bytes),
     /// Chunks as they come; end of the stream closes stdin.
-    Stream(Pin<Box<dyn Stream<Item = Bytes> + Send>>),
+    Stream(StdinStream),
 }
 
 impl std::fmt::Debug for Stdin {
@@ -153,8 +156,14 @@ pub struct ExecOutput {
 /// One event of a streamed execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecEvent {
-    Stdout { offset: u64, data: Bytes },
-    Stderr { offset: u64, data: Bytes },
+    Stdout {
+        offset: u64,
+        data: Bytes,
+    },
+    Stderr {
+        offset: u64,
+        data: Bytes,
+    },
     /// Always the last event.
     Exit(ExitSummary),
 }

@@ -2,6 +2,8 @@
 //! preface gate, limits, feature negotiation, shutdown. Needs `namzu-agent`
 //! built (`cargo build --workspace --bins`) or `NAMZU_AGENT_BIN`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -74,7 +76,16 @@ async fn connect(a: &Agent) -> namzu::Result<AgentClient> {
 async fn wrong_token_is_refused_and_right_token_still_works() {
     let a = spawn_unix(&[]).await;
     let r = AgentClient::connect_unix("t", &a.sock(), b"not-the-token".to_vec(), ClientOptions::default()).await;
-    assert!(matches!(r, Err(Error::Preface { source: PrefaceError::Refused, .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Preface {
+                source: PrefaceError::Refused,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
     let c = connect(&a).await.unwrap();
     assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
 }
@@ -133,10 +144,15 @@ async fn oversized_message_is_refused_and_the_agent_survives() {
     let a = spawn_unix(&[("NAMZU_MAX_MESSAGE_BYTES", "65536")]).await;
     let c = connect(&a).await.unwrap();
     // One 1 MiB stdin message is over the agent's bound.
-    let r = c.exec(ExecRequest::new("cat").stdin(Bytes::from(vec![b'x'; 1 << 20]))).await;
+    let r = c
+        .exec(ExecRequest::new("cat").stdin(Bytes::from(vec![b'x'; 1 << 20])))
+        .await;
     assert!(r.is_err(), "oversized message accepted: {r:?}");
     // Uploads adapt their chunk size to the advertised bound.
-    let n = c.write_file(Path::new("f"), Bytes::from(vec![7u8; 300_000]), WriteOptions::default()).await.unwrap();
+    let n = c
+        .write_file(Path::new("f"), Bytes::from(vec![7u8; 300_000]), WriteOptions::default())
+        .await
+        .unwrap();
     assert_eq!(n, 300_000);
     let c2 = connect(&a).await.unwrap();
     assert!(c2.exec(ExecRequest::new("true")).await.unwrap().status.success());
@@ -146,10 +162,15 @@ async fn oversized_message_is_refused_and_the_agent_survives() {
 async fn inherited_fd_link_serves_and_ends_with_the_link() {
     let dir = tempfile::tempdir().unwrap();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    let mut child = agent_cmd(dir.path(), "fd:0", &[]).stdin(Stdio::from(OwnedFd::from(theirs))).spawn().unwrap();
+    let mut child = agent_cmd(dir.path(), "fd:0", &[])
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .spawn()
+        .unwrap();
     ours.set_nonblocking(true).unwrap();
     let s = tokio::net::UnixStream::from_std(ours).unwrap();
-    let c = AgentClient::connect_stream("t", "fd", TOKEN.to_vec(), ClientOptions::default(), s).await.unwrap();
+    let c = AgentClient::connect_stream("t", "fd", TOKEN.to_vec(), ClientOptions::default(), s)
+        .await
+        .unwrap();
     let out = c.exec(ExecRequest::new("echo").arg("over fd")).await.unwrap();
     assert_eq!(&out.stdout[..], b"over fd\n");
     drop(c);
@@ -167,7 +188,11 @@ async fn inherited_fd_link_serves_and_ends_with_the_link() {
 #[tokio::test]
 async fn tcp_link_works() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let child = agent_cmd(dir.path(), &format!("tcp:{addr}"), &[]).spawn().unwrap();
     let _a = Agent { child, dir };
@@ -175,32 +200,50 @@ async fn tcp_link_works() {
     let c = loop {
         match AgentClient::connect_tcp("t", addr, TOKEN.to_vec(), ClientOptions::default()).await {
             Ok(c) => break c,
-            Err(Error::Connect { .. }) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(Error::Connect { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
             Err(e) => panic!("{e}"),
         }
     };
-    assert_eq!(&c.exec(ExecRequest::new("echo").arg("tcp")).await.unwrap().stdout[..], b"tcp\n");
+    assert_eq!(
+        &c.exec(ExecRequest::new("echo").arg("tcp")).await.unwrap().stdout[..],
+        b"tcp\n"
+    );
 }
 
 #[tokio::test]
 async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
     let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
     let c = connect(&a).await.unwrap();
-    let mut s = c.exec_stream(ExecRequest::shell("echo started; exec sleep 300")).await.unwrap();
+    let mut s = c
+        .exec_stream(ExecRequest::shell("echo started; exec sleep 300"))
+        .await
+        .unwrap();
     let pid = s.pid.unwrap();
     assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
     let t0 = Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let status = loop {
         if let Some(st) = a.child.try_wait().unwrap() {
             break st;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "agent did not exit after SIGTERM");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "agent did not exit after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert!(status.success(), "exit status {status:?}");
     // The running command was killed, not orphaned.
-    assert!(!Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z")));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z"))
+    );
     // Its stream ended (killed exit, or the link closing) rather than hanging.
     let rest = tokio::time::timeout(Duration::from_secs(5), async { while s.next().await.is_some() {} }).await;
     assert!(rest.is_ok(), "exec stream hung after the agent exited");
@@ -225,8 +268,16 @@ async fn an_op_the_agent_did_not_advertise_is_refused_before_sending() {
     assert!(!c.info().features.iter().any(|f| f == "files.walk"));
     let before = c.health().await.unwrap().ops_served;
     let r = c.walk_files(Path::new("."), WalkOptions::default()).await;
-    assert!(matches!(&r, Err(Error::Unsupported { feature, .. }) if feature == "files.walk"), "{:?}", r.err());
-    assert_eq!(c.health().await.unwrap().ops_served, before, "the refused op reached the agent");
+    assert!(
+        matches!(&r, Err(Error::Unsupported { feature, .. }) if feature == "files.walk"),
+        "{:?}",
+        r.err()
+    );
+    assert_eq!(
+        c.health().await.unwrap().ops_served,
+        before,
+        "the refused op reached the agent"
+    );
     // Other ops are unaffected, and the agent itself also refuses the op.
     assert!(c.list_files(Path::new(".")).await.is_ok());
     assert!(a.root().is_dir());

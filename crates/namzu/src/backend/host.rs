@@ -76,14 +76,25 @@ impl HostProvider {
         let raw = match std::fs::read(dir.join("meta.json")) {
             Ok(r) => r,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::SandboxNotFound { id: id.into() }),
-            Err(e) => return Err(Error::State { id: id.into(), message: e.to_string() }),
+            Err(e) => {
+                return Err(Error::State {
+                    id: id.into(),
+                    message: e.to_string(),
+                })
+            }
         };
-        let meta = serde_json::from_slice(&raw).map_err(|e| Error::State { id: id.into(), message: e.to_string() })?;
+        let meta = serde_json::from_slice(&raw).map_err(|e| Error::State {
+            id: id.into(),
+            message: e.to_string(),
+        })?;
         Ok((dir, meta))
     }
 
     async fn attach(&self, dir: &Path, meta: &Meta) -> Result<AgentClient> {
-        let token = std::fs::read(dir.join("token")).map_err(|e| Error::State { id: meta.id.clone(), message: format!("token: {e}") })?;
+        let token = std::fs::read(dir.join("token")).map_err(|e| Error::State {
+            id: meta.id.clone(),
+            message: format!("token: {e}"),
+        })?;
         AgentClient::connect_unix(&meta.id, &dir.join("agent.sock"), token, self.client.clone()).await
     }
 }
@@ -105,7 +116,9 @@ fn agent_alive(pid: u32, dir: &Path) -> bool {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -151,7 +164,11 @@ impl Provider for HostProvider {
             .env("HOME", &workspace)
             .env("LANG", "C.UTF-8")
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .envs(spec.limits.iter().map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())))
+            .envs(
+                spec.limits
+                    .iter()
+                    .map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())),
+            )
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)
@@ -159,21 +176,38 @@ impl Provider for HostProvider {
             // reach a sandbox that is meant to outlive it.
             .process_group(0)
             .kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| Error::AgentStart { id: id.clone(), reason: format!("{}: {e}", self.agent_bin.display()) })?;
+        let mut child = cmd.spawn().map_err(|e| Error::AgentStart {
+            id: id.clone(),
+            reason: format!("{}: {e}", self.agent_bin.display()),
+        })?;
         let pid = child.id().unwrap_or(0);
-        let meta = Meta { id: id.clone(), tier: Tier::Host.name().into(), pid, created_unix: now_unix(), agent_bin: self.agent_bin.clone() };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| Error::State { id: id.clone(), message: e.to_string() })?;
+        let meta = Meta {
+            id: id.clone(),
+            tier: Tier::Host.name().into(),
+            pid,
+            created_unix: now_unix(),
+            agent_bin: self.agent_bin.clone(),
+        };
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| Error::State {
+            id: id.clone(),
+            message: e.to_string(),
+        })?;
         std::fs::write(dir.join("meta.json"), json).map_err(io(OP))?;
 
         let deadline = Instant::now() + START_TIMEOUT;
         let client = loop {
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-                return Err(Error::AgentStart { id, reason: format!("agent exited with {status}: {}", log.trim()) });
+                return Err(Error::AgentStart {
+                    id,
+                    reason: format!("agent exited with {status}: {}", log.trim()),
+                });
             }
             match self.attach(&dir, &meta).await {
                 Ok(c) => break c,
-                Err(Error::Connect { .. }) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(Error::Connect { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
                 Err(e) => {
                     let _ = child.start_kill();
                     return Err(e);
@@ -182,7 +216,12 @@ impl Provider for HostProvider {
         };
         made.keep();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
-        Ok(Box::new(HostSandbox { id, provider: self.clone(), client, _child: Some(child) }))
+        Ok(Box::new(HostSandbox {
+            id,
+            provider: self.clone(),
+            client,
+            _child: Some(child),
+        }))
     }
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
@@ -195,7 +234,12 @@ impl Provider for HostProvider {
             Err(Error::Connect { .. }) => return Err(Error::SandboxDead { id: id.into() }),
             Err(e) => return Err(e),
         };
-        Ok(Box::new(HostSandbox { id: id.into(), provider: self.clone(), client, _child: None }))
+        Ok(Box::new(HostSandbox {
+            id: id.into(),
+            provider: self.clone(),
+            client,
+            _child: None,
+        }))
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
@@ -203,12 +247,22 @@ impl Provider for HostProvider {
         let rd = match std::fs::read_dir(&self.state_dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(source) => return Err(Error::LocalIo { op: "list".into(), source }),
+            Err(source) => {
+                return Err(Error::LocalIo {
+                    op: "list".into(),
+                    source,
+                })
+            }
         };
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
             if let Ok((dir, meta)) = self.read_meta(&name) {
-                out.push(SandboxInfo { id: meta.id.clone(), tier: Tier::Host, alive: agent_alive(meta.pid, &dir), created_unix: meta.created_unix });
+                out.push(SandboxInfo {
+                    id: meta.id.clone(),
+                    tier: Tier::Host,
+                    alive: agent_alive(meta.pid, &dir),
+                    created_unix: meta.created_unix,
+                });
             }
         }
         out.sort_by(|a, b| (a.created_unix, &a.id).cmp(&(b.created_unix, &b.id)));
@@ -237,7 +291,10 @@ impl Provider for HostProvider {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(Error::LocalIo { op: "destroy".into(), source }),
+            Err(source) => Err(Error::LocalIo {
+                op: "destroy".into(),
+                source,
+            }),
         }
     }
 }

@@ -58,7 +58,10 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
     }
     for (k, _) in &spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(Error::InvalidArgument { op: "create".into(), message: format!("invalid environment variable name {k:?}") });
+            return Err(Error::InvalidArgument {
+                op: "create".into(),
+                message: format!("invalid environment variable name {k:?}"),
+            });
         }
     }
     Ok(())
