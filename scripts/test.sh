@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # The test command: builds every binary (the tests drive the real agent and
-# CLI), then runs every test of the workspace. Safe to run on a fresh machine
-# with the Rust toolchain: protoc comes from a crate, nothing else is needed
-# for the host tier. Idempotent.
+# CLI), then runs every test of the workspace, and ends with one summary line
+# over all test binaries. Safe to run on a fresh machine with the Rust
+# toolchain: protoc comes from a crate, nothing else is needed for the host
+# tier. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked -- "$@"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked -- "$@" 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+exit "$status"

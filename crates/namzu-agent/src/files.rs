@@ -506,3 +506,25 @@ pub fn rename(jail: &Jail, from: &[u8], to: &[u8], no_replace: bool) -> Result<(
     };
     rustix::fs::renameat_with(&fd_from, &n_from, &fd_to, &n_to, flags).map_err(|e| os_err(OP, from, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn procfs_files_that_claim_size_zero_read_to_eof() {
+        let jail = Jail::new(&[PathBuf::from("/proc/self")]).unwrap();
+        let (data, size, eof) = read_file(&jail, b"status", 0, None, 1 << 20).unwrap();
+        assert!(
+            String::from_utf8_lossy(&data).contains("VmRSS"),
+            "{}",
+            String::from_utf8_lossy(&data)
+        );
+        assert!(eof);
+        assert_eq!(size, data.len() as u64);
+        let (file, stat_size) = open_regular(&jail, "t", b"status").unwrap();
+        assert_eq!(stat_size, 0, "procfs reports size 0; reads must not trust it");
+        let (streamed, eof) = read_at(&file, 0, u64::MAX, STREAM_CHUNK).unwrap();
+        assert!(eof && !streamed.is_empty());
+    }
+}

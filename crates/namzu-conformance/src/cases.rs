@@ -40,6 +40,8 @@ pub fn all() -> Vec<Case> {
         readers_never_see_a_partial_write[feat::FILES_WRITE, feat::FILES_READ],
         failed_write_leaves_the_old_file[feat::FILES_WRITE, feat::FILES_READ, feat::FILES_LIST],
         oversized_write_is_refused_by_limit[feat::FILES_WRITE, feat::FILES_READ, feat::FILES_LIST],
+        abandoned_write_leaves_the_old_file[feat::FILES_WRITE, feat::FILES_READ, feat::FILES_LIST],
+        streamed_read_refuses_non_regular_files[feat::FILES_READ_STREAM, feat::FILES_READ, feat::EXEC],
         mode_is_preserved[feat::FILES_WRITE, feat::FILES_STAT, feat::EXEC],
         ranged_reads[feat::FILES_WRITE, feat::FILES_READ, feat::FILES_READ_STREAM],
         streamed_1gib_read_keeps_agent_memory_bounded[feat::FILES_WRITE, feat::FILES_READ_STREAM],
@@ -599,6 +601,92 @@ async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
             .map(|e| e.name)
             .collect();
         ensure!(names == ["keep.txt"], "leftovers: {names:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// A write the host abandons mid-stream (its future dropped) leaves the
+/// previous contents, and its temporary is removed.
+async fn abandoned_write_leaves_the_old_file(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        sb.write_file(
+            p("keep.txt"),
+            Bytes::from_static(b"old contents"),
+            WriteOptions::default(),
+        )
+        .await
+        .ctx("seed")?;
+        // 2 MiB arrive, then the source stalls forever.
+        let stalled = tokio::io::AsyncReadExt::chain(PatternReader::new(5, 2 << 20), Stall);
+        let write = sb.write_file_from(p("keep.txt"), Box::new(stalled), WriteOptions::default());
+        ensure!(
+            tokio::time::timeout(Duration::from_millis(500), write).await.is_err(),
+            "stalled write finished"
+        );
+        ensure!(
+            &sb.read_file(p("keep.txt"), None).await.ctx("read")?.data[..] == b"old contents",
+            "old file changed"
+        );
+        // The agent notices the reset stream asynchronously.
+        let mut names = Vec::new();
+        for _ in 0..200 {
+            names = sb
+                .list_files(p("."))
+                .await
+                .ctx("list")?
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            if names == ["keep.txt"] {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(format!("temporary left behind: {names:?}"))
+    })
+    .await
+}
+
+/// A reader that never yields.
+struct Stall;
+impl tokio::io::AsyncRead for Stall {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// Streamed and whole reads refuse a fifo (and never block on it) and a
+/// directory, each with its own typed error.
+async fn streamed_read_refuses_non_regular_files(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        ensure!(sh(&sb, "mkfifo pipe && mkdir dir").await?.status.success(), "mkfifo");
+        let r = tokio::time::timeout(Duration::from_secs(10), sb.read_file_stream(p("pipe"), None))
+            .await
+            .ctx("fifo blocked")?;
+        ensure!(
+            matches!(r, Err(Error::NotRegularFile { .. })),
+            "fifo stream: {:?}",
+            r.err()
+        );
+        let r = tokio::time::timeout(Duration::from_secs(10), sb.read_file(p("pipe"), None))
+            .await
+            .ctx("fifo blocked")?;
+        ensure!(
+            matches!(r, Err(Error::NotRegularFile { .. })),
+            "fifo read: {:?}",
+            r.err()
+        );
+        let r = sb.read_file_stream(p("dir"), None).await;
+        ensure!(
+            matches!(r, Err(Error::IsADirectory { .. })),
+            "dir stream: {:?}",
+            r.err()
+        );
         Ok(())
     })
     .await

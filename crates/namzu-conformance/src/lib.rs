@@ -4,7 +4,7 @@
 //! checks behaviour only through the [`Sandbox`] API. A backend is tested by
 //! one line in a test target with `harness = false`:
 //!
-//! ```ignore
+//! ```text
 //! namzu_conformance::conformance_main!("host", |spec| async move {
 //!     provider().create(spec).await
 //! });

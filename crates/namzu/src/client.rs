@@ -71,6 +71,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> LinkStreamObj for T {}
 
 struct Inner {
     rpc: Rpc<Channel>,
+    channel: Channel,
     info: AgentInfo,
     features: HashSet<String>,
     closed: AtomicBool,
@@ -229,7 +230,7 @@ impl AgentClient {
                 endpoint: endpoint.into(),
                 source: io::Error::other(e),
             })?;
-        let mut rpc = Rpc::new(channel)
+        let mut rpc = Rpc::new(channel.clone())
             .max_decoding_message_size(opts.max_message_bytes)
             .max_encoding_message_size(opts.max_message_bytes);
         let h = rpc
@@ -258,6 +259,7 @@ impl AgentClient {
         Ok(Self {
             inner: Arc::new(Inner {
                 rpc,
+                channel,
                 features: info.features.iter().cloned().collect(),
                 retired: AtomicBool::new(info.retiring),
                 info,
@@ -286,6 +288,12 @@ impl AgentClient {
             .await
             .map_err(|s| Error::from_status("health", s))?;
         Ok(agent_info(h.into_inner()))
+    }
+
+    /// The underlying HTTP/2 channel, for protocol-level tests.
+    #[doc(hidden)]
+    pub fn raw_channel(&self) -> Channel {
+        self.inner.channel.clone()
     }
 
     /// Marks the link unusable: every later op fails with
@@ -389,6 +397,11 @@ impl AgentClient {
         start.exec_id = exec_id.clone();
 
         // From here a cancel is answered by the agent even before the start.
+        // A token cancelled already is sent first, so the start is answered
+        // "cancelled" without ever spawning the command.
+        if cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
+            self.cancel(&exec_id).await?;
+        }
         let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), exec_id.clone(), token)));
         let input = exec_input_stream(start, stdin_stream);
         let mut out = self

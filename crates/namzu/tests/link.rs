@@ -295,3 +295,34 @@ async fn agent_refuses_to_start_without_a_token() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no bind token"));
 }
+
+#[tokio::test]
+async fn unknown_op_is_unimplemented_and_harmless() {
+    let a = spawn_unix(&[]).await;
+    let c = connect(&a).await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(c.raw_channel());
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/namzu.agent.v1.Agent/NoSuchOp");
+    let codec: tonic::codec::ProstCodec<namzu_proto::v1::HealthRequest, namzu_proto::v1::HealthResponse> =
+        tonic::codec::ProstCodec::default();
+    let r = grpc
+        .unary(tonic::Request::new(namzu_proto::v1::HealthRequest {}), path, codec)
+        .await;
+    assert_eq!(r.unwrap_err().code(), tonic::Code::Unimplemented);
+    // A message that is not what the op expects is refused, not a panic.
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/namzu.agent.v1.Agent/ReadFile");
+    let codec: tonic::codec::ProstCodec<namzu_proto::v1::ExecOutput, namzu_proto::v1::ReadFileResponse> =
+        tonic::codec::ProstCodec::default();
+    grpc.ready().await.unwrap();
+    let junk = namzu_proto::v1::ExecOutput {
+        msg: Some(namzu_proto::v1::exec_output::Msg::Stdout(
+            namzu_proto::v1::OutputChunk {
+                offset: 1,
+                data: Bytes::from_static(b"\xff\xff"),
+            },
+        )),
+    };
+    let r = grpc.unary(tonic::Request::new(junk), path, codec).await;
+    assert!(r.is_err(), "garbage request answered {r:?}");
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
