@@ -20,6 +20,7 @@ pub struct Limits {
     pub max_walk_entries: u64,
     pub max_token_bytes: u64,
     pub preface_timeout_ms: u64,
+    pub max_pending_links: u64,
     pub shutdown_grace_ms: u64,
 }
 
@@ -37,6 +38,7 @@ impl Default for Limits {
             max_walk_entries: 100_000,
             max_token_bytes: namzu_proto::preface::DEFAULT_MAX_TOKEN_BYTES as u64,
             preface_timeout_ms: 5_000,
+            max_pending_links: 64,
             shutdown_grace_ms: 5_000,
         }
     }
@@ -82,6 +84,7 @@ impl Limits {
             (limits::SANDBOX_MAX_TIMEOUT_MS, &mut self.sandbox_max_timeout_ms),
             (limits::CANCEL_CONFIRM_MS, &mut self.cancel_confirm_ms),
             (limits::PREFACE_TIMEOUT_MS, &mut self.preface_timeout_ms),
+            (limits::MAX_PENDING_LINKS, &mut self.max_pending_links),
             (limits::SHUTDOWN_GRACE_MS, &mut self.shutdown_grace_ms),
         ]
     }

@@ -112,32 +112,50 @@ impl AsyncWrite for Conn {
     }
 }
 
-/// Runs the preface on a fresh stream and, if it passes, queues the link.
-fn authenticate<S>(
-    mut s: S,
+/// Admission of fresh streams: at most `max_pending_links` in their preface
+/// at once, each bounded in bytes and time; authenticated links are queued
+/// for the HTTP/2 server.
+#[derive(Clone)]
+struct Gate {
     token: Arc<Vec<u8>>,
-    limits: &Limits,
+    max_token: usize,
+    deadline: Duration,
+    pending: Arc<tokio::sync::Semaphore>,
     links: mpsc::Sender<std::io::Result<Conn>>,
-    closed: Option<oneshot::Sender<()>>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let deadline = limits.preface_timeout();
-    let max = Limits::usize(limits.max_token_bytes);
-    tokio::spawn(async move {
-        match tokio::time::timeout(deadline, namzu_proto::preface::accept(&mut s, &token, max)).await {
-            Ok(Ok(())) => {
-                let _ = links
-                    .send(Ok(Conn {
-                        io: Box::pin(s),
-                        closed,
-                    }))
-                    .await;
+}
+
+impl Gate {
+    fn admit<S>(&self, mut s: S, closed: Option<oneshot::Sender<()>>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
+            tracing::warn!("link refused: too many connections in their preface (max_pending_links)");
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let outcome = tokio::time::timeout(
+                me.deadline,
+                namzu_proto::preface::accept(&mut s, &me.token, me.max_token),
+            )
+            .await;
+            drop(permit);
+            match outcome {
+                Ok(Ok(())) => {
+                    let _ = me
+                        .links
+                        .send(Ok(Conn {
+                            io: Box::pin(s),
+                            closed,
+                        }))
+                        .await;
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
+                Err(_) => tracing::warn!(deadline = ?me.deadline, "link refused: no preface in time"),
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
-            Err(_) => tracing::warn!(?deadline, "link refused: no preface in time"),
-        }
-    });
+        });
+    }
 }
 
 /// Serves until SIGTERM (or, for an inherited fd, until the link closes).
@@ -155,6 +173,13 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
     let msg_max = Limits::usize(limits.max_message_bytes);
 
     let (links_tx, links_rx) = mpsc::channel(16);
+    let gate = Gate {
+        token: token.clone(),
+        max_token: Limits::usize(limits.max_token_bytes),
+        deadline: limits.preface_timeout(),
+        pending: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_pending_links))),
+        links: links_tx.clone(),
+    };
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;
@@ -170,10 +195,9 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
             let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
             tracing::info!(path = %path.display(), "listening");
             unix_path = Some(path);
-            let (limits, token, links) = (limits.clone(), token.clone(), links_tx.clone());
             tokio::spawn(async move {
                 while let Ok((s, _)) = l.accept().await {
-                    authenticate(s, token.clone(), &limits, links.clone(), None);
+                    gate.admit(s, None);
                 }
             })
         }
@@ -183,11 +207,10 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
                 source,
             })?;
             tracing::info!(addr = %l.local_addr().map_or(addr, |a| a), "listening");
-            let (limits, token, links) = (limits.clone(), token.clone(), links_tx.clone());
             tokio::spawn(async move {
                 while let Ok((s, _)) = l.accept().await {
                     let _ = s.set_nodelay(true);
-                    authenticate(s, token.clone(), &limits, links.clone(), None);
+                    gate.admit(s, None);
                 }
             })
         }
@@ -205,7 +228,7 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
                 what: format!("fd {fd}"),
                 source,
             })?;
-            authenticate(s, token.clone(), &limits, links_tx.clone(), Some(closed_tx));
+            gate.admit(s, Some(closed_tx));
             tokio::spawn(async {})
         }
     };

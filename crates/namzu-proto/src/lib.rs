@@ -54,6 +54,8 @@ pub mod limits {
     pub const MAX_TOKEN_BYTES: &str = "max_token_bytes";
     /// Time a peer has to send a valid preface.
     pub const PREFACE_TIMEOUT_MS: &str = "preface_timeout_ms";
+    /// Connections still in their preface at once; more are closed at accept.
+    pub const MAX_PENDING_LINKS: &str = "max_pending_links";
     /// Time SIGTERM gives running work before the agent kills it and exits.
     pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
 
@@ -70,6 +72,7 @@ pub mod limits {
         MAX_WALK_ENTRIES,
         MAX_TOKEN_BYTES,
         PREFACE_TIMEOUT_MS,
+        MAX_PENDING_LINKS,
         SHUTDOWN_GRACE_MS,
     ];
 }

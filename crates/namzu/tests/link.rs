@@ -326,3 +326,25 @@ async fn unknown_op_is_unimplemented_and_harmless() {
     assert!(r.is_err(), "garbage request answered {r:?}");
     assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
 }
+
+#[tokio::test]
+async fn connections_in_their_preface_are_bounded() {
+    let a = spawn_unix(&[("NAMZU_MAX_PENDING_LINKS", "2"), ("NAMZU_PREFACE_TIMEOUT_MS", "5000")]).await;
+    let s1 = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let s2 = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A third silent peer is closed at once, not after the preface timeout.
+    let mut s3 = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let t0 = Instant::now();
+    assert_eq!(drain(&mut s3, Duration::from_secs(4)).await, (0, true));
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "over-limit peer kept for {:?}",
+        t0.elapsed()
+    );
+    // Once the squatters leave, real clients get in.
+    drop((s1, s2));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = connect(&a).await.unwrap();
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
