@@ -278,7 +278,10 @@ impl Execs {
         tracing::debug!(%exec_id, pid, "started");
         let _ = out
             .send(Ok(ExecOutput {
-                msg: Some(exec_output::Msg::Started(v1::Started { pid })),
+                msg: Some(exec_output::Msg::Started(v1::Started {
+                    pid,
+                    exec_id: exec_id.clone(),
+                })),
             }))
             .await;
 

@@ -87,6 +87,11 @@ impl AgentService {
     /// Counts the op and refuses it if its feature is withheld.
     fn admit(&self, op: &str, feature: &str) -> Result<(), Status> {
         self.ops_served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.feature(op, feature)
+    }
+
+    /// Refuses `op` if `feature` is withheld.
+    fn feature(&self, op: &str, feature: &str) -> Result<(), Status> {
         if !self.cfg.feature_enabled(feature) {
             let mut e = agent_err(Kind::FeatureDisabled, op, "feature disabled on this agent");
             e.feature = feature.into();
@@ -180,7 +185,7 @@ impl Agent for AgentService {
         self.admit("exec", namzu_proto::features::EXEC)?;
         self.gate("exec")?;
         let mut input = req.into_inner();
-        let start = match input.next().await {
+        let mut start = match input.next().await {
             Some(Ok(ExecInput {
                 msg: Some(exec_input::Msg::Start(s)),
             })) => s,
@@ -188,7 +193,12 @@ impl Agent for AgentService {
             _ => return Err(agent_err(Kind::Protocol, "exec", "first message must be start").into_status()),
         };
         if start.stdin_stream {
-            self.admit("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
+            self.feature("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
+        }
+        // No reservation: nobody can cancel before `Started` names the id, so
+        // reserving here saves the caller a round trip.
+        if start.exec_id.is_empty() {
+            start.exec_id = self.execs.reserve().map_err(IntoStatus::into_status)?;
         }
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));

@@ -387,14 +387,20 @@ impl AgentClient {
         }
         let cancel = req.cancel.clone();
         let (mut start, stdin_stream) = exec_start(req);
-        let exec_id = self
-            .rpc()
-            .reserve_exec(v1::ReserveExecRequest {})
-            .await
-            .map_err(|s| self.status("reserve_exec", s))?
-            .into_inner()
-            .exec_id;
-        start.exec_id = exec_id.clone();
+        // With a cancel token the id is reserved first, so a cancel racing
+        // the start is never lost; without one, the agent reserves it and
+        // names it in `Started`, saving a round trip.
+        let mut exec_id = String::new();
+        if cancel.is_some() {
+            exec_id = self
+                .rpc()
+                .reserve_exec(v1::ReserveExecRequest {})
+                .await
+                .map_err(|s| self.status("reserve_exec", s))?
+                .into_inner()
+                .exec_id;
+            start.exec_id = exec_id.clone();
+        }
 
         // From here a cancel is answered by the agent even before the start.
         // A token cancelled already is sent first, so the start is answered
@@ -413,7 +419,12 @@ impl AgentClient {
         let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Started(s)),
-            }) => Some(s.pid),
+            }) => {
+                if exec_id.is_empty() {
+                    exec_id = s.exec_id;
+                }
+                Some(s.pid)
+            }
             // Cancelled before start: the agent answers exit at once.
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Exit(x)),
