@@ -39,11 +39,6 @@ use crate::config::Limits;
 use crate::reaper::{ExitInfo, Reaper};
 use crate::service::{agent_err, IntoStatus, OpError};
 
-/// Unused reservations expire after this long, so a host that reserves and
-/// vanishes cannot exhaust `max_execs`.
-const RESERVATION_TTL: Duration = Duration::from_secs(120);
-/// Finished executions remembered, so a late cancel learns "already exited".
-const FINISHED_KEPT: usize = 1024;
 /// After the leader exits, how long output from lingering group members is
 /// still collected before the result is sent.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
@@ -104,8 +99,11 @@ impl Execs {
         }
         let mut t = self.table();
         let now = Instant::now();
+        // Unused reservations expire, so a host that reserves and vanishes
+        // cannot exhaust `max_execs`.
+        let ttl = Duration::from_millis(self.limits.reservation_ttl_ms);
         t.slots
-            .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > RESERVATION_TTL));
+            .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > ttl));
         let live = t
             .slots
             .values()
@@ -152,7 +150,7 @@ impl Execs {
         let mut t = self.table();
         t.slots.insert(exec_id.to_owned(), Slot::Finished);
         t.finished.push_back(exec_id.to_owned());
-        while t.finished.len() > FINISHED_KEPT {
+        while t.finished.len() as u64 > self.limits.exec_records_kept {
             if let Some(old) = t.finished.pop_front() {
                 t.slots.remove(&old);
             }
@@ -520,5 +518,49 @@ async fn feed_stdin(fd: OwnedFd, initial: bytes::Bytes, follow: bool, mut input:
             Some(exec_input::Msg::StdinEof(_)) | None => return,
             Some(exec_input::Msg::Start(_)) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn execs(max_execs: u64, ttl_ms: u64) -> Execs {
+        let limits = Limits {
+            max_execs,
+            reservation_ttl_ms: ttl_ms,
+            ..Limits::default()
+        };
+        Execs::new(limits, std::env::temp_dir(), Arc::new(Reaper::default()))
+    }
+
+    #[test]
+    fn reservations_are_bounded_by_max_execs() {
+        let e = execs(2, 60_000);
+        e.reserve().unwrap();
+        e.reserve().unwrap();
+        let err = e.reserve().unwrap_err();
+        assert_eq!(err.kind(), Kind::LimitExceeded);
+        assert_eq!(err.limit_name, namzu_proto::limits::MAX_EXECS);
+        assert_eq!(err.limit, 2);
+    }
+
+    #[test]
+    fn unused_reservations_expire() {
+        let e = execs(1, 0);
+        e.reserve().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        e.reserve().expect("the expired reservation was not released");
+    }
+
+    #[tokio::test]
+    async fn cancel_of_a_reservation_is_remembered_and_unknown_ids_are_typed() {
+        let e = execs(4, 60_000);
+        let id = e.reserve().unwrap();
+        assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
+        assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
+        let err = e.cancel("x-nope").await.unwrap_err();
+        assert_eq!(err.kind(), Kind::UnknownExec);
+        assert_eq!(err.exec_id, "x-nope");
     }
 }

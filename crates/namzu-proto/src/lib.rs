@@ -46,6 +46,11 @@ pub mod limits {
     pub const CANCEL_CONFIRM_MS: &str = "cancel_confirm_ms";
     /// Executions reserved or running at once.
     pub const MAX_EXECS: &str = "max_execs";
+    /// Records of finished executions kept (so a late cancel learns
+    /// "already exited"); the oldest go first.
+    pub const EXEC_RECORDS_KEPT: &str = "exec_records_kept";
+    /// Time an unused reservation is held before it is released.
+    pub const RESERVATION_TTL_MS: &str = "reservation_ttl_ms";
     /// Entries one ListFiles returns.
     pub const MAX_LIST_ENTRIES: &str = "max_list_entries";
     /// Default and upper bound of a walk's entry budget.
@@ -68,6 +73,8 @@ pub mod limits {
         SANDBOX_MAX_TIMEOUT_MS,
         CANCEL_CONFIRM_MS,
         MAX_EXECS,
+        EXEC_RECORDS_KEPT,
+        RESERVATION_TTL_MS,
         MAX_LIST_ENTRIES,
         MAX_WALK_ENTRIES,
         MAX_TOKEN_BYTES,
