@@ -60,6 +60,31 @@ async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> Result<namzu::ExecOutput, St
     sb.exec(ExecRequest::shell(script)).await.ctx(script)
 }
 
+const OLD: &[u8] = b"old contents";
+
+/// Writes `keep.txt` with [`OLD`], the file the write-failure cases guard.
+async fn seed_old(sb: &Arc<dyn Sandbox>) -> Outcome {
+    sb.write_file(p("keep.txt"), Bytes::from_static(OLD), WriteOptions::default())
+        .await
+        .ctx("seed")
+        .map(drop)
+}
+
+/// `keep.txt` still holds [`OLD`] and nothing else is in the directory:
+/// `Ok(false)` if a leftover remains (the caller may retry).
+async fn old_file_alone(sb: &Arc<dyn Sandbox>) -> Result<bool, String> {
+    let data = sb.read_file(p("keep.txt"), None).await.ctx("read back")?.data;
+    ensure!(&data[..] == OLD, "old file changed: {} bytes", data.len());
+    let names: Vec<_> = sb
+        .list_files(p("."))
+        .await
+        .ctx("list")?
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    Ok(names == ["keep.txt"])
+}
+
 /// Is a process with this pid still present (even as a zombie)?
 async fn pid_alive(sb: &Arc<dyn Sandbox>, pid: &str) -> Result<bool, String> {
     Ok(sh(sb, &format!("kill -0 {pid} 2>/dev/null")).await?.status.success())
@@ -536,35 +561,16 @@ async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
 /// temporary file behind.
 async fn failed_write_leaves_the_old_file(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.write_file(
-            p("keep.txt"),
-            Bytes::from_static(b"old contents"),
-            WriteOptions::default(),
-        )
-        .await
-        .ctx("seed")?;
+        seed_old(&sb).await?;
         let reader = PatternReader::new(1, 8 << 20).failing_at(3 << 20);
-        match sb
+        let r = sb
             .write_file_from(p("keep.txt"), Box::new(reader), WriteOptions::default())
-            .await
-        {
-            Err(Error::LocalIo { .. }) => {}
-            other => return Err(format!("expected the local read error, got {other:?}")),
-        }
-        let r = sb.read_file(p("keep.txt"), None).await.ctx("read back")?;
+            .await;
         ensure!(
-            &r.data[..] == b"old contents",
-            "old file changed: {} bytes",
-            r.data.len()
+            matches!(r, Err(Error::LocalIo { .. })),
+            "expected the local read error, got {r:?}"
         );
-        let names: Vec<_> = sb
-            .list_files(p("."))
-            .await
-            .ctx("list")?
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
-        ensure!(names == ["keep.txt"], "leftovers: {names:?}");
+        ensure!(old_file_alone(&sb).await?, "temporary left behind");
         Ok(())
     })
     .await
@@ -577,30 +583,17 @@ async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
         ..Default::default()
     };
     with_sandbox(&f, spec, |sb| async move {
-        sb.write_file(p("keep.txt"), Bytes::from_static(b"old"), WriteOptions::default())
-            .await
-            .ctx("seed")?;
-        match sb
+        seed_old(&sb).await?;
+        let r = sb
             .write_file(p("keep.txt"), Bytes::from(vec![0u8; 2 << 20]), WriteOptions::default())
-            .await
-        {
+            .await;
+        match r {
             Err(Error::LimitExceeded { limit, value, .. }) => {
                 ensure!(limit == "max_write_bytes" && value == 1 << 20, "{limit}={value}")
             }
             other => return Err(format!("expected LimitExceeded, got {other:?}")),
         }
-        ensure!(
-            &sb.read_file(p("keep.txt"), None).await.ctx("read")?.data[..] == b"old",
-            "old file changed"
-        );
-        let names: Vec<_> = sb
-            .list_files(p("."))
-            .await
-            .ctx("list")?
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
-        ensure!(names == ["keep.txt"], "leftovers: {names:?}");
+        ensure!(old_file_alone(&sb).await?, "temporary left behind");
         Ok(())
     })
     .await
@@ -610,13 +603,7 @@ async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
 /// previous contents, and its temporary is removed.
 async fn abandoned_write_leaves_the_old_file(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.write_file(
-            p("keep.txt"),
-            Bytes::from_static(b"old contents"),
-            WriteOptions::default(),
-        )
-        .await
-        .ctx("seed")?;
+        seed_old(&sb).await?;
         // 2 MiB arrive, then the source stalls forever.
         let stalled = tokio::io::AsyncReadExt::chain(PatternReader::new(5, 2 << 20), Stall);
         let write = sb.write_file_from(p("keep.txt"), Box::new(stalled), WriteOptions::default());
@@ -624,26 +611,14 @@ async fn abandoned_write_leaves_the_old_file(f: Factory) -> Outcome {
             tokio::time::timeout(Duration::from_millis(500), write).await.is_err(),
             "stalled write finished"
         );
-        ensure!(
-            &sb.read_file(p("keep.txt"), None).await.ctx("read")?.data[..] == b"old contents",
-            "old file changed"
-        );
         // The agent notices the reset stream asynchronously.
-        let mut names = Vec::new();
         for _ in 0..200 {
-            names = sb
-                .list_files(p("."))
-                .await
-                .ctx("list")?
-                .into_iter()
-                .map(|e| e.name)
-                .collect();
-            if names == ["keep.txt"] {
+            if old_file_alone(&sb).await? {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        Err(format!("temporary left behind: {names:?}"))
+        Err("temporary left behind".into())
     })
     .await
 }
