@@ -95,6 +95,14 @@ impl Limits {
         ]
     }
 
+    /// Sets a limit by name; unknown names are ignored here because the host
+    /// validated them against [`namzu_proto::limits::ALL`].
+    pub fn set(&mut self, name: &str, value: u64) {
+        if let Some((_, slot)) = self.slots_mut().into_iter().find(|(n, _)| *n == name) {
+            *slot = value;
+        }
+    }
+
     /// A limit as a `usize`, saturating on 32-bit targets.
     pub fn usize(v: u64) -> usize {
         usize::try_from(v).unwrap_or(usize::MAX)
@@ -125,6 +133,9 @@ pub struct AgentConfig {
     /// Features withheld by the operator (`NAMZU_DISABLED_FEATURES`, comma
     /// separated): neither advertised nor served.
     pub disabled_features: Vec<String>,
+    /// What the sandbox applied around the agent (landlock ABI, seccomp,
+    /// capabilities …), reported in Health. Empty on the host tier.
+    pub hardening: Vec<(String, String)>,
 }
 
 impl AgentConfig {

@@ -21,8 +21,9 @@ pub mod exec;
 pub mod files;
 pub mod jail;
 pub mod reaper;
+pub mod sandbox;
 pub mod serve;
 pub mod service;
 
 pub use config::{AgentConfig, Limits};
-pub use serve::{serve, Listen, ServeError};
+pub use serve::{serve, serve_listener, Listen, ServeError};

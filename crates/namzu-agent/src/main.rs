@@ -11,9 +11,13 @@ use namzu_agent::{AgentConfig, Limits, Listen};
 #[derive(Parser)]
 #[command(name = "namzu-agent", version, about = "namzu guest agent")]
 struct Args {
+    /// Build a `local` sandbox from this launch spec and serve inside it
+    /// (used by the host library; see `namzu_agent::sandbox`).
+    #[arg(long, conflicts_with = "listen")]
+    launch: Option<PathBuf>,
     /// unix:PATH, tcp:ADDR:PORT, or fd:N (an inherited connected socket).
-    #[arg(long)]
-    listen: Listen,
+    #[arg(long, required_unless_present = "launch")]
+    listen: Option<Listen>,
     /// File holding the bind token. Otherwise NAMZU_AGENT_TOKEN is used.
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -45,6 +49,14 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args = Args::parse();
+    if let Some(spec) = &args.launch {
+        // Before any thread exists: the launcher forks.
+        let code = namzu_agent::sandbox::launch(spec).map_err(|e| e.to_string())?;
+        std::process::exit(code);
+    }
+    let Some(listen) = args.listen else {
+        return Err("--listen is required".into());
+    };
     let token = match (&args.token_file, std::env::var_os("NAMZU_AGENT_TOKEN")) {
         (Some(f), _) => std::fs::read(f).map_err(|e| format!("token file {}: {e}", f.display()))?,
         (None, Some(t)) => t.into_encoded_bytes(),
@@ -77,6 +89,7 @@ fn run() -> Result<(), String> {
         token,
         limits,
         disabled_features,
+        hardening: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -84,6 +97,5 @@ fn run() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    rt.block_on(namzu_agent::serve(cfg, args.listen))
-        .map_err(|e| e.to_string())
+    rt.block_on(namzu_agent::serve(cfg, listen)).map_err(|e| e.to_string())
 }

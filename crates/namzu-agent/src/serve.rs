@@ -160,6 +160,21 @@ impl Gate {
 
 /// Serves until SIGTERM (or, for an inherited fd, until the link closes).
 pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
+    serve_source(cfg, Source::Listen(listen)).await
+}
+
+/// Serves on a unix listener bound by someone else (the `local` launcher,
+/// which binds it outside the sandbox) until SIGTERM.
+pub async fn serve_listener(cfg: AgentConfig, listener: std::os::unix::net::UnixListener) -> Result<(), ServeError> {
+    serve_source(cfg, Source::Inherited(listener)).await
+}
+
+enum Source {
+    Listen(Listen),
+    Inherited(std::os::unix::net::UnixListener),
+}
+
+async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError> {
     let jail = Arc::new(Jail::new(&cfg.roots).map_err(|source| ServeError::Root {
         path: cfg.roots.first().cloned().unwrap_or_default(),
         source,
@@ -183,8 +198,19 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;
-    let accept_task = match listen {
-        Listen::Unix(path) => {
+    let accept_task = match source {
+        Source::Inherited(l) => {
+            let l = UnixListener::from_std(l).map_err(|source| ServeError::Listen {
+                what: "inherited listener".into(),
+                source,
+            })?;
+            tokio::spawn(async move {
+                while let Ok((s, _)) = l.accept().await {
+                    gate.admit(s, None);
+                }
+            })
+        }
+        Source::Listen(Listen::Unix(path)) => {
             let _ = std::fs::remove_file(&path);
             let l = UnixListener::bind(&path).map_err(|source| ServeError::Listen {
                 what: path.display().to_string(),
@@ -201,7 +227,7 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
                 }
             })
         }
-        Listen::Tcp(addr) => {
+        Source::Listen(Listen::Tcp(addr)) => {
             let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
                 what: addr.to_string(),
                 source,
@@ -214,7 +240,7 @@ pub async fn serve(cfg: AgentConfig, listen: Listen) -> Result<(), ServeError> {
                 }
             })
         }
-        Listen::Fd(fd) => {
+        Source::Listen(Listen::Fd(fd)) => {
             #[allow(unsafe_code)]
             // SAFETY: the parent handed us `fd` as a connected stream socket
             // for our exclusive use; nothing else in this process owns it.

@@ -156,6 +156,12 @@ impl Agent for AgentService {
                 .map(|f| (*f).into())
                 .collect(),
             ops_served: self.ops_served.load(std::sync::atomic::Ordering::Relaxed),
+            hardening: self.cfg.hardening.iter().cloned().collect(),
+            roots: self
+                .jail
+                .roots()
+                .map(|r| bytes::Bytes::copy_from_slice(r.as_os_str().as_encoded_bytes()))
+                .collect(),
             retiring: self.execs.retiring(),
             pid: std::process::id(),
             rss_bytes,

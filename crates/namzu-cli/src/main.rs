@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use namzu::backend::host::HostProvider;
+use namzu::backend::local::LocalProvider;
 use namzu::{CancellationToken, ExecEvent, ExecRequest, Provider, Sandbox, SandboxSpec, Tier, WriteOptions};
 use tokio::io::AsyncWriteExt;
 
@@ -153,10 +154,23 @@ fn provider(state_dir: &Option<PathBuf>, tier: Tier) -> Result<Box<dyn Provider>
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     match tier {
         Tier::Host => Ok(Box::new(HostProvider::new(dir)?)),
-        other => Err(Fail(format!(
-            "tier {other} is not available yet; use --tier host (no isolation)"
-        ))),
+        Tier::Local => Ok(Box::new(LocalProvider::new(dir)?)),
+        other => Err(Fail(format!("tier {other} is not available yet; use --tier local"))),
     }
+}
+
+/// The tiers whose sandboxes live in the state directory.
+const STATE_TIERS: [Tier; 2] = [Tier::Local, Tier::Host];
+
+/// The provider that knows sandbox `id`.
+async fn provider_of(state_dir: &Option<PathBuf>, id: &str) -> Result<(Tier, Box<dyn Provider>), Fail> {
+    for tier in STATE_TIERS {
+        let p = provider(state_dir, tier)?;
+        if p.list().await?.iter().any(|s| s.id == id) {
+            return Ok((tier, p));
+        }
+    }
+    Err(Fail(format!("no sandbox with id {id}")))
 }
 
 fn warn_host(tier: Tier) {
@@ -190,38 +204,35 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Exec { id, exec } => {
-            let p = provider(&cli.state_dir, Tier::Host)?;
-            warn_host(Tier::Host);
+            let (tier, p) = provider_of(&cli.state_dir, &id).await?;
+            warn_host(tier);
             let sb = p.connect(&id).await?;
             run_command(sb.as_ref(), exec).await
         }
         Cmd::Cp { src, dst } => {
-            let p = provider(&cli.state_dir, Tier::Host)?;
+            let id = split_remote(&src).or(split_remote(&dst)).map(|(id, _)| id.to_owned());
+            let Some(id) = id else {
+                return Err(Fail("one side of cp must be ID:PATH".into()));
+            };
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
             copy(p.as_ref(), &src, &dst).await?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Ls => {
-            let p = provider(&cli.state_dir, Tier::Host)?;
             println!("{:<18} {:<8} {:<6} CREATED", "ID", "TIER", "STATE");
-            for s in p.list().await? {
-                println!(
-                    "{:<18} {:<8} {:<6} {}",
-                    s.id,
-                    s.tier,
-                    if s.alive { "up" } else { "dead" },
-                    s.created_unix
-                );
+            for tier in STATE_TIERS {
+                for s in provider(&cli.state_dir, tier)?.list().await? {
+                    let state = if s.alive { "up" } else { "dead" };
+                    println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Rm { ids } => {
-            let p = provider(&cli.state_dir, Tier::Host)?;
             for id in ids {
                 // Unknown ids are an error here, although destroy itself is
                 // idempotent: a typo should not look like success.
-                if !p.list().await?.iter().any(|s| s.id == id) {
-                    return Err(Fail(format!("no sandbox with id {id}")));
-                }
+                let (_, p) = provider_of(&cli.state_dir, &id).await?;
                 p.destroy(&id).await?;
                 println!("{id}");
             }

@@ -127,7 +127,7 @@ fn dead_sandbox_unknown_id_and_bad_flags_give_one_line() {
     assert_eq!(stderr_lines(&o).len(), 1, "{:?}", stderr_lines(&o));
     let o = namzu(st.path(), &["run", "--env", "NOEQUALS", "--", "true"]);
     assert_eq!(o.status.code(), Some(2));
-    let o = namzu(st.path(), &["run", "--tier", "local", "--", "true"]);
+    let o = namzu(st.path(), &["run", "--tier", "docker", "--", "true"]);
     assert_eq!(o.status.code(), Some(125));
     assert_eq!(stderr_lines(&o).len(), 1);
 }

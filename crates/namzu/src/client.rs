@@ -921,5 +921,7 @@ fn agent_info(h: v1::HealthResponse) -> AgentInfo {
         peak_rss_bytes: h.peak_rss_bytes,
         limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
         ops_served: h.ops_served,
+        hardening: h.hardening.into_iter().collect(),
+        roots: h.roots.iter().map(|r| bytes_path(r)).collect(),
     }
 }

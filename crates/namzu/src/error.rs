@@ -85,6 +85,8 @@ pub enum Error {
     SandboxDead { id: String },
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]
     AgentBinaryNotFound { searched: Vec<PathBuf> },
+    #[error("sandbox {id} refused: its commands are not unprivileged ({field} is {value:?})")]
+    PrivilegeProbe { id: String, field: String, value: String },
     #[error("agent of sandbox {id} did not come up: {reason}")]
     AgentStart { id: String, reason: String },
     #[error("cannot connect to {endpoint}: {source}")]

@@ -251,4 +251,8 @@ pub struct AgentInfo {
     pub limits: Vec<(String, u64)>,
     /// Ops other than Health the agent has served since it started.
     pub ops_served: u64,
+    /// What the boundary applied (landlock ABI, seccomp, capabilities …).
+    pub hardening: std::collections::BTreeMap<String, String>,
+    /// Directories file operations are confined beneath.
+    pub roots: Vec<PathBuf>,
 }

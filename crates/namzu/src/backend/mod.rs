@@ -2,6 +2,8 @@
 //! agent binary, the state directory, and validating a spec.
 
 pub mod host;
+pub mod local;
+pub(crate) mod state;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,295 @@
+//! Hardening applied by G to itself after the root is built, and so
+//! inherited by every command it starts:
+//!
+//! 1. rlimits from the spec (NOFILE, FSIZE, CORE);
+//! 2. not dumpable: commands (same uid, no capabilities) cannot ptrace the
+//!    agent or read its /proc files (memory, environment, fds);
+//! 3. no_new_privs: no setuid or file-capability gain on exec;
+//! 4. landlock: read and execute anywhere in the sandbox, write only where
+//!    the sandbox's own writable mounts are;
+//! 5. every capability set emptied: bounding, ambient, inheritable,
+//!    permitted, effective;
+//! 6. seccomp: the syscalls Docker's default profile withholds from an
+//!    unprivileged container, plus new namespaces, keyrings, bpf, perf,
+//!    userfaultfd, kexec, modules, the whole mount family and io_uring,
+//!    all answering EPERM; `clone3` answers ENOSYS so libc falls back to
+//!    `clone`, whose namespace flags the filter can see.
+//!
+//! What was applied is reported in Health (`hardening`).
+
+use std::collections::BTreeMap;
+
+use namzu_proto::launch::{LaunchSpec, Rlimit};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HardenError {
+    #[error("rlimit {which}: {source}")]
+    Rlimit {
+        which: &'static str,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("{step}: {source}")]
+    Prctl {
+        step: &'static str,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("landlock: {0}")]
+    Landlock(String),
+    #[error("landlock is not enforced by this kernel")]
+    LandlockNotEnforced,
+    #[error("capabilities: {0}")]
+    Caps(String),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
+
+/// Paths commands (and the agent) may write beneath.
+pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/run", "/home", "/root", "/dev", "/proc"];
+
+/// Syscalls that answer EPERM inside the sandbox.
+pub fn denied_syscalls() -> Vec<(&'static str, i64)> {
+    vec![
+        ("acct", libc::SYS_acct),
+        ("add_key", libc::SYS_add_key),
+        ("bpf", libc::SYS_bpf),
+        ("clock_adjtime", libc::SYS_clock_adjtime),
+        ("clock_settime", libc::SYS_clock_settime),
+        ("delete_module", libc::SYS_delete_module),
+        ("finit_module", libc::SYS_finit_module),
+        ("fsconfig", libc::SYS_fsconfig),
+        ("fsmount", libc::SYS_fsmount),
+        ("fsopen", libc::SYS_fsopen),
+        ("fspick", libc::SYS_fspick),
+        ("init_module", libc::SYS_init_module),
+        ("io_uring_enter", libc::SYS_io_uring_enter),
+        ("io_uring_register", libc::SYS_io_uring_register),
+        ("io_uring_setup", libc::SYS_io_uring_setup),
+        ("ioperm", libc::SYS_ioperm),
+        ("iopl", libc::SYS_iopl),
+        ("kcmp", libc::SYS_kcmp),
+        ("kexec_file_load", libc::SYS_kexec_file_load),
+        ("kexec_load", libc::SYS_kexec_load),
+        ("keyctl", libc::SYS_keyctl),
+        ("lookup_dcookie", libc::SYS_lookup_dcookie),
+        ("mount", libc::SYS_mount),
+        ("mount_setattr", libc::SYS_mount_setattr),
+        ("move_mount", libc::SYS_move_mount),
+        ("name_to_handle_at", libc::SYS_name_to_handle_at),
+        ("nfsservctl", libc::SYS_nfsservctl),
+        ("open_by_handle_at", libc::SYS_open_by_handle_at),
+        ("open_tree", libc::SYS_open_tree),
+        ("perf_event_open", libc::SYS_perf_event_open),
+        ("pivot_root", libc::SYS_pivot_root),
+        ("process_vm_readv", libc::SYS_process_vm_readv),
+        ("process_vm_writev", libc::SYS_process_vm_writev),
+        ("ptrace", libc::SYS_ptrace),
+        ("quotactl", libc::SYS_quotactl),
+        ("reboot", libc::SYS_reboot),
+        ("request_key", libc::SYS_request_key),
+        ("setns", libc::SYS_setns),
+        ("settimeofday", libc::SYS_settimeofday),
+        ("swapoff", libc::SYS_swapoff),
+        ("swapon", libc::SYS_swapon),
+        ("syslog", libc::SYS_syslog),
+        ("sysfs", libc::SYS_sysfs),
+        ("_sysctl", libc::SYS__sysctl),
+        ("umount2", libc::SYS_umount2),
+        ("unshare", libc::SYS_unshare),
+        ("uselib", libc::SYS_uselib),
+        ("userfaultfd", libc::SYS_userfaultfd),
+        ("ustat", libc::SYS_ustat),
+        ("vhangup", libc::SYS_vhangup),
+    ]
+}
+
+/// `clone` flags that would create a namespace.
+const CLONE_NS_FLAGS: &[u64] = &[
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+fn arch() -> Result<seccompiler::TargetArch, HardenError> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+}
+
+/// The EPERM filter: denied syscalls, and clone with a namespace flag.
+pub fn eperm_filter() -> Result<BpfProgram, HardenError> {
+    let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        denied_syscalls().into_iter().map(|(_, nr)| (nr, vec![])).collect();
+    let clone_rules = CLONE_NS_FLAGS
+        .iter()
+        .map(|&flag| {
+            SeccompRule::new(vec![SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )
+            .map_err(se)?])
+            .map_err(se)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_clone, clone_rules);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch()?,
+    )
+    .map_err(se)?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+}
+
+/// `clone3` answers ENOSYS: its flags live in memory a filter cannot read,
+/// and libc falls back to `clone` on ENOSYS.
+fn clone3_filter() -> Result<BpfProgram, HardenError> {
+    let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, vec![])].into_iter().collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch()?,
+    )
+    .map_err(se)?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+}
+
+/// The Landlock ABI the running kernel offers (0: none).
+pub fn landlock_abi() -> i64 {
+    #[allow(unsafe_code)]
+    // SAFETY: with a null attribute, size 0 and the VERSION flag (1) the
+    // syscall only returns the ABI number; no memory is read or written.
+    unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32,
+        )
+    }
+    .max(0)
+}
+
+fn apply_landlock() -> Result<String, HardenError> {
+    use landlock::{Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, ABI};
+    let le = |e: landlock::RulesetError| HardenError::Landlock(e.to_string());
+    let abi = ABI::V5;
+    let status = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(le)?
+        .create()
+        .map_err(le)?
+        .add_rules(landlock::path_beneath_rules(["/"], AccessFs::from_read(abi)))
+        .map_err(le)?
+        .add_rules(landlock::path_beneath_rules(WRITABLE, AccessFs::from_all(abi)))
+        .map_err(le)?
+        .restrict_self()
+        .map_err(le)?;
+    let how = match status.ruleset {
+        RulesetStatus::FullyEnforced => "fully enforced",
+        RulesetStatus::PartiallyEnforced => "partially enforced",
+        RulesetStatus::NotEnforced => return Err(HardenError::LandlockNotEnforced),
+    };
+    Ok(format!("kernel abi {}, {how}", landlock_abi()))
+}
+
+fn drop_all_caps() -> Result<(), HardenError> {
+    use caps::CapSet;
+    let ce = |e: caps::errors::CapsError| HardenError::Caps(e.to_string());
+    caps::clear(None, CapSet::Ambient).map_err(ce)?;
+    // Bounding first: dropping it needs CAP_SETPCAP, which goes with the rest.
+    for cap in caps::all() {
+        caps::drop(None, CapSet::Bounding, cap).map_err(ce)?;
+    }
+    caps::clear(None, CapSet::Inheritable).map_err(ce)?;
+    caps::clear(None, CapSet::Effective).map_err(ce)?;
+    caps::clear(None, CapSet::Permitted).map_err(ce)?;
+    Ok(())
+}
+
+/// Applies every step, in order. Returns what was applied, for Health.
+pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let mut report = Vec::new();
+    for r in &spec.rlimits {
+        let (which, res, v) = match *r {
+            Rlimit::Nofile(v) => ("NOFILE", Resource::RLIMIT_NOFILE, v),
+            Rlimit::Fsize(v) => ("FSIZE", Resource::RLIMIT_FSIZE, v),
+            Rlimit::Core(v) => ("CORE", Resource::RLIMIT_CORE, v),
+        };
+        setrlimit(res, v, v).map_err(|source| HardenError::Rlimit { which, source })?;
+        report.push((format!("rlimit.{}", which.to_ascii_lowercase()), v.to_string()));
+    }
+    let pe = |step| move |source| HardenError::Prctl { step, source };
+    nix::sys::prctl::set_dumpable(false).map_err(pe("set non-dumpable"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(pe("no_new_privs"))?;
+    report.push(("no_new_privs".into(), "1".into()));
+    report.push(("landlock".into(), apply_landlock()?));
+    drop_all_caps()?;
+    report.push(("capabilities".into(), "none (all five sets empty)".into()));
+    let eperm = eperm_filter()?;
+    let clone3 = clone3_filter()?;
+    let se = |e: seccompiler::Error| HardenError::Seccomp(e.to_string());
+    seccompiler::apply_filter(&clone3).map_err(se)?;
+    seccompiler::apply_filter(&eperm).map_err(se)?;
+    report.push((
+        "seccomp".into(),
+        format!(
+            "{} syscalls EPERM, clone with namespace flags EPERM, clone3 ENOSYS",
+            denied_syscalls().len()
+        ),
+    ));
+    report.push(("namespaces".into(), "user,mnt,pid,ipc,uts,net,cgroup".into()));
+    Ok(report)
+}
+
+/// Brings up `lo` in the new network namespace (it starts down).
+pub fn loopback_up() -> std::io::Result<()> {
+    let sock = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)?;
+    let mut ifr: libc::ifreq = zeroed_ifreq();
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    #[allow(unsafe_code)]
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write only `ifr`, a valid,
+    // initialised ifreq that outlives both calls.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn zeroed_ifreq() -> libc::ifreq {
+    #[allow(unsafe_code)]
+    // SAFETY: ifreq is a plain C struct of integers and arrays (and a union
+    // of them); all-zero is a valid value.
+    unsafe {
+        std::mem::zeroed()
+    }
+}

@@ -1,0 +1,319 @@
+//! `namzu-agent launch`: builds a `local` sandbox and becomes its agent.
+//!
+//! Three processes, each with one job:
+//!
+//! ```text
+//! L  launcher, host credentials. Binds the agent socket, forks C, writes
+//!    C's uid/gid maps (only a process outside the new user namespace may
+//!    map a range), then supervises: SIGTERM is forwarded to G, and when C
+//!    is gone L removes the socket and exits with G's status.
+//! C  unshares user, mount, pid, ipc, uts, net and cgroup namespaces, waits
+//!    for its maps, becomes root of the new user namespace, forks G, and
+//!    waits for it. It dies with L (PDEATHSIG).
+//! G  PID 1 of the new pid namespace, root of the user namespace (an
+//!    unprivileged id on the host). Builds the root filesystem and pivots
+//!    into it ([`rootfs`]), brings up loopback, hardens itself ([`harden`]),
+//!    then serves the agent protocol on the socket L bound. Every command
+//!    inherits the hardening. When G exits the kernel kills everything
+//!    left in the pid namespace.
+//! ```
+//!
+//! Nothing is exec'd between the steps: C and G are forks of L, so the spec,
+//! the token and the listening socket travel in memory and by inheritance,
+//! and no path outside the sandbox has to be reachable from inside.
+
+pub mod harden;
+pub mod rootfs;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use namzu_proto::launch::{IdMap, LaunchSpec};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use crate::config::{AgentConfig, Limits};
+
+/// A failed step of building the sandbox, named so the host can report it.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("launch spec {path}: {message}")]
+    Spec { path: PathBuf, message: String },
+    #[error("{step}: {source}")]
+    Os {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("root filesystem: {0}")]
+    Rootfs(#[from] rootfs::RootfsError),
+    #[error("hardening: {0}")]
+    Harden(#[from] harden::HardenError),
+    #[error("the sandbox's init did not start")]
+    InitLost,
+}
+
+fn os(step: &'static str) -> impl Fn(nix::errno::Errno) -> LaunchError {
+    move |e| LaunchError::Os { step, source: e.into() }
+}
+
+fn io(step: &'static str) -> impl Fn(std::io::Error) -> LaunchError {
+    move |source| LaunchError::Os { step, source }
+}
+
+/// Runs the launcher. Returns the exit code L should exit with; the forked
+/// C and G never return from here.
+pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
+    let raw = std::fs::read(spec_path).map_err(|e| LaunchError::Spec {
+        path: spec_path.into(),
+        message: e.to_string(),
+    })?;
+    let spec: LaunchSpec = serde_json::from_slice(&raw).map_err(|e| LaunchError::Spec {
+        path: spec_path.into(),
+        message: e.to_string(),
+    })?;
+    let token = std::fs::read(&spec.token_file).map_err(io("read token"))?;
+    let token = token.trim_ascii().to_vec();
+    let _ = std::fs::remove_file(&spec.socket);
+    let listener = UnixListener::bind(&spec.socket).map_err(io("bind agent socket"))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&spec.socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(io("chmod agent socket"))?;
+    }
+
+    let (to_l_r, to_l_w) = std::os::unix::net::UnixStream::pair().map_err(io("pipe"))?;
+    let (to_c_r, to_c_w) = std::os::unix::net::UnixStream::pair().map_err(io("pipe"))?;
+
+    #[allow(unsafe_code)]
+    // SAFETY: L is single-threaded here (no runtime, no threads started
+    // yet), so the child may run arbitrary code after fork.
+    let fork_c = unsafe { fork() }.map_err(os("fork"))?;
+    match fork_c {
+        ForkResult::Child => {
+            drop((to_l_r, to_c_w));
+            let code = match child_c(&spec, token, listener, to_l_w, to_c_r) {
+                Ok(code) => code,
+                Err(e) => {
+                    tracing::error!("sandbox setup failed: {e}");
+                    125
+                }
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => {
+            drop((to_l_w, to_c_r, listener));
+            supervise(&spec, child, to_l_r, to_c_w)
+        }
+    }
+}
+
+/// L: maps C's ids, then waits for C, forwarding SIGTERM to G.
+fn supervise(
+    spec: &LaunchSpec,
+    c: Pid,
+    mut from_c: std::os::unix::net::UnixStream,
+    mut to_c: std::os::unix::net::UnixStream,
+) -> Result<i32, LaunchError> {
+    let mut b = [0u8; 1];
+    from_c.read_exact(&mut b).map_err(io("wait for unshare"))?;
+    let proc = PathBuf::from(format!("/proc/{c}"));
+    if spec.deny_setgroups {
+        std::fs::write(proc.join("setgroups"), "deny").map_err(io("write setgroups"))?;
+    }
+    std::fs::write(proc.join("uid_map"), map_text(&spec.uid_map)).map_err(io("write uid_map"))?;
+    std::fs::write(proc.join("gid_map"), map_text(&spec.gid_map)).map_err(io("write gid_map"))?;
+    to_c.write_all(&[1]).map_err(io("release child"))?;
+    let mut pid = [0u8; 4];
+    let g = match from_c.read_exact(&mut pid) {
+        Ok(()) => Pid::from_raw(i32::from_le_bytes(pid)),
+        Err(_) => {
+            // C failed before forking G; its status says why (logged by C).
+            return Ok(wait_exit(c));
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io("supervisor runtime"))?;
+    let grace = Duration::from_millis(Limits::from_env().map(|l| l.shutdown_grace_ms).unwrap_or(5_000) + 2_000);
+    let code = rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut chld)) = (signal(SignalKind::terminate()), signal(SignalKind::child())) else {
+            return wait_exit(c);
+        };
+        let mut kill_at: Option<tokio::time::Instant> = None;
+        loop {
+            if let Ok(st) = waitpid(c, Some(WaitPidFlag::WNOHANG)) {
+                if let Some(code) = exit_code(st) {
+                    return code;
+                }
+            }
+            let deadline = kill_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                _ = term.recv() => {
+                    // G is the agent: SIGTERM makes it stop its commands and exit.
+                    let _ = kill(g, Signal::SIGTERM);
+                    kill_at.get_or_insert(tokio::time::Instant::now() + grace);
+                }
+                _ = chld.recv() => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = kill(g, Signal::SIGKILL);
+                    let _ = kill(c, Signal::SIGKILL);
+                }
+            }
+        }
+    });
+    let _ = std::fs::remove_file(&spec.socket);
+    Ok(code)
+}
+
+fn map_text(m: &[IdMap]) -> String {
+    m.iter()
+        .map(|l| format!("{} {} {}\n", l.inside, l.outside, l.count))
+        .collect()
+}
+
+fn exit_code(st: WaitStatus) -> Option<i32> {
+    match st {
+        WaitStatus::Exited(_, code) => Some(code),
+        WaitStatus::Signaled(_, sig, _) => Some(128 + sig as i32),
+        _ => None,
+    }
+}
+
+fn wait_exit(pid: Pid) -> i32 {
+    loop {
+        match waitpid(pid, None) {
+            Ok(st) => {
+                if let Some(code) = exit_code(st) {
+                    return code;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 125,
+        }
+    }
+}
+
+/// C: enters the new namespaces and starts G.
+fn child_c(
+    spec: &LaunchSpec,
+    token: Vec<u8>,
+    listener: UnixListener,
+    mut to_l: std::os::unix::net::UnixStream,
+    mut from_l: std::os::unix::net::UnixStream,
+) -> Result<i32, LaunchError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    let flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWCGROUP;
+    unshare(flags).map_err(os("unshare namespaces"))?;
+    // Opened now: the lookup lands in the new mount namespace (a bind source
+    // must belong to it), and the filesystem uid is still the host's, so an
+    // owner-only state directory is still traversable.
+    let workspace = rustix::fs::open(
+        &spec.workspace,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| LaunchError::Os {
+        step: "open workspace",
+        source: e.into(),
+    })?;
+    to_l.write_all(&[1]).map_err(io("signal unshare"))?;
+    let mut b = [0u8; 1];
+    from_l.read_exact(&mut b).map_err(io("wait for id maps"))?;
+    if !spec.deny_setgroups {
+        nix::unistd::setgroups(&[]).map_err(os("setgroups"))?;
+    }
+    let root_gid = nix::unistd::Gid::from_raw(0);
+    let root_uid = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setresgid(root_gid, root_gid, root_gid).map_err(os("setresgid"))?;
+    nix::unistd::setresuid(root_uid, root_uid, root_uid).map_err(os("setresuid"))?;
+
+    #[allow(unsafe_code)]
+    // SAFETY: C is single-threaded (a fork of the single-threaded L).
+    let fork_g = unsafe { fork() }.map_err(os("fork init"))?;
+    match fork_g {
+        ForkResult::Child => {
+            drop((to_l, from_l));
+            let code = match init_g(spec, token, listener, workspace) {
+                Ok(code) => code,
+                Err(e) => {
+                    tracing::error!("sandbox init failed: {e}");
+                    125
+                }
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => {
+            drop((listener, workspace));
+            let _ = to_l.write_all(&child.as_raw().to_le_bytes());
+            Ok(wait_exit(child))
+        }
+    }
+}
+
+/// G: builds the sandbox around itself and serves.
+fn init_g(spec: &LaunchSpec, token: Vec<u8>, listener: UnixListener, workspace: OwnedFd) -> Result<i32, LaunchError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    rootfs::build(spec, workspace.as_fd())?;
+    drop(workspace);
+    nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
+    harden::loopback_up().map_err(io("bring up loopback"))?;
+
+    // The environment every command inherits, and nothing of the host's.
+    let keep: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("NAMZU_AGENT_LOG"))
+        .collect();
+    for (k, _) in std::env::vars_os() {
+        std::env::remove_var(k);
+    }
+    for (k, v) in keep {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    std::env::set_var("HOME", "/root");
+    std::env::set_var("LANG", "C.UTF-8");
+    for (k, v) in &spec.env {
+        std::env::set_var(k, v);
+    }
+
+    let mut limits = Limits::default();
+    for (name, value) in &spec.limits {
+        limits.set(name, *value);
+    }
+    let report = harden::apply(spec)?;
+    let cfg = AgentConfig {
+        roots: vec!["/workspace".into(), "/".into()],
+        default_cwd: "/workspace".into(),
+        token,
+        limits,
+        disabled_features: Vec::new(),
+        hardening: report,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .enable_all()
+        .build()
+        .map_err(io("runtime"))?;
+    listener.set_nonblocking(true).map_err(io("listener"))?;
+    match rt.block_on(crate::serve::serve_listener(cfg, listener)) {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            tracing::error!("agent: {e}");
+            Ok(2)
+        }
+    }
+}

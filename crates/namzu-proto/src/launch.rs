@@ -1,0 +1,50 @@
+//! The launch spec: what a host tells `namzu-agent launch` to build for a
+//! `local` sandbox. Written by the host library as JSON into the sandbox's
+//! state directory, read by the agent's launcher before anything else runs.
+
+use serde::{Deserialize, Serialize};
+
+/// One line of a `uid_map` / `gid_map`: `count` ids from `inside` map to
+/// host ids from `outside`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+/// A resource limit for every process in the sandbox (soft = hard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rlimit {
+    /// Open files.
+    Nofile(u64),
+    /// Largest file a process may write, in bytes.
+    Fsize(u64),
+    /// Core dumps, in bytes (0: none).
+    Core(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub id: String,
+    /// Host path of the unix socket the agent serves; the launcher binds it.
+    pub socket: String,
+    /// Host path of the bind-token file.
+    pub token_file: String,
+    /// Host directory bound read-write at `/workspace`.
+    pub workspace: String,
+    pub uid_map: Vec<IdMap>,
+    pub gid_map: Vec<IdMap>,
+    /// Write "deny" to `setgroups` (required for a single-id map made by an
+    /// unprivileged user).
+    pub deny_setgroups: bool,
+    pub hostname: String,
+    /// Environment of every command, on top of PATH, HOME and LANG.
+    pub env: Vec<(String, String)>,
+    pub rlimits: Vec<Rlimit>,
+    /// Size of each writable tmpfs (`/tmp`, `/run`, `/home`, `/root`,
+    /// `/dev/shm`), in bytes.
+    pub tmpfs_bytes: u64,
+    /// Agent limits, by name, as `NAMZU_<NAME>` overrides.
+    pub limits: Vec<(String, u64)>,
+}

@@ -1,0 +1,359 @@
+//! The `local` tier: a daemonless Linux-namespace sandbox.
+//!
+//! `create` writes a launch spec and starts `namzu-agent --launch`, which
+//! builds the sandbox (user, mount, pid, ipc, uts, net and cgroup
+//! namespaces; a read-only view of the host's /usr and friends; a fresh
+//! masked /proc; a minimal /dev; `/workspace` read-write) and serves inside
+//! it as PID 1, with no_new_privs, no capabilities, a seccomp filter and a
+//! landlock ruleset inherited by every command. See `namzu_agent::sandbox`.
+//!
+//! Sandbox root is never host root: when the host process is root, each
+//! sandbox gets its own range of 65536 unprivileged host ids (from
+//! [`UID_BASE`]); otherwise the caller's own uid is mapped alone (root
+//! inside, the caller outside).
+//!
+//! Before a sandbox is handed out, a privilege probe reads a command's
+//! `/proc/self/status` and refuses the sandbox ([`Error::PrivilegeProbe`])
+//! unless all five capability sets are empty, no_new_privs is set and a
+//! seccomp filter is on.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
+
+use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir};
+use crate::backend::{check_spec, find_agent_binary};
+use crate::client::{AgentClient, ClientOptions};
+use crate::error::{Error, Result};
+use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+use crate::types::ExecRequest;
+
+/// First host uid/gid of sandbox id ranges (when the host process is root).
+pub const UID_BASE: u32 = 1_000_000;
+/// Ids per sandbox.
+pub const UID_RANGE: u32 = 65_536;
+/// Ranges available, so ids stay below 2^31.
+const UID_SLOTS: u32 = 16_000;
+
+/// Tunables of the `local` tier, each with a safe default.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// Size of each writable tmpfs (/tmp, /run, /home, /root, /dev/shm).
+    pub tmpfs_bytes: u64,
+    /// Largest file any process may write (RLIMIT_FSIZE).
+    pub max_file_bytes: u64,
+    /// Open files per process (RLIMIT_NOFILE), capped by the host's limit.
+    pub max_open_files: u64,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        Self {
+            tmpfs_bytes: 256 << 20,
+            max_file_bytes: 16 << 30,
+            max_open_files: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LocalProvider {
+    state: StateDir,
+    agent_bin: PathBuf,
+    client: ClientOptions,
+    opts: LocalOptions,
+}
+
+impl LocalProvider {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Result<Self> {
+        Ok(Self::with_agent(state_dir, find_agent_binary()?))
+    }
+
+    pub fn with_agent(state_dir: impl Into<PathBuf>, agent_bin: impl Into<PathBuf>) -> Self {
+        Self {
+            state: StateDir::new(state_dir, Tier::Local),
+            agent_bin: agent_bin.into(),
+            client: ClientOptions::default(),
+            opts: LocalOptions::default(),
+        }
+    }
+
+    pub fn options(mut self, opts: LocalOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    fn slots_dir(&self) -> PathBuf {
+        self.state.root().join(".uids")
+    }
+
+    /// Claims a free id range; the claim is a file naming the sandbox.
+    fn claim_slot(&self, id: &str) -> Result<u32> {
+        let dir = self.slots_dir();
+        std::fs::create_dir_all(&dir).map_err(|source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        })?;
+        for slot in 0..UID_SLOTS {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join(slot.to_string()));
+            match f {
+                Ok(mut f) => {
+                    let _ = std::io::Write::write_all(&mut f, id.as_bytes());
+                    return Ok(slot);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(Error::LocalIo {
+                        op: "create".into(),
+                        source,
+                    })
+                }
+            }
+        }
+        Err(Error::LimitExceeded {
+            op: "create".into(),
+            limit: "uid_slots".into(),
+            value: u64::from(UID_SLOTS),
+            path: None,
+        })
+    }
+
+    fn release_slot(&self, slot: u32) {
+        let _ = std::fs::remove_file(self.slots_dir().join(slot.to_string()));
+    }
+}
+
+impl LocalProvider {
+    /// Writes the launch spec, starts the launcher and waits for the agent.
+    async fn start(&self, id: &str, dir: &Path, spec: &SandboxSpec, slot: Option<u32>) -> Result<LocalSandbox> {
+        const OP: &str = "create";
+        let workspace = dir.join("workspace");
+        let (uid_map, gid_map, deny_setgroups) = match slot {
+            Some(slot) => {
+                let base = UID_BASE + slot * UID_RANGE;
+                // The sandbox's root owns its workspace; nothing else of the host.
+                nix::unistd::chown(
+                    &workspace,
+                    Some(nix::unistd::Uid::from_raw(base)),
+                    Some(nix::unistd::Gid::from_raw(base)),
+                )
+                .map_err(|e| Error::LocalIo {
+                    op: OP.into(),
+                    source: e.into(),
+                })?;
+                let m = vec![IdMap {
+                    inside: 0,
+                    outside: base,
+                    count: UID_RANGE,
+                }];
+                (m.clone(), m, false)
+            }
+            None => {
+                let u = vec![IdMap {
+                    inside: 0,
+                    outside: nix::unistd::geteuid().as_raw(),
+                    count: 1,
+                }];
+                let g = vec![IdMap {
+                    inside: 0,
+                    outside: nix::unistd::getegid().as_raw(),
+                    count: 1,
+                }];
+                (u, g, true)
+            }
+        };
+        let (_, hard_nofile) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_err(|e| Error::LocalIo {
+                op: OP.into(),
+                source: e.into(),
+            })?;
+        let launch = LaunchSpec {
+            id: id.into(),
+            socket: path_string(&dir.join("agent.sock")),
+            token_file: path_string(&dir.join("token")),
+            workspace: path_string(&workspace),
+            uid_map,
+            gid_map,
+            deny_setgroups,
+            hostname: "namzu".into(),
+            env: spec.env.clone(),
+            rlimits: vec![
+                Rlimit::Nofile(self.opts.max_open_files.min(hard_nofile)),
+                Rlimit::Fsize(self.opts.max_file_bytes),
+                Rlimit::Core(0),
+            ],
+            tmpfs_bytes: self.opts.tmpfs_bytes,
+            limits: spec.limits.clone(),
+        };
+        let json = serde_json::to_vec_pretty(&launch).map_err(|e| Error::State {
+            id: id.into(),
+            message: e.to_string(),
+        })?;
+        std::fs::write(dir.join("spec.json"), json).map_err(io(OP))?;
+        let log = std::fs::File::create(dir.join("agent.log")).map_err(io(OP))?;
+        let mut cmd = tokio::process::Command::new(&self.agent_bin);
+        cmd.arg("--launch")
+            .arg(dir.join("spec.json"))
+            .env_clear()
+            .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            // Its own process group: a Ctrl-C aimed at the CLI must not
+            // reach a sandbox that is meant to outlive it.
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|e| Error::AgentStart {
+            id: id.into(),
+            reason: format!("{}: {e}", self.agent_bin.display()),
+        })?;
+        let meta = Meta {
+            id: id.into(),
+            tier: Tier::Local.name().into(),
+            pid: child.id().unwrap_or(0),
+            created_unix: now_unix(),
+            agent_bin: self.agent_bin.clone(),
+            uid_slot: slot,
+        };
+        self.state.write_meta(dir, &meta)?;
+        match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
+            Ok(client) => Ok(LocalSandbox {
+                id: id.into(),
+                provider: self.clone(),
+                client,
+                _child: Some(child),
+            }),
+            Err(e) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::LocalIo { op: op.into(), source }
+}
+
+/// Checks a command's view of its own privileges.
+async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
+    let out = client.exec(ExecRequest::new("cat").arg("/proc/self/status")).await?;
+    let status = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    for name in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        let v = field(name);
+        if v.is_empty() || v.bytes().any(|b| b != b'0') {
+            return Err(Error::PrivilegeProbe {
+                id: id.into(),
+                field: name.into(),
+                value: v,
+            });
+        }
+    }
+    for (name, want) in [("NoNewPrivs", "1"), ("Seccomp", "2")] {
+        let v = field(name);
+        if v != want {
+            return Err(Error::PrivilegeProbe {
+                id: id.into(),
+                field: name.into(),
+                value: v,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Provider for LocalProvider {
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        check_spec(Tier::Local, &spec)?;
+        let (id, dir, _token, made) = self.state.create()?;
+        let euid = nix::unistd::geteuid().as_raw();
+        let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };
+        let sandbox = match self.start(&id, &dir, &spec, slot).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                if let Some(s) = slot {
+                    self.release_slot(s);
+                }
+                return Err(e);
+            }
+        };
+        made.keep();
+        // A sandbox whose commands hold any privilege is never handed out.
+        if let Err(e) = privilege_probe(&id, &sandbox.client).await {
+            let _ = sandbox.destroy().await;
+            return Err(e);
+        }
+        Ok(Box::new(sandbox))
+    }
+
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        let (_, client) = self.state.reattach(id, &self.client).await?;
+        Ok(Box::new(LocalSandbox {
+            id: id.into(),
+            provider: self.clone(),
+            client,
+            _child: None,
+        }))
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>> {
+        self.state.list()
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        if let Some(meta) = self.state.stop(id).await? {
+            if let Some(slot) = meta.uid_slot {
+                self.release_slot(slot);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn path_string(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+struct LocalSandbox {
+    id: String,
+    provider: LocalProvider,
+    client: AgentClient,
+    /// Held so tokio reaps the launcher when it exits while we are alive.
+    _child: Option<tokio::process::Child>,
+}
+
+#[async_trait]
+impl Sandbox for LocalSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+    fn agent(&self) -> &AgentClient {
+        &self.client
+    }
+    async fn destroy(&self) -> Result<()> {
+        self.client.close();
+        self.provider.destroy(&self.id).await
+    }
+}

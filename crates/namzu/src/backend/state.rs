@@ -1,0 +1,268 @@
+//! Per-sandbox state on disk, shared by the single-host tiers.
+//!
+//! `<state>/<tier>/<id>/` (mode 0700) holds `meta.json`, `token` (0600),
+//! `agent.sock`, `agent.log` and `workspace/`, plus whatever the tier adds.
+//! A sandbox outlives the process that made it; any later process finds it
+//! here by id, and its agent's pid (checked against the command line, so a
+//! reused pid is never signalled) says whether it is alive.
+
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::client::{AgentClient, ClientOptions};
+use crate::error::{Error, Result};
+use crate::sandbox::{SandboxInfo, Tier};
+
+/// How long a new agent has to start listening.
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long stop waits after SIGTERM before SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    pub id: String,
+    pub tier: String,
+    /// The process that anchors the sandbox (agent or launcher).
+    pub pid: u32,
+    pub created_unix: u64,
+    pub agent_bin: PathBuf,
+    /// `local`: the host uid range slot this sandbox holds, if any.
+    #[serde(default)]
+    pub uid_slot: Option<u32>,
+}
+
+/// The state directory of one tier.
+#[derive(Debug, Clone)]
+pub(crate) struct StateDir {
+    root: PathBuf,
+    tier: Tier,
+}
+
+impl StateDir {
+    pub fn new(state_dir: impl Into<PathBuf>, tier: Tier) -> Self {
+        Self {
+            root: state_dir.into().join(tier.name()),
+            tier,
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn dir(&self, id: &str) -> Result<PathBuf> {
+        // Ids are ours ("sb-" + hex); anything else could walk the state dir.
+        let ok = id.len() <= 64 && id.starts_with("sb-") && id[3..].bytes().all(|b| b.is_ascii_hexdigit());
+        if !ok {
+            return Err(Error::SandboxNotFound { id: id.into() });
+        }
+        Ok(self.root.join(id))
+    }
+
+    /// Makes a fresh sandbox directory with its workspace and token.
+    /// Returns (id, dir, token, guard that removes the directory unless kept).
+    pub fn create(&self) -> Result<(String, PathBuf, Vec<u8>, Cleanup)> {
+        const OP: &str = "create";
+        let io = |source| Error::LocalIo { op: OP.into(), source };
+        let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+        let dir = self.dir(&id)?;
+        std::fs::create_dir_all(&self.root).map_err(io)?;
+        std::fs::create_dir(&dir).map_err(io)?;
+        let guard = Cleanup(Some(dir.clone()));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        std::fs::create_dir(dir.join("workspace")).map_err(io)?;
+        let token = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>()).into_bytes();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join("token"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &token))
+            .map_err(io)?;
+        Ok((id, dir, token, guard))
+    }
+
+    pub fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<()> {
+        let json = serde_json::to_vec_pretty(meta).map_err(|e| Error::State {
+            id: meta.id.clone(),
+            message: e.to_string(),
+        })?;
+        std::fs::write(dir.join("meta.json"), json).map_err(|source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        })
+    }
+
+    pub fn read_meta(&self, id: &str) -> Result<(PathBuf, Meta)> {
+        let dir = self.dir(id)?;
+        let raw = match std::fs::read(dir.join("meta.json")) {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::SandboxNotFound { id: id.into() }),
+            Err(e) => {
+                return Err(Error::State {
+                    id: id.into(),
+                    message: e.to_string(),
+                })
+            }
+        };
+        let meta = serde_json::from_slice(&raw).map_err(|e| Error::State {
+            id: id.into(),
+            message: e.to_string(),
+        })?;
+        Ok((dir, meta))
+    }
+
+    /// Connects to a sandbox's agent.
+    pub async fn attach(&self, dir: &Path, id: &str, opts: &ClientOptions) -> Result<AgentClient> {
+        let token = std::fs::read(dir.join("token")).map_err(|e| Error::State {
+            id: id.into(),
+            message: format!("token: {e}"),
+        })?;
+        AgentClient::connect_unix(id, &dir.join("agent.sock"), token, opts.clone()).await
+    }
+
+    /// Connects to a live sandbox made earlier.
+    pub async fn reattach(&self, id: &str, opts: &ClientOptions) -> Result<(Meta, AgentClient)> {
+        let (dir, meta) = self.read_meta(id)?;
+        if !alive(meta.pid, &dir) {
+            return Err(Error::SandboxDead { id: id.into() });
+        }
+        match self.attach(&dir, id, opts).await {
+            Ok(c) => Ok((meta, c)),
+            Err(Error::Connect { .. }) => Err(Error::SandboxDead { id: id.into() }),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn list(&self) -> Result<Vec<SandboxInfo>> {
+        let mut out = Vec::new();
+        let rd = match std::fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(source) => {
+                return Err(Error::LocalIo {
+                    op: "list".into(),
+                    source,
+                })
+            }
+        };
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if let Ok((dir, meta)) = self.read_meta(&name) {
+                out.push(SandboxInfo {
+                    id: meta.id.clone(),
+                    tier: self.tier,
+                    alive: alive(meta.pid, &dir),
+                    created_unix: meta.created_unix,
+                });
+            }
+        }
+        out.sort_by(|a, b| (a.created_unix, &a.id).cmp(&(b.created_unix, &b.id)));
+        Ok(out)
+    }
+
+    /// Stops the anchor process (SIGTERM, then SIGKILL) and removes the
+    /// directory. Idempotent. Returns the meta it found, if any.
+    pub async fn stop(&self, id: &str) -> Result<Option<Meta>> {
+        let (dir, meta) = match self.read_meta(id) {
+            Ok(x) => x,
+            Err(Error::SandboxNotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if alive(meta.pid, &dir) {
+            let pid = Pid::from_raw(i32::try_from(meta.pid).unwrap_or(0));
+            // SIGTERM lets the agent kill its commands' process groups first.
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while alive(meta.pid, &dir) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if alive(meta.pid, &dir) {
+                tracing::warn!(%id, "sandbox ignored SIGTERM; killing it");
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(meta)),
+            Err(source) => Err(Error::LocalIo {
+                op: "destroy".into(),
+                source,
+            }),
+        }
+    }
+}
+
+/// True if `pid` is a live (not zombie) process whose command line names
+/// `dir` — ours, not an unrelated process that reused the pid.
+pub(crate) fn alive(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let needle = dir.as_os_str().as_encoded_bytes();
+    let ours = cmdline.windows(needle.len()).any(|w| w == needle);
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true);
+    ours && !zombie
+}
+
+pub(crate) fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Waits until the agent in `dir` accepts a link, or `child` exits (then the
+/// agent's log explains why), or the start timeout passes.
+pub(crate) async fn wait_for_agent(
+    state: &StateDir,
+    dir: &Path,
+    id: &str,
+    child: &mut tokio::process::Child,
+    opts: &ClientOptions,
+) -> Result<AgentClient> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            return Err(Error::AgentStart {
+                id: id.into(),
+                reason: format!("exited with {status}: {}", log.trim()),
+            });
+        }
+        match state.attach(dir, id, opts).await {
+            Ok(c) => return Ok(c),
+            Err(Error::Connect { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Err(e) => {
+                let _ = child.start_kill();
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Removes a half-made sandbox directory unless told to keep it.
+pub(crate) struct Cleanup(Option<PathBuf>);
+
+impl Cleanup {
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
