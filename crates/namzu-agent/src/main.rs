@@ -30,7 +30,25 @@ struct Args {
     cwd: Option<PathBuf>,
 }
 
+/// Keeps descriptors the starting process left open from reaching commands:
+/// marks every fd >= 3 close-on-exec (the launcher closes them outright,
+/// since its sandbox init is a fork, not an exec).
+fn seal_inherited_fds(close: bool) {
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    let flags = if close { 0 } else { CLOSE_RANGE_CLOEXEC };
+    #[allow(unsafe_code)]
+    // SAFETY: close_range(2) on fds this process has not opened yet (it runs
+    // first thing in main); no Rust object owns any of them.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, flags) };
+    if r < 0 {
+        tracing::warn!("close_range failed: {}", std::io::Error::last_os_error());
+    }
+}
+
 fn main() -> ExitCode {
+    // Launch mode is told by its first argument; decided before anything opens.
+    let launching = std::env::args().any(|a| a == "--launch");
+    seal_inherited_fds(launching);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

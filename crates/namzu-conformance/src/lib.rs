@@ -16,6 +16,7 @@
 //! feature named in its kind — never a silent pass.
 
 mod cases;
+pub mod escape;
 pub mod util;
 
 use std::future::Future;

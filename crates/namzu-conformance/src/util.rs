@@ -32,15 +32,18 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
 }
 
 /// Creates a sandbox, runs `body`, and destroys it whatever the outcome.
-pub async fn with_sandbox<F, Fut>(factory: &Factory, spec: SandboxSpec, body: F) -> Outcome
+pub async fn with_sandbox<F, Fut, T>(factory: &Factory, spec: SandboxSpec, body: F) -> Result<T, String>
 where
     F: FnOnce(Arc<dyn Sandbox>) -> Fut,
-    Fut: Future<Output = Outcome>,
+    Fut: Future<Output = Result<T, String>>,
 {
     let sb: Arc<dyn Sandbox> = Arc::from(factory(spec).await.ctx("create sandbox")?);
     let result = body(sb.clone()).await;
     let destroyed = sb.destroy().await.ctx("destroy");
-    result.and(destroyed)
+    match (result, destroyed) {
+        (Ok(v), Ok(())) => Ok(v),
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    }
 }
 
 /// The byte at `pos` of the deterministic test pattern `seed`.

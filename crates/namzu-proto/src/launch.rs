@@ -22,6 +22,9 @@ pub enum Rlimit {
     Fsize(u64),
     /// Core dumps, in bytes (0: none).
     Core(u64),
+    /// Processes of the sandbox's user. The kernel counts them per user
+    /// namespace, so this bounds one sandbox, fork bombs included.
+    Nproc(u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Hardening applied by G to itself after the root is built, and so
 //! inherited by every command it starts:
 //!
-//! 1. rlimits from the spec (NOFILE, FSIZE, CORE);
+//! 1. rlimits from the spec (NOFILE, FSIZE, CORE, NPROC);
 //! 2. not dumpable: commands (same uid, no capabilities) cannot ptrace the
 //!    agent or read its /proc files (memory, environment, fds);
 //! 3. no_new_privs: no setuid or file-capability gain on exec;
@@ -235,6 +235,7 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
             Rlimit::Nofile(v) => ("NOFILE", Resource::RLIMIT_NOFILE, v),
             Rlimit::Fsize(v) => ("FSIZE", Resource::RLIMIT_FSIZE, v),
             Rlimit::Core(v) => ("CORE", Resource::RLIMIT_CORE, v),
+            Rlimit::Nproc(v) => ("NPROC", Resource::RLIMIT_NPROC, v),
         };
         setrlimit(res, v, v).map_err(|source| HardenError::Rlimit { which, source })?;
         report.push((format!("rlimit.{}", which.to_ascii_lowercase()), v.to_string()));

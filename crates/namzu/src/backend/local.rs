@@ -46,6 +46,8 @@ pub struct LocalOptions {
     pub max_file_bytes: u64,
     /// Open files per process (RLIMIT_NOFILE), capped by the host's limit.
     pub max_open_files: u64,
+    /// Processes in the sandbox (RLIMIT_NPROC, counted per user namespace).
+    pub max_processes: u64,
 }
 
 impl Default for LocalOptions {
@@ -54,6 +56,7 @@ impl Default for LocalOptions {
             tmpfs_bytes: 256 << 20,
             max_file_bytes: 16 << 30,
             max_open_files: 65_536,
+            max_processes: 2048,
         }
     }
 }
@@ -187,6 +190,7 @@ impl LocalProvider {
                 Rlimit::Nofile(self.opts.max_open_files.min(hard_nofile)),
                 Rlimit::Fsize(self.opts.max_file_bytes),
                 Rlimit::Core(0),
+                Rlimit::Nproc(self.opts.max_processes),
             ],
             tmpfs_bytes: self.opts.tmpfs_bytes,
             limits: spec.limits.clone(),

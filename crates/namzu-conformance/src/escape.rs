@@ -1,0 +1,243 @@
+//! The escape suite: concrete attempts to get out of a sandbox, made from
+//! inside by the static `namzu-escape` binary, against targets this process
+//! plants on the host. Every attempt must fail. Tier-agnostic: a backend
+//! passes a factory, as for the conformance suite.
+
+use std::io::Read;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use namzu::{Error, ExecRequest, Sandbox, SandboxSpec, WriteOptions};
+
+use crate::util::Ctx;
+use crate::{ensure, Factory, Outcome};
+
+/// Finds `namzu-escape` beside the running test binary (`cargo build
+/// --workspace --bins`) or at `NAMZU_ESCAPE_BIN`.
+pub fn escape_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("NAMZU_ESCAPE_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe().ctx("current_exe")?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let p = dir.join("namzu-escape");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err("namzu-escape not built (cargo build --workspace --bins)".into())
+}
+
+/// Copies the escape binary into the sandbox's workspace.
+pub async fn install(sb: &Arc<dyn Sandbox>) -> Outcome {
+    let bin = std::fs::read(escape_binary()?).ctx("read namzu-escape")?;
+    let opts = WriteOptions {
+        mode: Some(0o755),
+        ..Default::default()
+    };
+    sb.write_file(Path::new("escape"), Bytes::from(bin), opts)
+        .await
+        .ctx("install namzu-escape")?;
+    Ok(())
+}
+
+/// Runs every attempt; returns (attempted, escaped lines).
+pub async fn run_attempts(factory: &Factory) -> Result<(usize, Vec<String>), String> {
+    let host = tempfile::tempdir().ctx("tempdir")?;
+    let secret = host.path().join("secret");
+    std::fs::write(&secret, b"the host's secret").ctx("plant secret")?;
+    use std::os::unix::fs::PermissionsExt;
+    // World-readable on purpose: only the boundary may keep it out.
+    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755)).ctx("chmod")?;
+
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").ctx("tcp listener")?;
+    let port = tcp.local_addr().ctx("addr")?.port();
+    tcp.set_nonblocking(true).ctx("nonblocking")?;
+    let unix_path = host.path().join("host.sock");
+    let _unix = UnixListener::bind(&unix_path).ctx("unix listener")?;
+    let abstract_name = format!("namzu-escape-{}", std::process::id());
+    let _abstract = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).ctx("abstract")?;
+        UnixListener::bind_addr(&addr).ctx("abstract listener")?
+    };
+    let marker = format!("namzu-escape-marker-{}", std::process::id());
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg0(&marker)
+        .arg("300")
+        .spawn()
+        .ctx("host sleeper")?;
+    let host_pid = sleeper.id().to_string();
+
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let result = crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| {
+        let (secret, host_path) = (secret.clone(), host.path().to_path_buf());
+        let (unix_path, abstract_name, marker, host_pid) = (
+            unix_path.clone(),
+            abstract_name.clone(),
+            marker.clone(),
+            host_pid.clone(),
+        );
+        async move {
+            install(&sb).await?;
+            let req = ExecRequest::new("./escape").args([
+                "--secret".into(),
+                secret.display().to_string(),
+                "--host-path".into(),
+                host_path.display().to_string(),
+                "--tcp".into(),
+                port.to_string(),
+                "--unix".into(),
+                unix_path.display().to_string(),
+                "--abstract".into(),
+                abstract_name,
+                "--host-pid".into(),
+                host_pid,
+                "--marker".into(),
+                marker,
+            ]);
+            let out = sb.exec(req).await.ctx("run namzu-escape")?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            ensure!(out.status.success(), "namzu-escape failed: {:?}\n{text}", out.status);
+            // The agent outlived every attempt on it.
+            ensure!(
+                sb.exec(ExecRequest::new("true"))
+                    .await
+                    .ctx("agent after the attempts")?
+                    .status
+                    .success(),
+                "agent down"
+            );
+            Ok(text)
+        }
+    })
+    .await;
+    let text = result?;
+    while let Ok((_, _)) = tcp.accept() {
+        accepted.fetch_add(1, Ordering::SeqCst);
+    }
+    let sleeper_alive = sleeper.try_wait().ctx("sleeper")?.is_none();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let mut escaped: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(": ESCAPED"))
+        .map(String::from)
+        .collect();
+    if accepted.load(Ordering::SeqCst) > 0 {
+        escaped.push("attempt reach the host TCP server: ESCAPED (the listener accepted a connection)".into());
+    }
+    if !sleeper_alive {
+        escaped.push("attempt signal a host process: ESCAPED (the host process died)".into());
+    }
+    let mut s = String::new();
+    std::fs::File::open(&secret)
+        .and_then(|mut f| f.read_to_string(&mut s))
+        .ctx("secret")?;
+    if s != "the host's secret" {
+        escaped.push("attempt alter the host secret: ESCAPED".into());
+    }
+    let attempted = text.lines().filter(|l| l.starts_with("attempt ")).count();
+    Ok((attempted, escaped))
+}
+
+/// Parses `forked N before: ...` / `wrote N bytes before: ...`.
+fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// A fork bomb stops at the sandbox's process limit; the host can still
+/// fork, and the agent still serves.
+pub async fn fork_bomb_is_contained(factory: &Factory, limit: u64) -> Outcome {
+    crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
+        install(&sb).await?;
+        let out = sb
+            .exec(ExecRequest::new("./escape").arg("--fork-bomb").arg("100000"))
+            .await
+            .ctx("fork bomb")?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let n = number_after(&text, "forked ").ok_or(format!("no report: {text}"))?;
+        ensure!(n < limit, "forked {n} processes, limit {limit}: {text}");
+        ensure!(
+            text.contains("Resource temporarily unavailable"),
+            "stopped for another reason: {text}"
+        );
+        let host = std::process::Command::new("true")
+            .status()
+            .ctx("host fork during the bomb")?;
+        ensure!(host.success(), "host could not fork");
+        ensure!(
+            sb.exec(ExecRequest::new("true"))
+                .await
+                .ctx("agent after the bomb")?
+                .status
+                .success(),
+            "agent down"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Writes stop at the tmpfs size in /tmp and at the file-size limit in the
+/// workspace.
+pub async fn disk_fill_is_bounded(factory: &Factory, tmpfs_bytes: u64, max_file_bytes: u64) -> Outcome {
+    crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
+        install(&sb).await?;
+        for (path, bound, why) in [
+            ("/tmp/fill", tmpfs_bytes, "No space left on device"),
+            ("/workspace/fill", max_file_bytes, "File too large"),
+        ] {
+            let out = sb
+                .exec(ExecRequest::new("./escape").arg("--disk-fill").arg(path))
+                .await
+                .ctx("disk fill")?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let n = number_after(&text, "wrote ").ok_or(format!("no report: {text}"))?;
+            ensure!(n <= bound, "{path}: wrote {n} bytes past the bound {bound}");
+            ensure!(text.contains(why), "{path}: stopped by something else: {text}");
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// While a command swaps a workspace directory for a symlink pointing out
+/// of the workspace, host writes through the agent land inside or fail —
+/// never outside.
+pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
+    crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
+        ensure!(
+            sb.exec(ExecRequest::shell("mkdir -p race /tmp/outside")).await.ctx("setup")?.status.success(),
+            "setup"
+        );
+        let racer = {
+            let sb = sb.clone();
+            tokio::spawn(async move {
+                let script = "i=0; while [ $i -lt 3000 ]; do mv race race.d && ln -s /tmp/outside race && rm race && mv race.d race; i=$((i+1)); done";
+                sb.exec(ExecRequest::shell(script)).await
+            })
+        };
+        let (mut inside, mut refused) = (0, 0);
+        for i in 0..300 {
+            match sb.write_file(Path::new(&format!("race/f{i}")), Bytes::from_static(b"x"), WriteOptions::default()).await {
+                Ok(_) => inside += 1,
+                Err(Error::PathEscape { .. } | Error::NotFound { .. } | Error::NotADirectory { .. }) => refused += 1,
+                Err(e) => return Err(format!("write {i}: {e}")),
+            }
+        }
+        racer.await.ctx("racer")?.ctx("racer exec")?;
+        let out = sb.exec(ExecRequest::shell("ls /tmp/outside | wc -l")).await.ctx("count")?;
+        let leaked = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        ensure!(leaked == "0", "{leaked} writes landed outside the workspace ({inside} ok, {refused} refused)");
+        Ok(())
+    })
+    .await
+}

@@ -1,0 +1,147 @@
+//! The escape suite on the `local` tier. Every attempt must fail; the
+//! summary line `escape suite (local): N attempted, 0 succeeded` is printed
+//! for CI. Needs the workspace binaries built (`cargo build --workspace
+//! --bins`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use libtest_mimic::{Arguments, Failed, Trial};
+use namzu::backend::local::{LocalOptions, LocalProvider, UID_BASE};
+use namzu::{ExecRequest, Provider};
+use namzu_conformance::{escape, Factory};
+
+const TMPFS: u64 = 32 << 20;
+const MAX_FILE: u64 = 64 << 20;
+const MAX_PROCS: u64 = 256;
+
+fn factory(opts: LocalOptions) -> Factory {
+    let state: PathBuf = std::env::temp_dir().join(format!("namzu-escape-local-{}", std::process::id()));
+    let provider = Arc::new(LocalProvider::new(state).map(|p| p.options(opts)));
+    Arc::new(move |spec| {
+        let provider = provider.clone();
+        Box::pin(async move {
+            match provider.as_ref() {
+                Ok(p) => p.create(spec).await,
+                Err(e) => Err(namzu::Error::AgentStart {
+                    id: String::new(),
+                    reason: e.to_string(),
+                }),
+            }
+        })
+    })
+}
+
+fn trial(
+    name: &'static str,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> + Send + 'static,
+) -> Trial {
+    Trial::test(name, move || {
+        let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
+        rt.block_on(f()).map_err(Failed::from)
+    })
+}
+
+async fn attempts() -> Result<(), String> {
+    let f = factory(LocalOptions::default());
+    let (attempted, escaped) = escape::run_attempts(&f).await?;
+    println!(
+        "escape suite (local): {attempted} attempted, {} succeeded",
+        escaped.len()
+    );
+    for e in &escaped {
+        println!("  {e}");
+    }
+    if attempted < 40 {
+        return Err(format!("only {attempted} attempts ran"));
+    }
+    if !escaped.is_empty() {
+        return Err(format!("{} escapes succeeded", escaped.len()));
+    }
+    Ok(())
+}
+
+/// The sandbox's processes, seen from the host, hold no host root and no
+/// capabilities.
+async fn unprivileged_on_the_host() -> Result<(), String> {
+    let f = factory(LocalOptions::default());
+    namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
+        let mut s = sb
+            .exec_stream(ExecRequest::shell("echo go; exec sleep 7.1234"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = s.next().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let euid = nix::unistd::geteuid().as_raw();
+        let mut seen = 0;
+        for e in std::fs::read_dir("/proc").map_err(|e| e.to_string())?.flatten() {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if cmd != b"sleep\x007.1234\x00" {
+                continue;
+            }
+            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+            for line in status.lines() {
+                if let Some(ids) = line.strip_prefix("Uid:").or(line.strip_prefix("Gid:")) {
+                    for id in ids.split_whitespace() {
+                        let id: u32 = id.parse().map_err(|_| format!("bad id line {line}"))?;
+                        let ok = if euid == 0 {
+                            id >= UID_BASE
+                        } else {
+                            id == euid || line.starts_with("Gid:")
+                        };
+                        if !ok {
+                            return Err(format!("sandbox process runs as host id {id} ({line})"));
+                        }
+                    }
+                }
+                if let Some(v) = line.strip_prefix("CapEff:") {
+                    if v.trim().bytes().any(|b| b != b'0') {
+                        return Err(format!("sandbox process has host capabilities {v}"));
+                    }
+                }
+            }
+            seen += 1;
+        }
+        if seen != 1 {
+            return Err(format!("found {seen} matching host processes"));
+        }
+        drop(s);
+        Ok(())
+    })
+    .await
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let trials = vec![
+        trial("escape_attempts_all_fail", || Box::pin(attempts())),
+        trial("fork_bomb_is_contained", || {
+            Box::pin(async {
+                let f = factory(LocalOptions {
+                    max_processes: MAX_PROCS,
+                    ..Default::default()
+                });
+                escape::fork_bomb_is_contained(&f, MAX_PROCS).await
+            })
+        }),
+        trial("disk_fill_is_bounded", || {
+            Box::pin(async {
+                let f = factory(LocalOptions {
+                    tmpfs_bytes: TMPFS,
+                    max_file_bytes: MAX_FILE,
+                    ..Default::default()
+                });
+                escape::disk_fill_is_bounded(&f, TMPFS, MAX_FILE).await
+            })
+        }),
+        trial("symlink_race_on_the_workspace", || {
+            Box::pin(async { escape::symlink_race_on_the_workspace(&factory(LocalOptions::default())).await })
+        }),
+        trial("sandbox_processes_are_unprivileged_on_the_host", || {
+            Box::pin(unprivileged_on_the_host())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
