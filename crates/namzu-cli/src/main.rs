@@ -58,14 +58,14 @@ enum Cmd {
     /// Create a sandbox, run one command in it, destroy it.
     Run {
         /// Isolation tier.
-        #[arg(long, default_value = "host")]
+        #[arg(long, default_value = "local")]
         tier: Tier,
         #[command(flatten)]
         exec: ExecArgs,
     },
     /// Create a sandbox that outlives this process; prints its id.
     Create {
-        #[arg(long, default_value = "host")]
+        #[arg(long, default_value = "local")]
         tier: Tier,
         /// KEY=VALUE in every command's environment (repeatable).
         #[arg(long = "env", short = 'e', value_parser = parse_kv)]
@@ -81,6 +81,12 @@ enum Cmd {
     Cp { src: String, dst: String },
     /// List sandboxes.
     Ls,
+    /// Remove sandboxes whose agent died, and their leftovers.
+    Gc {
+        /// Only this tier (default: every tier with local state).
+        #[arg(long)]
+        tier: Option<Tier>,
+    },
     /// Destroy sandboxes.
     Rm {
         #[arg(required = true)]
@@ -224,6 +230,18 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                 for s in provider(&cli.state_dir, tier)?.list().await? {
                     let state = if s.alive { "up" } else { "dead" };
                     println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Gc { tier } => {
+            let tiers: Vec<Tier> = match tier {
+                Some(t) => vec![t],
+                None => STATE_TIERS.to_vec(),
+            };
+            for t in tiers {
+                for id in provider(&cli.state_dir, t)?.gc().await? {
+                    println!("{id}");
                 }
             }
             Ok(ExitCode::SUCCESS)

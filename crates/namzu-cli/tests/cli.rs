@@ -25,25 +25,18 @@ fn stderr_lines(o: &Output) -> Vec<String> {
 #[test]
 fn run_streams_output_and_exits_with_the_command_code() {
     let st = tempfile::tempdir().unwrap();
-    let o = namzu(
-        st.path(),
-        &[
-            "run",
-            "--env",
-            "A=1",
-            "--",
-            "sh",
-            "-c",
-            "echo out$A; echo err >&2; exit 7",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(7));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "out1\n");
-    assert_eq!(stderr_lines(&o), ["err"]);
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("isolates NOTHING"),
-        "host tier must warn"
-    );
+    for tier in ["local", "host"] {
+        let script = "echo out$A; echo err >&2; exit 7";
+        let o = namzu(
+            st.path(),
+            &["run", "--tier", tier, "--env", "A=1", "--", "sh", "-c", script],
+        );
+        assert_eq!(o.status.code(), Some(7), "{tier}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "out1\n", "{tier}");
+        assert_eq!(stderr_lines(&o), ["err"], "{tier}");
+        let warned = String::from_utf8_lossy(&o.stderr).contains("isolates NOTHING");
+        assert_eq!(warned, tier == "host", "only the host tier warns ({tier})");
+    }
     // The sandbox is gone afterwards.
     let ls = namzu(st.path(), &["ls"]);
     assert_eq!(
@@ -104,22 +97,9 @@ fn sandboxes_outlive_the_cli_and_files_copy_both_ways() {
 #[test]
 fn dead_sandbox_unknown_id_and_bad_flags_give_one_line() {
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(st.path().join("host").join(&id).join("meta.json")).unwrap()).unwrap();
-    let pid = meta["pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
-    assert_eq!(o.status.code(), Some(125));
-    assert_eq!(
-        stderr_lines(&o),
-        [format!("namzu: sandbox {id} is not running (its agent is gone)")]
-    );
-    assert!(namzu(st.path(), &["rm", &id]).status.success(), "rm of a dead sandbox");
-
+    for tier in ["local", "host"] {
+        dead_sandbox_is_reported(st.path(), tier);
+    }
     let o = namzu(st.path(), &["exec", "sb-deadbeef", "--", "true"]);
     assert_eq!(stderr_lines(&o), ["namzu: no sandbox with id sb-deadbeef"]);
     let o = namzu(st.path(), &["run", "--bogus", "--", "true"]);
@@ -130,6 +110,55 @@ fn dead_sandbox_unknown_id_and_bad_flags_give_one_line() {
     let o = namzu(st.path(), &["run", "--tier", "docker", "--", "true"]);
     assert_eq!(o.status.code(), Some(125));
     assert_eq!(stderr_lines(&o).len(), 1);
+}
+
+/// Kills a sandbox's anchor process behind namzu's back, then checks that
+/// exec says so in one line and rm still cleans up.
+fn dead_sandbox_is_reported(st: &Path, tier: &str) {
+    let id = String::from_utf8_lossy(&namzu(st, &["create", "--tier", tier]).stdout)
+        .trim()
+        .to_owned();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(st.join(tier).join(&id).join("meta.json")).unwrap()).unwrap();
+    let pid = meta["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let o = namzu(st, &["exec", &id, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{tier}");
+    assert_eq!(
+        stderr_lines(&o),
+        [format!("namzu: sandbox {id} is not running (its agent is gone)")],
+        "{tier}"
+    );
+    assert!(namzu(st, &["rm", &id]).status.success(), "rm of a dead {tier} sandbox");
+    assert!(!st.join(tier).join(&id).exists(), "rm left the {tier} state behind");
+}
+
+#[test]
+fn gc_removes_dead_sandboxes_and_keeps_live_ones() {
+    let st = tempfile::tempdir().unwrap();
+    let create = |tier| {
+        String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", tier]).stdout)
+            .trim()
+            .to_owned()
+    };
+    let (live, dead) = (create("local"), create("local"));
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(st.path().join("local").join(&dead).join("meta.json")).unwrap()).unwrap();
+    let pid = meta["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let o = namzu(st.path(), &["gc"]);
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), dead);
+    assert!(!st.path().join("local").join(&dead).exists());
+    let o = namzu(st.path(), &["exec", &live, "--", "true"]);
+    assert!(o.status.success(), "gc touched a live sandbox");
+    if nix::unistd::geteuid().is_root() {
+        let claims = std::fs::read_dir(st.path().join("local/.uids")).unwrap().count();
+        assert_eq!(claims, 1, "the dead sandbox's id range was not released");
+    }
+    assert!(namzu(st.path(), &["rm", &live]).status.success());
 }
 
 #[test]

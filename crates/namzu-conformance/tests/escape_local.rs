@@ -113,6 +113,47 @@ async fn unprivileged_on_the_host() -> Result<(), String> {
     .await
 }
 
+/// Host pids whose command line is exactly `cmd` (NUL-separated).
+fn host_pids(cmd: &[u8]) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == cmd))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A process that detached itself (own session, reparented) still dies
+/// with the sandbox.
+async fn destroy_kills_every_process() -> Result<(), String> {
+    let f = factory(LocalOptions::default());
+    let sb = f(Default::default()).await.map_err(|e| e.to_string())?;
+    let out = sb
+        .exec(ExecRequest::shell(
+            "setsid sleep 3141.5 >/dev/null 2>&1 < /dev/null & echo started",
+        ))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("setup: {:?}", out.status));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cmd = b"sleep\x003141.5\x00";
+    if host_pids(cmd).len() != 1 {
+        return Err(format!("detached process not found on the host: {:?}", host_pids(cmd)));
+    }
+    sb.destroy().await.map_err(|e| e.to_string())?;
+    for _ in 0..100 {
+        if host_pids(cmd).is_empty() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("processes outlived the sandbox: {:?}", host_pids(cmd)))
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
@@ -142,6 +183,10 @@ fn main() -> std::process::ExitCode {
         trial("sandbox_processes_are_unprivileged_on_the_host", || {
             Box::pin(unprivileged_on_the_host())
         }),
+        trial(
+            "destroy_kills_every_process",
+            || Box::pin(destroy_kills_every_process()),
+        ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

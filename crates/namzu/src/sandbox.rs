@@ -149,4 +149,17 @@ pub trait Provider: Send + Sync {
     async fn list(&self) -> Result<Vec<SandboxInfo>>;
     /// Destroys a sandbox by id, whether or not it is still alive.
     async fn destroy(&self, id: &str) -> Result<()>;
+
+    /// Removes every sandbox whose agent is gone, with its leftovers.
+    /// Returns the ids removed.
+    async fn gc(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for s in self.list().await? {
+            if !s.alive {
+                self.destroy(&s.id).await?;
+                removed.push(s.id);
+            }
+        }
+        Ok(removed)
+    }
 }

@@ -323,6 +323,28 @@ impl Provider for LocalProvider {
         self.state.list()
     }
 
+    async fn gc(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for s in self.state.list()? {
+            if !s.alive {
+                self.destroy(&s.id).await?;
+                removed.push(s.id);
+            }
+        }
+        // Id-range claims whose sandbox directory is gone (a host that died
+        // mid-create) are released too.
+        if let Ok(rd) = std::fs::read_dir(self.slots_dir()) {
+            for e in rd.flatten() {
+                let owner = std::fs::read_to_string(e.path()).unwrap_or_default();
+                let gone = self.state.dir(owner.trim()).map_or(true, |d| !d.exists());
+                if gone {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         if let Some(meta) = self.state.stop(id).await? {
             if let Some(slot) = meta.uid_slot {

@@ -1,0 +1,88 @@
+//! `namzu run` on the `local` tier as an ordinary user: the sandbox's root
+//! is that user, alone (a single-id map), with no capabilities. When the
+//! tests run as root (CI), an ordinary user is created for this.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+const USER: &str = "namzu-ci";
+
+/// Runs `args` as an ordinary user; returns (uid, output).
+fn as_ordinary_user(bin_dir: &Path, state: &Path, args: &[&str]) -> (u32, std::process::Output) {
+    let namzu = bin_dir.join("namzu");
+    if !nix::unistd::geteuid().is_root() {
+        let out = Command::new(&namzu)
+            .args(args)
+            .env("NAMZU_STATE_DIR", state)
+            .output()
+            .unwrap();
+        return (nix::unistd::geteuid().as_raw(), out);
+    }
+    if Command::new("id")
+        .arg(USER)
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        let st = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/bin/sh", USER])
+            .status()
+            .unwrap();
+        assert!(st.success(), "useradd failed");
+    }
+    let uid: u32 = String::from_utf8(Command::new("id").args(["-u", USER]).output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::unistd::chown(state, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    let out = Command::new("runuser")
+        .args(["-u", USER, "--", "env", &format!("NAMZU_STATE_DIR={}", state.display())])
+        .arg(&namzu)
+        .args(args)
+        .output()
+        .unwrap();
+    (uid, out)
+}
+
+#[test]
+fn local_tier_works_for_an_ordinary_user_with_a_single_id_map() {
+    // The binaries go where any user can run them (the build tree may sit
+    // under a private home).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let built = Path::new(env!("CARGO_BIN_EXE_namzu"));
+    for name in ["namzu", "namzu-agent"] {
+        let dst = dir.path().join(name);
+        std::fs::copy(built.with_file_name(name), &dst).unwrap();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let script = "id -u; cat /proc/self/uid_map; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; touch /workspace/x && echo wrote";
+    let (uid, out) = as_ordinary_user(
+        dir.path(),
+        &state,
+        &["run", "--tier", "local", "--", "sh", "-c", script],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["0"], "root inside: {stdout}");
+    assert_eq!(
+        lines[1],
+        ["0", &uid.to_string(), "1"],
+        "a single-id map onto the user: {stdout}"
+    );
+    assert_eq!(lines[2], ["CapEff:", "0000000000000000"], "{stdout}");
+    assert_eq!(lines[3], ["NoNewPrivs:", "1"], "{stdout}");
+    assert_eq!(lines[4], ["wrote"], "{stdout}");
+}
