@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Builds release binaries and prints namzu's figures next to the direct
-# alternative on this machine. Not a test: nothing here gates anything.
+# alternative on this machine (bwrap, unshare, fork+exec, a raw socket
+# copy). Not a test: nothing here gates anything. Installs bubblewrap for the
+# comparison when it is missing and we may (root with apt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || true
+fi
 cargo build --release --locked --bins
 exec ./target/x86_64-unknown-linux-gnu/release/namzu-bench "$@"

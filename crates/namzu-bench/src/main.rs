@@ -1,12 +1,18 @@
 //! Measures namzu next to what a user would do without it, on this machine,
-//! in one run, and prints a table of ratios. Never part of the tests: these
+//! in one run, and prints tables of ratios. Never part of the tests: these
 //! machines are shared and noisy, so figures are reported, not asserted.
 //!
+//! Host tier (the spine):
 //! * exec round trip of `true` on a live sandbox vs fork+exec of `true`;
 //! * 1 GiB written into a sandbox (atomic, fsynced) vs the same bytes over a
 //!   raw unix socket into a file, fsynced;
 //! * 1 GiB streamed out of a sandbox vs a file sent over a raw unix socket;
 //! * the agent's idle resident memory.
+//!
+//! Local tier (namespaces):
+//! * create + first `exec true` vs `bwrap … true` and `unshare … true`;
+//! * exec round trip of `true` vs fork+exec on the host;
+//! * host memory (PSS) of 100 idle sandboxes.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -14,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use namzu::backend::host::HostProvider;
-use namzu::{ExecRequest, Provider, SandboxSpec, WriteOptions};
+use namzu::backend::local::LocalProvider;
+use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
 const GIB: u64 = 1 << 30;
@@ -27,6 +34,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 fn fmt_dur(d: Duration) -> String {
     if d < Duration::from_millis(10) {
         format!("{:.0} µs", d.as_secs_f64() * 1e6)
+    } else if d < Duration::from_secs(1) {
+        format!("{:.1} ms", d.as_secs_f64() * 1e3)
     } else {
         format!("{:.2} s", d.as_secs_f64())
     }
@@ -34,6 +43,10 @@ fn fmt_dur(d: Duration) -> String {
 
 fn rate(d: Duration) -> String {
     format!("{:.0} MiB/s", (GIB as f64 / (1 << 20) as f64) / d.as_secs_f64())
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
 }
 
 /// A raw copy of `len` zero bytes over a unix socket into `dst`, fsynced.
@@ -72,19 +85,8 @@ fn raw_socket_read(src: &Path) -> std::io::Result<Duration> {
     Ok(t0.elapsed())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let iters: usize = std::env::var("NAMZU_BENCH_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let state = tempfile::tempdir()?;
-    let provider = HostProvider::new(state.path())?;
-    let sb = provider.create(SandboxSpec::default()).await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let idle = sb.agent().health().await?;
-
-    // Warm both paths.
+/// Median exec round trip of `true` in `sb`, and of fork+exec on the host.
+async fn exec_rtt(sb: &dyn Sandbox, iters: usize) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
     for _ in 0..20 {
         sb.exec(ExecRequest::new("true")).await?;
         std::process::Command::new("true").status()?;
@@ -101,7 +103,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::Command::new("true").status()?;
         host.push(t.elapsed());
     }
-    let (exec_ns, exec_host) = (median(ns), median(host));
+    Ok((median(ns), median(host)))
+}
+
+async fn host_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let provider = HostProvider::new(state.path())?;
+    let sb = provider.create(SandboxSpec::default()).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let idle = sb.agent().health().await?;
+    let (exec_ns, exec_host) = exec_rtt(sb.as_ref(), iters).await?;
 
     let t = Instant::now();
     let zeros = tokio::io::repeat(0).take(GIB);
@@ -123,36 +134,193 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let after = sb.agent().health().await?;
     sb.destroy().await?;
 
-    println!("namzu benchmark (host tier, release build, {iters} exec iterations, medians)");
+    println!("## host tier (spine), {iters} exec iterations, medians");
     println!();
     println!("| what | namzu | alternative | alternative is | ratio |");
     println!("|---|---|---|---|---|");
     println!(
-        "| exec `true`, round trip | {} | {} | fork+exec on the host | {:.1}x |",
+        "| exec `true`, round trip | {} | {} | fork+exec on the host | {} |",
         fmt_dur(exec_ns),
         fmt_dur(exec_host),
-        exec_ns.as_secs_f64() / exec_host.as_secs_f64()
+        ratio(exec_ns, exec_host)
     );
     println!(
-        "| write 1 GiB (atomic, fsynced) | {} ({}) | {} ({}) | raw unix-socket copy into a file + fsync | {:.2}x |",
+        "| write 1 GiB (atomic, fsynced) | {} ({}) | {} ({}) | raw unix-socket copy into a file + fsync | {} |",
         fmt_dur(write_ns),
         rate(write_ns),
         fmt_dur(write_raw),
         rate(write_raw),
-        write_ns.as_secs_f64() / write_raw.as_secs_f64()
+        ratio(write_ns, write_raw)
     );
     println!(
-        "| read 1 GiB (streamed) | {} ({}) | {} ({}) | raw unix-socket send of the file | {:.2}x |",
+        "| read 1 GiB (streamed) | {} ({}) | {} ({}) | raw unix-socket send of the file | {} |",
         fmt_dur(read_ns),
         rate(read_ns),
         fmt_dur(read_raw),
         rate(read_raw),
-        read_ns.as_secs_f64() / read_raw.as_secs_f64()
+        ratio(read_ns, read_raw)
     );
     println!(
         "| agent RSS | idle {} KiB, peak after 2 GiB moved {} KiB | | | |",
         idle.rss_bytes >> 10,
         after.peak_rss_bytes >> 10
     );
+    println!();
+    Ok(())
+}
+
+/// Median wall time of running a whole command line.
+fn time_command(argv: &[&str], iters: usize) -> Option<Duration> {
+    let mut v = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let st = std::process::Command::new(argv[0]).args(&argv[1..]).status().ok()?;
+        if !st.success() {
+            return None;
+        }
+        v.push(t.elapsed());
+    }
+    Some(median(v))
+}
+
+/// PSS of `pid` and all its descendants, in KiB.
+fn tree_pss_kib(pid: u32) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![pid];
+    while let Some(p) = stack.pop() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")) {
+            total += s
+                .lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(ch) = std::fs::read_to_string(t.path().join("children")) {
+                    stack.extend(ch.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+                }
+            }
+        }
+    }
+    total
+}
+
+async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let provider = LocalProvider::new(state.path())?;
+    let n = iters.min(50);
+    let mut creates = Vec::with_capacity(n);
+    let mut destroys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let sb = provider.create(SandboxSpec::default()).await?;
+        sb.exec(ExecRequest::new("true")).await?;
+        creates.push(t.elapsed());
+        let t = Instant::now();
+        sb.destroy().await?;
+        destroys.push(t.elapsed());
+    }
+    let create = median(creates);
+    let destroy = median(destroys);
+    let bwrap = time_command(
+        &[
+            "bwrap",
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "true",
+        ],
+        n,
+    );
+    let unshare = time_command(
+        &[
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--mount",
+            "--net",
+            "--ipc",
+            "--uts",
+            "true",
+        ],
+        n,
+    );
+
+    let sb = provider.create(SandboxSpec::default()).await?;
+    let (exec_ns, exec_host) = exec_rtt(sb.as_ref(), iters).await?;
+    sb.destroy().await?;
+
+    let mut idle = Vec::with_capacity(100);
+    for _ in 0..100 {
+        idle.push(provider.create(SandboxSpec::default()).await?);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut pss = 0;
+    for info in provider.list().await? {
+        let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(
+            state.path().join("local").join(&info.id).join("meta.json"),
+        )?)?;
+        pss += tree_pss_kib(meta["pid"].as_u64().unwrap_or(0) as u32);
+    }
+    for sb in idle {
+        sb.destroy().await?;
+    }
+
+    println!("## local tier (namespaces, seccomp, landlock), medians");
+    println!();
+    println!("| what | namzu | alternative | ratio |");
+    println!("|---|---|---|---|");
+    let alt = |name: &str, d: Option<Duration>| match d {
+        Some(d) => println!(
+            "| create + first `exec true` | {} | {name}: {} | {} |",
+            fmt_dur(create),
+            fmt_dur(d),
+            ratio(create, d)
+        ),
+        None => println!(
+            "| create + first `exec true` | {} | {name}: not installed or failed | |",
+            fmt_dur(create)
+        ),
+    };
+    alt("`bwrap --unshare-all … true`", bwrap);
+    alt(
+        "`unshare --user --map-root-user --pid --fork --mount --net --ipc --uts true`",
+        unshare,
+    );
+    println!("| destroy | {} | | |", fmt_dur(destroy));
+    println!(
+        "| exec `true`, round trip, live sandbox | {} | fork+exec on the host: {} | {} |",
+        fmt_dur(exec_ns),
+        fmt_dur(exec_host),
+        ratio(exec_ns, exec_host)
+    );
+    println!(
+        "| host memory of 100 idle sandboxes (PSS, launcher + init + agent) | {} MiB ({} KiB each) | | |",
+        pss >> 10,
+        pss / 100
+    );
+    println!();
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let iters: usize = std::env::var("NAMZU_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    println!("# namzu benchmark (release build)");
+    println!();
+    local_tier(iters).await?;
+    host_tier(iters).await?;
     Ok(())
 }

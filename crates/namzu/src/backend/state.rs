@@ -180,7 +180,7 @@ impl StateDir {
             let _ = kill(pid, Signal::SIGTERM);
             let deadline = Instant::now() + STOP_TIMEOUT;
             while alive(meta.pid, &dir) && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
             if alive(meta.pid, &dir) {
                 tracing::warn!(%id, "sandbox ignored SIGTERM; killing it");
@@ -240,7 +240,7 @@ pub(crate) async fn wait_for_agent(
         match state.attach(dir, id, opts).await {
             Ok(c) => return Ok(c),
             Err(Error::Connect { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(5)).await
+                tokio::time::sleep(Duration::from_millis(1)).await
             }
             Err(e) => {
                 let _ = child.start_kill();
