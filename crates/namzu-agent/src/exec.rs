@@ -440,12 +440,23 @@ impl Execs {
         cmd.stdout(Stdio::piped());
         cmd.stderr(Stdio::piped());
         #[allow(unsafe_code)]
-        // SAFETY: `setsid` is async-signal-safe and touches no memory of the
-        // parent; it is the only thing run between fork and exec. It gives the
-        // command its own session and process group, so a kill of the group
-        // reaches everything it started and nothing of the agent.
+        // SAFETY: only async-signal-safe syscalls run between fork and exec
+        // (setsid, open, write, close) on no memory but a static string.
+        // setsid gives the command its own session and process group, so a
+        // kill of the group reaches everything it started and nothing of
+        // the agent.
         unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)?;
+                // Under memory pressure the command, not the agent, is the
+                // one to go. Raising one's own score needs no privilege;
+                // opening a C-string literal with rustix does not allocate.
+                let adj = c"/proc/self/oom_score_adj";
+                if let Ok(fd) = rustix::fs::open(adj, rustix::fs::OFlags::WRONLY, rustix::fs::Mode::empty()) {
+                    let _ = rustix::io::write(&fd, b"1000");
+                }
+                Ok(())
+            });
         }
         Ok(cmd)
     }

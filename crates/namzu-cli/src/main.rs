@@ -53,6 +53,54 @@ struct ExecArgs {
     command: Vec<OsString>,
 }
 
+/// Resource limits of a new sandbox (cgroups; `local` only).
+#[derive(clap::Args, Clone, Default)]
+struct ResourceArgs {
+    /// Memory limit, e.g. 512m or 2g.
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// CPU limit in CPUs, e.g. 0.5.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Process limit.
+    #[arg(long)]
+    pids: Option<u64>,
+}
+
+impl ResourceArgs {
+    fn spec(&self, env: Vec<(String, String)>) -> SandboxSpec {
+        SandboxSpec {
+            env,
+            resources: namzu::Resources {
+                memory_bytes: self.memory,
+                cpus: self.cpus,
+                pids: self.pids,
+            },
+            ..Default::default()
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (t.as_str(), 1u64),
+        Some((i, _)) => {
+            let mul = match &t[i..] {
+                "k" | "kb" | "kib" => 1 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                other => return Err(format!("unknown size unit {other:?} (use k, m or g)")),
+            };
+            (&t[..i], mul)
+        }
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| format!("invalid size {s:?}"))
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Create a sandbox, run one command in it, destroy it.
@@ -60,6 +108,8 @@ enum Cmd {
         /// Isolation tier.
         #[arg(long, default_value = "local")]
         tier: Tier,
+        #[command(flatten)]
+        resources: ResourceArgs,
         #[command(flatten)]
         exec: ExecArgs,
     },
@@ -70,6 +120,8 @@ enum Cmd {
         /// KEY=VALUE in every command's environment (repeatable).
         #[arg(long = "env", short = 'e', value_parser = parse_kv)]
         env: Vec<(String, String)>,
+        #[command(flatten)]
+        resources: ResourceArgs,
     },
     /// Run a command in an existing sandbox.
     Exec {
@@ -187,25 +239,20 @@ fn warn_host(tier: Tier) {
 
 async fn run(cli: Cli) -> Result<ExitCode, Fail> {
     match cli.cmd {
-        Cmd::Run { tier, exec } => {
+        Cmd::Run { tier, resources, exec } => {
             let p = provider(&cli.state_dir, tier)?;
             warn_host(tier);
-            let sb = p.create(SandboxSpec::default()).await?;
+            let sb = p.create(resources.spec(Vec::new())).await?;
             let result = run_command(sb.as_ref(), exec).await;
             let destroyed = sb.destroy().await;
             let code = result?;
             destroyed?;
             Ok(code)
         }
-        Cmd::Create { tier, env } => {
+        Cmd::Create { tier, env, resources } => {
             let p = provider(&cli.state_dir, tier)?;
             warn_host(tier);
-            let sb = p
-                .create(SandboxSpec {
-                    env,
-                    ..Default::default()
-                })
-                .await?;
+            let sb = p.create(resources.spec(env)).await?;
             println!("{}", sb.id());
             Ok(ExitCode::SUCCESS)
         }

@@ -86,3 +86,28 @@ fn local_tier_works_for_an_ordinary_user_with_a_single_id_map() {
     assert_eq!(lines[3], ["NoNewPrivs:", "1"], "{stdout}");
     assert_eq!(lines[4], ["wrote"], "{stdout}");
 }
+
+#[test]
+fn cgroup_limits_an_ordinary_user_cannot_apply_are_refused_by_name() {
+    if !nix::unistd::geteuid().is_root()
+        && std::fs::metadata("/sys/fs/cgroup/memory").is_ok_and(|m| !m.permissions().readonly())
+    {
+        // A delegated hierarchy might make this work; the root case is
+        // covered by the escape suite.
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let built = Path::new(env!("CARGO_BIN_EXE_namzu"));
+    for name in ["namzu", "namzu-agent"] {
+        let dst = dir.path().join(name);
+        std::fs::copy(built.with_file_name(name), &dst).unwrap();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let (_, out) = as_ordinary_user(dir.path(), &state, &["run", "--memory", "64m", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("resources.memory_bytes"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -241,3 +241,86 @@ pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
     })
     .await
 }
+
+/// A memory hog is killed at the memory limit; the agent survives and
+/// reports which cgroup layout applied.
+pub async fn memory_hog_is_killed(factory: &Factory, limit: u64) -> Outcome {
+    let spec = SandboxSpec {
+        resources: namzu::Resources {
+            memory_bytes: Some(limit),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    crate::util::with_sandbox(factory, spec, |sb| async move {
+        install(&sb).await?;
+        let applied = sb.agent().info().hardening.get("cgroups").cloned().unwrap_or_default();
+        ensure!(
+            applied.contains("memory=cgroup"),
+            "no memory cgroup reported: {applied:?}"
+        );
+        let out = sb
+            .exec(ExecRequest::new("./escape").arg("--mem-hog"))
+            .await
+            .ctx("memory hog")?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let held = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("holding "))
+            .unwrap_or("0 MiB");
+        let mib: u64 = held.trim_end_matches(" MiB").parse().unwrap_or(u64::MAX);
+        ensure!(
+            out.status.signal == Some(9),
+            "the hog was not killed: {:?} after {held}",
+            out.status
+        );
+        ensure!(
+            mib << 20 <= limit,
+            "the hog held {mib} MiB under a {} MiB limit",
+            limit >> 20
+        );
+        ensure!(
+            sb.exec(ExecRequest::new("true"))
+                .await
+                .ctx("agent after the hog")?
+                .status
+                .success(),
+            "agent down"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// A CPU-bound command under a CPU limit gets about that share of a CPU.
+pub async fn cpu_limit_throttles(factory: &Factory, cpus: f64) -> Outcome {
+    let spec = SandboxSpec {
+        resources: namzu::Resources {
+            cpus: Some(cpus),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    crate::util::with_sandbox(factory, spec, |sb| async move {
+        install(&sb).await?;
+        let out = sb
+            .exec(ExecRequest::new("./escape").arg("--cpu-burn").arg("1.5"))
+            .await
+            .ctx("cpu burn")?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut it = text.split_whitespace();
+        let (cpu, wall) = match (it.next(), it.next(), it.next(), it.next()) {
+            (Some("cpu"), Some(c), Some("wall"), Some(w)) => {
+                (c.parse::<f64>().unwrap_or(9.0), w.parse::<f64>().unwrap_or(0.0))
+            }
+            _ => return Err(format!("no report: {text}")),
+        };
+        // Unthrottled, a spinning process gets ~1 CPU; the bound leaves
+        // generous room for the scheduler's period.
+        let throttled = cpu < wall * (cpus + 0.35);
+        ensure!(throttled, "{cpu:.2}s of CPU in {wall:.2}s under a {cpus} CPU limit");
+        Ok(())
+    })
+    .await
+}

@@ -154,6 +154,18 @@ async fn destroy_kills_every_process() -> Result<(), String> {
     Err(format!("processes outlived the sandbox: {:?}", host_pids(cmd)))
 }
 
+/// Cgroup limits need a writable hierarchy: as root they must work; as an
+/// ordinary user (no delegation here) they must be refused by name.
+fn limit_or_refusal(r: Result<(), String>) -> Result<(), String> {
+    if nix::unistd::geteuid().is_root() {
+        return r;
+    }
+    match r {
+        Err(e) if e.contains("resources.") => Ok(()),
+        other => Err(format!("expected a refusal naming the resource, got {other:?}")),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
@@ -187,6 +199,26 @@ fn main() -> std::process::ExitCode {
             "destroy_kills_every_process",
             || Box::pin(destroy_kills_every_process()),
         ),
+        trial("memory_hog_is_killed_and_the_agent_survives", || {
+            Box::pin(async {
+                limit_or_refusal(escape::memory_hog_is_killed(&factory(LocalOptions::default()), 64 << 20).await)
+            })
+        }),
+        trial("pids_limit_contains_a_fork_bomb", || {
+            Box::pin(async {
+                let f = factory(LocalOptions::default());
+                let f2: Factory = Arc::new(move |mut spec: namzu::SandboxSpec| {
+                    spec.resources.pids = Some(64);
+                    f(spec)
+                });
+                limit_or_refusal(escape::fork_bomb_is_contained(&f2, 64).await)
+            })
+        }),
+        trial("cpu_limit_throttles", || {
+            Box::pin(async {
+                limit_or_refusal(escape::cpu_limit_throttles(&factory(LocalOptions::default()), 0.25).await)
+            })
+        }),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -594,6 +594,39 @@ fn disk_fill(path: &str) {
     println!("wrote {written} bytes before: {e}");
 }
 
+/// Allocates and touches memory in 16 MiB steps until something stops it;
+/// prints progress so the host sees how far it got.
+fn mem_hog() {
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut chunk = vec![0u8; 16 << 20];
+        for i in (0..chunk.len()).step_by(4096) {
+            chunk[i] = 1;
+        }
+        held.push(chunk);
+        println!("holding {} MiB", held.len() * 16);
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// Spins for `secs` of wall time; prints the CPU time it got.
+fn cpu_burn(secs: f64) {
+    let t0 = std::time::Instant::now();
+    let mut x = 0u64;
+    while t0.elapsed().as_secs_f64() < secs {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+    }
+    // SAFETY: getrusage(2) fills a struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let cpu = ru.ru_utime.tv_sec as f64
+        + ru.ru_utime.tv_usec as f64 / 1e6
+        + ru.ru_stime.tv_sec as f64
+        + ru.ru_stime.tv_usec as f64 / 1e6;
+    println!("cpu {cpu:.3} wall {:.3} ({x})", t0.elapsed().as_secs_f64());
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
     let get = |k: &str| {
@@ -608,6 +641,12 @@ fn main() {
     }
     if argv.iter().any(|a| a == "--fork-bomb") {
         return fork_bomb(get("--fork-bomb").parse().unwrap_or(100_000));
+    }
+    if argv.iter().any(|a| a == "--mem-hog") {
+        return mem_hog();
+    }
+    if argv.iter().any(|a| a == "--cpu-burn") {
+        return cpu_burn(get("--cpu-burn").parse().unwrap_or(1.0));
     }
     if argv.iter().any(|a| a == "--disk-fill") {
         return disk_fill(&get("--disk-fill"));

@@ -50,4 +50,12 @@ pub struct LaunchSpec {
     pub tmpfs_bytes: u64,
     /// Agent limits, by name, as `NAMZU_<NAME>` overrides.
     pub limits: Vec<(String, u64)>,
+    /// `cgroup.procs` files the launcher moves the sandbox into, before it
+    /// enters its own cgroup namespace.
+    #[serde(default)]
+    pub cgroup_procs: Vec<String>,
+    /// Facts the host applied, reported with the agent's hardening (e.g.
+    /// `cgroups` → `memory=cgroupv1 pids=cgroupv1`).
+    #[serde(default)]
+    pub notes: Vec<(String, String)>,
 }

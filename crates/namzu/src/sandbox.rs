@@ -64,9 +64,26 @@ impl std::str::FromStr for Tier {
     }
 }
 
+/// Resource limits of a sandbox, applied through cgroups. `None`: not
+/// limited that way. A tier that cannot apply one refuses it by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Resources {
+    pub memory_bytes: Option<u64>,
+    /// CPU time, in CPUs (1.5 = one and a half cores).
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        self.memory_bytes.is_none() && self.cpus.is_none() && self.pids.is_none()
+    }
+}
+
 /// What to create. Options a tier cannot honour are refused by name.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
+    pub resources: Resources,
     /// Environment every command starts with.
     pub env: Vec<(String, String)>,
     /// Agent limits to override, by their names in

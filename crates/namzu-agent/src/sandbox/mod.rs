@@ -120,6 +120,10 @@ fn supervise(
     mut from_c: std::os::unix::net::UnixStream,
     mut to_c: std::os::unix::net::UnixStream,
 ) -> Result<i32, LaunchError> {
+    for procs in &spec.cgroup_procs {
+        std::fs::write(procs, c.as_raw().to_string()).map_err(io("join cgroup"))?;
+    }
+    to_c.write_all(&[1]).map_err(io("release child"))?;
     let mut b = [0u8; 1];
     from_c.read_exact(&mut b).map_err(io("wait for unshare"))?;
     let proc = PathBuf::from(format!("/proc/{c}"));
@@ -210,6 +214,10 @@ fn child_c(
     mut from_l: std::os::unix::net::UnixStream,
 ) -> Result<i32, LaunchError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    // Wait until L has put us in the sandbox's cgroups: the cgroup namespace
+    // made below is rooted wherever we are at that moment.
+    let mut gate = [0u8; 1];
+    from_l.read_exact(&mut gate).map_err(io("wait for cgroups"))?;
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -293,7 +301,8 @@ fn init_g(spec: &LaunchSpec, token: Vec<u8>, listener: UnixListener, workspace: 
     for (name, value) in &spec.limits {
         limits.set(name, *value);
     }
-    let report = harden::apply(spec)?;
+    let mut report = harden::apply(spec)?;
+    report.extend(spec.notes.iter().cloned());
     let cfg = AgentConfig {
         roots: vec!["/workspace".into(), "/".into()],
         default_cwd: "/workspace".into(),

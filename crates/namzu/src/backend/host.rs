@@ -92,6 +92,7 @@ impl Provider for HostProvider {
             created_unix: now_unix(),
             agent_bin: self.agent_bin.clone(),
             uid_slot: None,
+            cgroups: None,
         };
         self.state.write_meta(&dir, &meta)?;
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;

@@ -176,7 +176,7 @@ impl LocalProvider {
                 op: OP.into(),
                 source: e.into(),
             })?;
-        let launch = LaunchSpec {
+        let mut launch = LaunchSpec {
             id: id.into(),
             socket: path_string(&dir.join("agent.sock")),
             token_file: path_string(&dir.join("token")),
@@ -194,8 +194,34 @@ impl LocalProvider {
             ],
             tmpfs_bytes: self.opts.tmpfs_bytes,
             limits: spec.limits.clone(),
+            cgroup_procs: Vec::new(),
+            notes: Vec::new(),
         };
-        let json = serde_json::to_vec_pretty(&launch).map_err(|e| Error::State {
+        let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
+        if let Some(cg) = &cgroups {
+            launch.cgroup_procs = cg.procs_files().iter().map(|p| path_string(p)).collect();
+            launch.notes.push(("cgroups".into(), cg.report.clone()));
+        }
+        let started = self.launch(id, dir, &launch, slot, cgroups.clone()).await;
+        if started.is_err() {
+            if let Some(cg) = &cgroups {
+                cg.remove();
+            }
+        }
+        started
+    }
+
+    /// Starts the launcher on a written-out spec and waits for the agent.
+    async fn launch(
+        &self,
+        id: &str,
+        dir: &Path,
+        launch: &LaunchSpec,
+        slot: Option<u32>,
+        cgroups: Option<crate::backend::cgroup::Cgroups>,
+    ) -> Result<LocalSandbox> {
+        const OP: &str = "create";
+        let json = serde_json::to_vec_pretty(launch).map_err(|e| Error::State {
             id: id.into(),
             message: e.to_string(),
         })?;
@@ -224,6 +250,7 @@ impl LocalProvider {
             created_unix: now_unix(),
             agent_bin: self.agent_bin.clone(),
             uid_slot: slot,
+            cgroups,
         };
         self.state.write_meta(dir, &meta)?;
         match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
@@ -349,6 +376,9 @@ impl Provider for LocalProvider {
         if let Some(meta) = self.state.stop(id).await? {
             if let Some(slot) = meta.uid_slot {
                 self.release_slot(slot);
+            }
+            if let Some(cg) = meta.cgroups {
+                cg.remove();
             }
         }
         Ok(())

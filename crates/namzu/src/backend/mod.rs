@@ -1,6 +1,7 @@
 //! One module per isolation boundary, plus what they share: finding the
 //! agent binary, the state directory, and validating a spec.
 
+pub mod cgroup;
 pub mod host;
 pub mod local;
 pub(crate) mod state;
@@ -58,6 +59,21 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             });
         }
     }
+    if tier == Tier::Host {
+        for (set, field) in [
+            (spec.resources.memory_bytes.is_some(), "memory_bytes"),
+            (spec.resources.cpus.is_some(), "cpus"),
+            (spec.resources.pids.is_some(), "pids"),
+        ] {
+            if set {
+                return Err(Error::OptionRefused {
+                    tier: tier.name().into(),
+                    option: format!("resources.{field}"),
+                    reason: "the host tier runs commands as plain host processes and limits nothing".into(),
+                });
+            }
+        }
+    }
     for (k, _) in &spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(Error::InvalidArgument {
@@ -67,4 +83,40 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::Resources;
+
+    #[test]
+    fn host_tier_refuses_resource_limits_by_name() {
+        let spec = SandboxSpec {
+            resources: Resources {
+                pids: Some(10),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match check_spec(Tier::Host, &spec) {
+            Err(Error::OptionRefused { option, tier, .. }) => {
+                assert_eq!(option, "resources.pids");
+                assert_eq!(tier, "host");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(check_spec(Tier::Local, &spec).is_ok());
+    }
+
+    #[test]
+    fn unknown_limit_names_are_refused() {
+        let spec = SandboxSpec {
+            limits: vec![("max_bananas".into(), 1)],
+            ..Default::default()
+        };
+        assert!(
+            matches!(check_spec(Tier::Local, &spec), Err(Error::OptionRefused { option, .. }) if option == "limits.max_bananas")
+        );
+    }
 }

@@ -34,6 +34,9 @@ pub(crate) struct Meta {
     /// `local`: the host uid range slot this sandbox holds, if any.
     #[serde(default)]
     pub uid_slot: Option<u32>,
+    /// `local`: the cgroups made for it, removed with it.
+    #[serde(default)]
+    pub cgroups: Option<crate::backend::cgroup::Cgroups>,
 }
 
 /// The state directory of one tier.
