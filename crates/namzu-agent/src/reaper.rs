@@ -93,3 +93,47 @@ impl Reaper {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// Forks a child that writes its own `/proc/self/status` to a pipe and
+/// exits, and returns what it wrote. The child inherits exactly what a
+/// command inherits (no_new_privs, capabilities, seccomp, landlock), so this
+/// is the privilege probe's view from inside, without needing any binary in
+/// the sandbox. The reaper collects the child like any orphan.
+pub fn probe_child_status() -> std::io::Result<String> {
+    use std::io::Read;
+    let (mut r, w) = std::os::unix::net::UnixStream::pair()?;
+    let path = c"/proc/self/status";
+    #[allow(unsafe_code)]
+    // SAFETY: after fork in this multi-threaded process the child runs only
+    // async-signal-safe syscalls (open, read, write, _exit) on a stack
+    // buffer and a static string; it allocates nothing and takes no lock.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        #[allow(unsafe_code)]
+        // SAFETY: see above; all arguments are valid for the calls.
+        unsafe {
+            let mut buf = [0u8; 8192];
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd >= 0 {
+                let mut n = 0usize;
+                loop {
+                    let k = libc::read(fd, buf.as_mut_ptr().add(n).cast(), buf.len() - n);
+                    if k <= 0 {
+                        break;
+                    }
+                    n += k as usize;
+                }
+                use std::os::fd::AsRawFd;
+                let _ = libc::write(w.as_raw_fd(), buf.as_ptr().cast(), n);
+            }
+            libc::_exit(0);
+        }
+    }
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(w);
+    let mut out = String::new();
+    r.read_to_string(&mut out)?;
+    Ok(out)
+}

@@ -144,7 +144,15 @@ fn rss() -> (u64, u64) {
 
 #[tonic::async_trait]
 impl Agent for AgentService {
-    async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+    async fn health(&self, req: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        let child_status = if req.into_inner().probe_child {
+            tokio::task::spawn_blocking(crate::reaper::probe_child_status)
+                .await
+                .map_err(|e| agent_err(Kind::Io, "health", &e.to_string()).into_status())?
+                .map_err(|e| agent_err(Kind::Io, "health", &format!("probe child: {e}")).into_status())?
+        } else {
+            String::new()
+        };
         let (rss_bytes, peak_rss_bytes) = rss();
         Ok(Response::new(HealthResponse {
             protocol_version: namzu_proto::PROTOCOL_VERSION,
@@ -157,6 +165,7 @@ impl Agent for AgentService {
                 .collect(),
             ops_served: self.ops_served.load(std::sync::atomic::Ordering::Relaxed),
             hardening: self.cfg.hardening.iter().cloned().collect(),
+            child_status,
             roots: self
                 .jail
                 .roots()

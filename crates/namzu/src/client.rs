@@ -234,7 +234,7 @@ impl AgentClient {
             .max_decoding_message_size(opts.max_message_bytes)
             .max_encoding_message_size(opts.max_message_bytes);
         let h = rpc
-            .health(v1::HealthRequest {})
+            .health(v1::HealthRequest { probe_child: false })
             .await
             .map_err(|s| Error::from_status("health", s))?
             .into_inner();
@@ -284,7 +284,7 @@ impl AgentClient {
         self.open("health")?;
         let h = self
             .rpc()
-            .health(v1::HealthRequest {})
+            .health(v1::HealthRequest { probe_child: false })
             .await
             .map_err(|s| Error::from_status("health", s))?;
         Ok(agent_info(h.into_inner()))
@@ -294,6 +294,18 @@ impl AgentClient {
     #[doc(hidden)]
     pub fn raw_channel(&self) -> Channel {
         self.inner.channel.clone()
+    }
+
+    /// `/proc/self/status` of a freshly forked agent child: the privileges
+    /// every command starts with.
+    pub async fn probe_child_status(&self) -> Result<String> {
+        self.open("health")?;
+        let h = self
+            .rpc()
+            .health(v1::HealthRequest { probe_child: true })
+            .await
+            .map_err(|s| Error::from_status("health", s))?;
+        Ok(h.into_inner().child_status)
     }
 
     /// Marks the link unusable: every later op fails with

@@ -306,7 +306,11 @@ async fn unknown_op_is_unimplemented_and_harmless() {
     let codec: tonic::codec::ProstCodec<namzu_proto::v1::HealthRequest, namzu_proto::v1::HealthResponse> =
         tonic::codec::ProstCodec::default();
     let r = grpc
-        .unary(tonic::Request::new(namzu_proto::v1::HealthRequest {}), path, codec)
+        .unary(
+            tonic::Request::new(namzu_proto::v1::HealthRequest { probe_child: false }),
+            path,
+            codec,
+        )
         .await;
     assert_eq!(r.unwrap_err().code(), tonic::Code::Unimplemented);
     // A message that is not what the op expects is refused, not a panic.

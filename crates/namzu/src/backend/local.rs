@@ -28,7 +28,6 @@ use crate::backend::{check_spec, find_agent_binary};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
-use crate::types::ExecRequest;
 
 /// First host uid/gid of sandbox id ranges (when the host process is root).
 pub const UID_BASE: u32 = 1_000_000;
@@ -275,8 +274,18 @@ fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 
 /// Checks a command's view of its own privileges.
 async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
-    let out = client.exec(ExecRequest::new("cat").arg("/proc/self/status")).await?;
-    let status = String::from_utf8_lossy(&out.stdout);
+    let status = client.probe_child_status().await?;
+    unprivileged(&status).map_err(|(field, value)| Error::PrivilegeProbe {
+        id: id.into(),
+        field,
+        value,
+    })
+}
+
+/// `Err((field, value))` for the first sign of privilege in a
+/// `/proc/<pid>/status`: a non-empty capability set, no_new_privs unset, or
+/// no seccomp filter.
+fn unprivileged(status: &str) -> std::result::Result<(), (String, String)> {
     let field = |name: &str| {
         status
             .lines()
@@ -287,21 +296,13 @@ async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
     for name in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
         let v = field(name);
         if v.is_empty() || v.bytes().any(|b| b != b'0') {
-            return Err(Error::PrivilegeProbe {
-                id: id.into(),
-                field: name.into(),
-                value: v,
-            });
+            return Err((name.into(), v));
         }
     }
     for (name, want) in [("NoNewPrivs", "1"), ("Seccomp", "2")] {
         let v = field(name);
         if v != want {
-            return Err(Error::PrivilegeProbe {
-                id: id.into(),
-                field: name.into(),
-                value: v,
-            });
+            return Err((name.into(), v));
         }
     }
     Ok(())
@@ -411,5 +412,34 @@ impl Sandbox for LocalSandbox {
     async fn destroy(&self) -> Result<()> {
         self.client.close();
         self.provider.destroy(&self.id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unprivileged;
+
+    const HARDENED: &str = "Name:\tsh\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+
+    #[test]
+    fn a_hardened_child_passes() {
+        assert_eq!(unprivileged(HARDENED), Ok(()));
+    }
+
+    #[test]
+    fn any_sign_of_privilege_is_refused_naming_it() {
+        let bnd = HARDENED.replace("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff");
+        assert_eq!(unprivileged(&bnd), Err(("CapBnd".into(), "000001ffffffffff".into())));
+        let nnp = HARDENED.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
+        let sc = HARDENED.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert_eq!(unprivileged(&sc), Err(("Seccomp".into(), "0".into())));
+        assert!(unprivileged("").is_err(), "an unreadable status must not pass");
+    }
+
+    #[test]
+    fn this_unsandboxed_test_process_is_refused() {
+        let me = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(unprivileged(&me).is_err());
     }
 }
