@@ -53,9 +53,13 @@ struct ExecArgs {
     command: Vec<OsString>,
 }
 
-/// Resource limits of a new sandbox (cgroups; `local` only).
+/// Root filesystem and resource limits of a new sandbox (`local` only).
 #[derive(clap::Args, Clone, Default)]
 struct ResourceArgs {
+    /// Root filesystem: an imported image (name or sha256:id) or a rootfs
+    /// directory. Default: a read-only view of the host's /usr and friends.
+    #[arg(long)]
+    image: Option<String>,
     /// Memory limit, e.g. 512m or 2g.
     #[arg(long, value_parser = parse_size)]
     memory: Option<u64>,
@@ -133,6 +137,9 @@ enum Cmd {
     Cp { src: String, dst: String },
     /// List sandboxes.
     Ls,
+    /// Manage root filesystem images.
+    #[command(subcommand)]
+    Image(ImageCmd),
     /// Remove sandboxes whose agent died, and their leftovers.
     Gc {
         /// Only this tier (default: every tier with local state).
@@ -144,6 +151,19 @@ enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Import a `docker save` tarball or an OCI image layout (tar or directory).
+    Import {
+        file: PathBuf,
+        /// Name to give it (default: the names it carries).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List imported images.
+    Ls,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -278,6 +298,26 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                     let state = if s.alive { "up" } else { "dead" };
                     println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Image(ImageCmd::Import { file, name }) => {
+            let store =
+                namzu::image::ImageStore::new(cli.state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir));
+            let bar = progress(std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0), "import");
+            let info = tokio::task::spawn_blocking(move || {
+                store.import(&file, name.as_deref(), &|done, _| bar.set_position(done))
+            })
+            .await
+            .map_err(|e| Fail(e.to_string()))??;
+            println!("{} {}", info.id, info.names.join(" "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Image(ImageCmd::Ls) => {
+            let store =
+                namzu::image::ImageStore::new(cli.state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir));
+            for i in store.list()? {
+                println!("{} {}", i.id, i.names.join(" "));
             }
             Ok(ExitCode::SUCCESS)
         }

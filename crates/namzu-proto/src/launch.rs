@@ -36,6 +36,10 @@ pub struct LaunchSpec {
     pub token_file: String,
     /// Host directory bound read-write at `/workspace`.
     pub workspace: String,
+    /// Host directory whose entries form the root (an image's rootfs),
+    /// shown read-only. `None`: the host view.
+    #[serde(default)]
+    pub rootfs: Option<String>,
     pub uid_map: Vec<IdMap>,
     pub gid_map: Vec<IdMap>,
     /// Write "deny" to `setgroups` (required for a single-id map made by an

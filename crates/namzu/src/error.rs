@@ -73,6 +73,10 @@ pub enum Error {
         option: String,
         reason: String,
     },
+    #[error("{}: not an image: {reason}", path.display())]
+    NotAnImage { path: PathBuf, reason: String },
+    #[error("no image {reference:?} (import it with `namzu image import FILE`)")]
+    ImageNotFound { reference: String },
     #[error("tier {tier} is not available: {reason}")]
     TierUnavailable { tier: String, reason: String },
 

@@ -20,6 +20,7 @@
 pub mod backend;
 pub mod client;
 pub mod error;
+pub mod image;
 pub mod sandbox;
 pub mod types;
 

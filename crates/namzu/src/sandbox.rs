@@ -83,6 +83,9 @@ impl Resources {
 /// What to create. Options a tier cannot honour are refused by name.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
+    /// Root filesystem: an imported image (name or `sha256:` id) or a rootfs
+    /// directory. `None`: the host view (read-only host /usr and friends).
+    pub image: Option<String>,
     pub resources: Resources,
     /// Environment every command starts with.
     pub env: Vec<(String, String)>,

@@ -238,6 +238,20 @@ fn child_c(
         step: "open workspace",
         source: e.into(),
     })?;
+    let rootfs = match &spec.rootfs {
+        Some(path) => Some(
+            rustix::fs::open(
+                path,
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| LaunchError::Os {
+                step: "open image rootfs",
+                source: e.into(),
+            })?,
+        ),
+        None => None,
+    };
     to_l.write_all(&[1]).map_err(io("signal unshare"))?;
     let mut b = [0u8; 1];
     from_l.read_exact(&mut b).map_err(io("wait for id maps"))?;
@@ -255,7 +269,7 @@ fn child_c(
     match fork_g {
         ForkResult::Child => {
             drop((to_l, from_l));
-            let code = match init_g(spec, token, listener, workspace) {
+            let code = match init_g(spec, token, listener, workspace, rootfs) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox init failed: {e}");
@@ -265,7 +279,7 @@ fn child_c(
             std::process::exit(code);
         }
         ForkResult::Parent { child } => {
-            drop((listener, workspace));
+            drop((listener, workspace, rootfs));
             let _ = to_l.write_all(&child.as_raw().to_le_bytes());
             Ok(wait_exit(child))
         }
@@ -273,10 +287,16 @@ fn child_c(
 }
 
 /// G: builds the sandbox around itself and serves.
-fn init_g(spec: &LaunchSpec, token: Vec<u8>, listener: UnixListener, workspace: OwnedFd) -> Result<i32, LaunchError> {
+fn init_g(
+    spec: &LaunchSpec,
+    token: Vec<u8>,
+    listener: UnixListener,
+    workspace: OwnedFd,
+    image: Option<OwnedFd>,
+) -> Result<i32, LaunchError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
-    rootfs::build(spec, workspace.as_fd())?;
-    drop(workspace);
+    rootfs::build(spec, workspace.as_fd(), image.as_ref().map(|f| f.as_fd()))?;
+    drop((workspace, image));
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
 

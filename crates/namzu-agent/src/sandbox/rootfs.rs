@@ -122,16 +122,38 @@ const PROC_EMPTIED: &[&str] = &["acpi", "scsi"];
 /// procfs entries made read-only.
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs", "asound"];
 
-pub fn build(spec: &LaunchSpec, workspace: BorrowedFd<'_>) -> Result<(), RootfsError> {
+/// Entries of an image's root that the sandbox provides itself.
+const OWN_ENTRIES: &[&str] = &["proc", "dev", "sys", "tmp", "run", "home", "root", "workspace"];
+
+pub fn build(spec: &LaunchSpec, workspace: BorrowedFd<'_>, image: Option<BorrowedFd<'_>>) -> Result<(), RootfsError> {
     let root = Path::new(NEW_ROOT);
     // Nothing done from here on propagates back to the host.
     mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE).map_err(m("make / private", Path::new("/")))?;
     tmpfs(root, "mode=0755,size=16m", MsFlags::empty())?;
 
-    for d in HOST_DIRS {
-        show_host_path(&Path::new("/").join(d), &root.join(d))?;
+    match image {
+        // The image view: every top-level entry of the image, read-only,
+        // its own /etc included. The fd's magic link is the source, so the
+        // host path of the image cache need not be reachable from here.
+        Some(fd) => {
+            let base = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            let entries = fs::read_dir(&base).map_err(fsio("read image root", &base))?;
+            for e in entries.flatten() {
+                let name = e.file_name();
+                if OWN_ENTRIES.iter().any(|own| name == *own) {
+                    continue;
+                }
+                show_host_path(&base.join(&name), &root.join(&name))?;
+            }
+        }
+        // The host view: host binaries and libraries, and a curated /etc.
+        None => {
+            for d in HOST_DIRS {
+                show_host_path(&Path::new("/").join(d), &root.join(d))?;
+            }
+            build_etc(root)?;
+        }
     }
-    build_etc(root)?;
     let size = format!("size={}", spec.tmpfs_bytes);
     for (d, mode) in [("tmp", "1777"), ("run", "0755"), ("home", "0755"), ("root", "0700")] {
         tmpfs(&root.join(d), &format!("mode={mode},{size}"), MsFlags::empty())?;

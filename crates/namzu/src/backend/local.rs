@@ -63,6 +63,7 @@ impl Default for LocalOptions {
 #[derive(Debug, Clone)]
 pub struct LocalProvider {
     state: StateDir,
+    images: crate::image::ImageStore,
     agent_bin: PathBuf,
     client: ClientOptions,
     opts: LocalOptions,
@@ -74,7 +75,9 @@ impl LocalProvider {
     }
 
     pub fn with_agent(state_dir: impl Into<PathBuf>, agent_bin: impl Into<PathBuf>) -> Self {
+        let state_dir = state_dir.into();
         Self {
+            images: crate::image::ImageStore::new(&state_dir),
             state: StateDir::new(state_dir, Tier::Local),
             agent_bin: agent_bin.into(),
             client: ClientOptions::default(),
@@ -170,6 +173,10 @@ impl LocalProvider {
                 (u, g, true)
             }
         };
+        let rootfs = match &spec.image {
+            Some(reference) => Some(path_string(&self.images.resolve(reference)?)),
+            None => None,
+        };
         let (_, hard_nofile) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_err(|e| Error::LocalIo {
                 op: OP.into(),
@@ -180,6 +187,7 @@ impl LocalProvider {
             socket: path_string(&dir.join("agent.sock")),
             token_file: path_string(&dir.join("token")),
             workspace: path_string(&workspace),
+            rootfs,
             uid_map,
             gid_map,
             deny_setgroups,

@@ -59,6 +59,13 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             });
         }
     }
+    if tier == Tier::Host && spec.image.is_some() {
+        return Err(Error::OptionRefused {
+            tier: tier.name().into(),
+            option: "image".into(),
+            reason: "the host tier runs commands on the host's own filesystem".into(),
+        });
+    }
     if tier == Tier::Host {
         for (set, field) in [
             (spec.resources.memory_bytes.is_some(), "memory_bytes"),

@@ -1,0 +1,443 @@
+//! Images for the `local` tier: `docker save` tarballs and OCI image layouts
+//! (a directory or a tar of one), unpacked into a content-addressed cache.
+//!
+//! Layout under `<state>/images/`:
+//! * `sha256/<id>/rootfs/` — the unpacked root filesystem of the image whose
+//!   config blob hashes to `<id>` (the image id, as Docker computes it);
+//! * `refs/<name>` — a name (`repo:tag`) pointing at an id;
+//! * `tmp/` — staging, removed after each import.
+//!
+//! Import verifies every OCI blob against its digest, applies layers in
+//! order with whiteouts (`.wh.NAME` deletes, `.wh..wh..opq` empties a
+//! directory), never writes outside the rootfs (absolute and `..` paths are
+//! refused by the unpacker), skips device nodes, and publishes the rootfs by
+//! one rename, so a failed import leaves nothing behind. Importing the same
+//! image twice reuses the first copy.
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// An image in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// `sha256:<hex>` of the image config.
+    pub id: String,
+    pub names: Vec<String>,
+    pub rootfs: PathBuf,
+}
+
+/// The image cache of one state directory.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+}
+
+fn not_an_image(path: &Path, reason: impl Into<String>) -> Error {
+    Error::NotAnImage {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn local(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::LocalIo { op: op.into(), source }
+}
+
+#[derive(Deserialize)]
+struct DockerManifest {
+    #[serde(rename = "Config")]
+    config: String,
+    #[serde(rename = "RepoTags", default)]
+    repo_tags: Option<Vec<String>>,
+    #[serde(rename = "Layers")]
+    layers: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct OciDescriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    digest: String,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    platform: Option<OciPlatform>,
+}
+
+#[derive(Deserialize)]
+struct OciPlatform {
+    architecture: String,
+    os: String,
+}
+
+#[derive(Deserialize)]
+struct OciIndex {
+    manifests: Vec<OciDescriptor>,
+}
+
+#[derive(Deserialize)]
+struct OciManifest {
+    config: OciDescriptor,
+    layers: Vec<OciDescriptor>,
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A name usable as a file name: `repo/name:tag` → `repo%2Fname:tag`.
+fn ref_file(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:/@".contains(&b))
+        && !name.contains("..");
+    ok.then(|| name.replace('/', "%2F"))
+}
+
+impl ImageStore {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root: state_dir.into().join("images"),
+        }
+    }
+
+    /// Imports a `docker save` tarball, an OCI layout tarball, or an OCI
+    /// layout directory. `name` overrides the names the image carries.
+    /// `progress(done, total)` is called as the archive is read.
+    pub fn import(&self, file: &Path, name: Option<&str>, progress: &dyn Fn(u64, u64)) -> Result<ImageInfo> {
+        const OP: &str = "image import";
+        if let Some(n) = name {
+            if ref_file(n).is_none() {
+                return Err(Error::InvalidArgument {
+                    op: OP.into(),
+                    message: format!("invalid image name {n:?}"),
+                });
+            }
+        }
+        let meta = std::fs::metadata(file).map_err(|e| not_an_image(file, e.to_string()))?;
+        std::fs::create_dir_all(self.root.join("tmp")).map_err(local(OP))?;
+        let staging = tempfile::Builder::new()
+            .prefix("import-")
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(local(OP))?;
+        let layout: PathBuf = if meta.is_dir() {
+            file.to_path_buf()
+        } else {
+            let total = meta.len();
+            let f = std::fs::File::open(file).map_err(local(OP))?;
+            let counted = Progress {
+                inner: f,
+                done: 0,
+                total,
+                report: progress,
+            };
+            let mut ar = tar::Archive::new(counted);
+            ar.set_preserve_permissions(false);
+            ar.unpack(staging.path())
+                .map_err(|e| not_an_image(file, format!("not a readable tar archive: {e}")))?;
+            staging.path().to_path_buf()
+        };
+        let (config, layers, names) = if layout.join("index.json").is_file() {
+            self.oci(file, &layout)?
+        } else if layout.join("manifest.json").is_file() {
+            docker(file, &layout)?
+        } else {
+            return Err(not_an_image(
+                file,
+                "neither an OCI image layout (index.json) nor a docker save archive (manifest.json)",
+            ));
+        };
+        let id = sha256_file(&config).map_err(local(OP))?;
+        let dir = self.root.join("sha256").join(&id);
+        if !dir.join("rootfs").is_dir() {
+            std::fs::create_dir_all(self.root.join("sha256")).map_err(local(OP))?;
+            let partial = tempfile::Builder::new()
+                .prefix("partial-")
+                .tempdir_in(self.root.join("tmp"))
+                .map_err(local(OP))?;
+            let rootfs = partial.path().join("rootfs");
+            std::fs::create_dir(&rootfs).map_err(local(OP))?;
+            for layer in &layers {
+                apply_layer(file, layer, &rootfs)?;
+            }
+            // One rename publishes the image; a concurrent identical import
+            // that won the race is just as good.
+            match std::fs::rename(partial.path(), &dir) {
+                Ok(()) => {
+                    let _ = partial.keep();
+                }
+                Err(_) if dir.join("rootfs").is_dir() => {}
+                Err(e) => return Err(local(OP)(e)),
+            }
+        }
+        let names: Vec<String> = match name {
+            Some(n) => vec![n.to_owned()],
+            None => names.into_iter().filter(|n| ref_file(n).is_some()).collect(),
+        };
+        std::fs::create_dir_all(self.root.join("refs")).map_err(local(OP))?;
+        for n in &names {
+            if let Some(f) = ref_file(n) {
+                std::fs::write(self.root.join("refs").join(f), &id).map_err(local(OP))?;
+            }
+        }
+        Ok(ImageInfo {
+            id: format!("sha256:{id}"),
+            names,
+            rootfs: dir.join("rootfs"),
+        })
+    }
+
+    /// The rootfs for a name, an id (`sha256:…`), or a rootfs directory.
+    pub fn resolve(&self, reference: &str) -> Result<PathBuf> {
+        let path = Path::new(reference);
+        if path.is_absolute() {
+            return match std::fs::metadata(path) {
+                Ok(m) if m.is_dir() => Ok(path.to_path_buf()),
+                Ok(_) => Err(not_an_image(
+                    path,
+                    "not a directory (a rootfs is a directory; import archives first)",
+                )),
+                Err(e) => Err(not_an_image(path, e.to_string())),
+            };
+        }
+        let id = match reference.strip_prefix("sha256:") {
+            Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => hex.to_owned(),
+            _ => {
+                let f = ref_file(reference).ok_or_else(|| Error::ImageNotFound {
+                    reference: reference.into(),
+                })?;
+                std::fs::read_to_string(self.root.join("refs").join(f))
+                    .map_err(|_| Error::ImageNotFound {
+                        reference: reference.into(),
+                    })?
+                    .trim()
+                    .to_owned()
+            }
+        };
+        let rootfs = self.root.join("sha256").join(id).join("rootfs");
+        if rootfs.is_dir() {
+            Ok(rootfs)
+        } else {
+            Err(Error::ImageNotFound {
+                reference: reference.into(),
+            })
+        }
+    }
+
+    /// Every image in the cache with its names.
+    pub fn list(&self) -> Result<Vec<ImageInfo>> {
+        let mut out: Vec<ImageInfo> = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.root.join("sha256")) else {
+            return Ok(out);
+        };
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            out.push(ImageInfo {
+                id: format!("sha256:{id}"),
+                names: Vec::new(),
+                rootfs: e.path().join("rootfs"),
+            });
+        }
+        if let Ok(rd) = std::fs::read_dir(self.root.join("refs")) {
+            for e in rd.flatten() {
+                let target = std::fs::read_to_string(e.path()).unwrap_or_default();
+                if let Some(img) = out.iter_mut().find(|i| i.id == format!("sha256:{}", target.trim())) {
+                    img.names.push(e.file_name().to_string_lossy().replace("%2F", "/"));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Config and layers of an OCI layout, every blob checked against its
+    /// digest. Picks linux/amd64 from a multi-platform index.
+    fn oci(&self, file: &Path, layout: &Path) -> Result<(PathBuf, Vec<PathBuf>, Vec<String>)> {
+        let read = |p: &Path| std::fs::read(p).map_err(|e| not_an_image(file, format!("{}: {e}", p.display())));
+        let blob = |digest: &str| -> Result<PathBuf> {
+            let (alg, hex) = digest
+                .split_once(':')
+                .ok_or_else(|| not_an_image(file, format!("bad digest {digest:?}")))?;
+            if alg != "sha256" || hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(not_an_image(file, format!("unsupported digest {digest:?}")));
+            }
+            let p = layout.join("blobs").join(alg).join(hex);
+            let got = sha256_file(&p).map_err(|e| not_an_image(file, format!("blob {digest}: {e}")))?;
+            if got != hex {
+                return Err(not_an_image(
+                    file,
+                    format!("blob {digest} is corrupt (content hashes to sha256:{got})"),
+                ));
+            }
+            Ok(p)
+        };
+        let index: OciIndex = serde_json::from_slice(&read(&layout.join("index.json"))?)
+            .map_err(|e| not_an_image(file, format!("index.json: {e}")))?;
+        let mut names = Vec::new();
+        let mut desc = index
+            .manifests
+            .into_iter()
+            .next()
+            .ok_or_else(|| not_an_image(file, "index.json lists no manifest"))?;
+        if let Some(n) = desc
+            .annotations
+            .get("io.containerd.image.name")
+            .or(desc.annotations.get("org.opencontainers.image.ref.name"))
+        {
+            names.push(n.clone());
+        }
+        // A nested index (multi-platform): take linux/amd64.
+        if desc.media_type.contains("index") {
+            let nested: OciIndex = serde_json::from_slice(&read(&blob(&desc.digest)?)?)
+                .map_err(|e| not_an_image(file, format!("nested index: {e}")))?;
+            desc = nested
+                .manifests
+                .into_iter()
+                .find(|m| {
+                    m.platform
+                        .as_ref()
+                        .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
+                })
+                .ok_or_else(|| not_an_image(file, "no linux/amd64 manifest in the index"))?;
+        }
+        let manifest: OciManifest = serde_json::from_slice(&read(&blob(&desc.digest)?)?)
+            .map_err(|e| not_an_image(file, format!("manifest: {e}")))?;
+        let config = blob(&manifest.config.digest)?;
+        let layers = manifest
+            .layers
+            .iter()
+            .map(|l| blob(&l.digest))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((config, layers, names))
+    }
+}
+
+/// Config and layers of a `docker save` archive.
+fn docker(file: &Path, layout: &Path) -> Result<(PathBuf, Vec<PathBuf>, Vec<String>)> {
+    let raw = std::fs::read(layout.join("manifest.json")).map_err(|e| not_an_image(file, e.to_string()))?;
+    let manifests: Vec<DockerManifest> =
+        serde_json::from_slice(&raw).map_err(|e| not_an_image(file, format!("manifest.json: {e}")))?;
+    let m = manifests
+        .into_iter()
+        .next()
+        .ok_or_else(|| not_an_image(file, "manifest.json lists no image"))?;
+    let inside = |rel: &str| -> Result<PathBuf> {
+        let p = Path::new(rel);
+        if p.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(not_an_image(file, format!("manifest path {rel:?} leaves the archive")));
+        }
+        let full = layout.join(p);
+        if full.is_file() {
+            Ok(full)
+        } else {
+            Err(not_an_image(
+                file,
+                format!("manifest names {rel:?}, which is not in the archive"),
+            ))
+        }
+    };
+    let config = inside(&m.config)?;
+    let layers = m.layers.iter().map(|l| inside(l)).collect::<Result<Vec<_>>>()?;
+    Ok((config, layers, m.repo_tags.unwrap_or_default()))
+}
+
+/// Applies one layer (tar, or gzip'd tar) onto `rootfs`.
+fn apply_layer(file: &Path, layer: &Path, rootfs: &Path) -> Result<()> {
+    let bad = |e: std::io::Error| not_an_image(file, format!("layer {}: {e}", layer.display()));
+    let mut f = std::fs::File::open(layer).map_err(bad)?;
+    let mut magic = [0u8; 2];
+    let n = f.read(&mut magic).map_err(bad)?;
+    let f = std::fs::File::open(layer).map_err(bad)?;
+    let reader: Box<dyn Read> = if n == 2 && magic == [0x1f, 0x8b] {
+        Box::new(flate2::read::GzDecoder::new(f))
+    } else {
+        Box::new(f)
+    };
+    let mut ar = tar::Archive::new(reader);
+    ar.set_preserve_permissions(true);
+    ar.set_preserve_mtime(true);
+    ar.set_overwrite(true);
+    ar.set_unpack_xattrs(false);
+    for entry in ar.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let path = entry.path().map_err(bad)?.into_owned();
+        // Only plain relative paths; anything else is skipped, never followed.
+        let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::CurDir)).collect();
+        if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            continue;
+        }
+        let name = rel
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let parent = rel.parent().map(Path::to_path_buf).unwrap_or_default();
+        if name == ".wh..wh..opq" {
+            if let Ok(rd) = std::fs::read_dir(rootfs.join(&parent)) {
+                for e in rd.flatten() {
+                    remove_any(&e.path()).map_err(bad)?;
+                }
+            }
+            continue;
+        }
+        if let Some(hidden) = name.strip_prefix(".wh.") {
+            remove_any(&rootfs.join(&parent).join(hidden)).map_err(bad)?;
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        if kind.is_character_special() || kind.is_block_special() {
+            continue;
+        }
+        let target = rootfs.join(&rel);
+        if let Ok(existing) = std::fs::symlink_metadata(&target) {
+            if !(existing.is_dir() && kind.is_dir()) {
+                remove_any(&target).map_err(bad)?;
+            }
+        }
+        entry.unpack_in(rootfs).map_err(bad)?;
+    }
+    Ok(())
+}
+
+fn remove_any(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+struct Progress<'a, R> {
+    inner: R,
+    done: u64,
+    total: u64,
+    report: &'a dyn Fn(u64, u64),
+}
+
+impl<R: Read> Read for Progress<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        (self.report)(self.done, self.total);
+        Ok(n)
+    }
+}
