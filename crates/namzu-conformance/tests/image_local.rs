@@ -87,7 +87,7 @@ fn oci_layout(dir: &Path) -> PathBuf {
     let root = dir.join("oci");
     let blobs = root.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
-    let mut put = |data: &[u8]| {
+    let put = |data: &[u8]| {
         let d = hex(data);
         std::fs::write(blobs.join(&d), data).unwrap();
         (format!("sha256:{d}"), data.len())
