@@ -60,6 +60,9 @@ struct ResourceArgs {
     /// directory. Default: a read-only view of the host's /usr and friends.
     #[arg(long)]
     image: Option<String>,
+    /// Show a host path inside: SRC:DST, read-only, or SRC:DST:rw (repeatable).
+    #[arg(long = "bind", value_parser = parse_bind)]
+    binds: Vec<namzu::Bind>,
     /// Memory limit, e.g. 512m or 2g.
     #[arg(long, value_parser = parse_size)]
     memory: Option<u64>,
@@ -83,6 +86,21 @@ impl ResourceArgs {
             ..Default::default()
         }
     }
+}
+
+fn parse_bind(s: &str) -> Result<namzu::Bind, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let (src, dst, writable) = match parts.as_slice() {
+        [src, dst] => (src, dst, false),
+        [src, dst, "rw"] => (src, dst, true),
+        [src, dst, "ro"] => (src, dst, false),
+        _ => return Err(format!("expected SRC:DST or SRC:DST:rw, got {s:?}")),
+    };
+    Ok(namzu::Bind {
+        source: src.into(),
+        target: dst.into(),
+        writable,
+    })
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

@@ -279,3 +279,76 @@ async fn a_rootfs_directory_works_as_an_image() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "CapEff: 0000000000000000");
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test]
+async fn binds_show_host_paths_and_misconfiguration_is_refused_by_field() {
+    use namzu::Bind;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("in.txt"), "from the host").unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let provider = LocalProvider::new(dir.path().join("state")).unwrap();
+    let spec = SandboxSpec {
+        binds: vec![
+            Bind {
+                source: data.clone(),
+                target: "/data".into(),
+                writable: false,
+            },
+            Bind {
+                source: out.clone(),
+                target: "/tmp/out".into(),
+                writable: true,
+            },
+        ],
+        ..Default::default()
+    };
+    let sb = provider.create(spec).await.unwrap();
+    let r = sb.read_file(Path::new("/data/in.txt"), None).await.unwrap();
+    assert_eq!(&r.data[..], b"from the host");
+    let w = sb.exec(ExecRequest::shell("echo nope > /data/new")).await.unwrap();
+    assert!(!w.status.success(), "a read-only bind was writable");
+    let w = sb.exec(ExecRequest::shell("echo yes > /tmp/out/new")).await.unwrap();
+    assert!(w.status.success(), "{:?}", String::from_utf8_lossy(&w.stderr));
+    assert_eq!(std::fs::read_to_string(out.join("new")).unwrap(), "yes\n");
+    sb.destroy().await.unwrap();
+
+    let bad = |binds: Vec<Bind>| SandboxSpec {
+        binds,
+        ..Default::default()
+    };
+    let missing = dir.path().join("missing");
+    match provider
+        .create(bad(vec![Bind {
+            source: missing,
+            target: "/m".into(),
+            writable: false,
+        }]))
+        .await
+    {
+        Err(Error::OptionRefused { option, .. }) => assert_eq!(option, "binds[0].source"),
+        other => panic!("{:?}", other.err()),
+    }
+    for target in ["relative", "/a/../etc", "/proc/x", "/"] {
+        match provider
+            .create(bad(vec![Bind {
+                source: data.clone(),
+                target: target.into(),
+                writable: false,
+            }]))
+            .await
+        {
+            Err(Error::OptionRefused { option, .. }) => assert_eq!(option, "binds[0].target", "{target}"),
+            other => panic!("{target}: {:?}", other.err()),
+        }
+    }
+    assert!(
+        provider.list().await.unwrap().is_empty(),
+        "a refused create left a sandbox behind"
+    );
+}

@@ -27,6 +27,15 @@ pub enum Rlimit {
     Nproc(u64),
 }
 
+/// A host path shown inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindSpec {
+    pub source: String,
+    /// Absolute, validated by the host: no `..`, not under /proc, /dev, /sys.
+    pub target: String,
+    pub writable: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchSpec {
     pub id: String,
@@ -40,6 +49,9 @@ pub struct LaunchSpec {
     /// shown read-only. `None`: the host view.
     #[serde(default)]
     pub rootfs: Option<String>,
+    /// Host paths shown inside, mounted in order after the standard layout.
+    #[serde(default)]
+    pub binds: Vec<BindSpec>,
     pub uid_map: Vec<IdMap>,
     pub gid_map: Vec<IdMap>,
     /// Write "deny" to `setgroups` (required for a single-id map made by an

@@ -27,6 +27,6 @@ pub mod types;
 pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream};
 pub use error::{Error, Result};
 pub use namzu_proto::{features, limits};
-pub use sandbox::{Provider, Resources, Sandbox, SandboxInfo, SandboxSpec, Tier};
+pub use sandbox::{Bind, Provider, Resources, Sandbox, SandboxInfo, SandboxSpec, Tier};
 pub use tokio_util::sync::CancellationToken;
 pub use types::*;

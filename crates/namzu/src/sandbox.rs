@@ -80,12 +80,24 @@ impl Resources {
     }
 }
 
+/// A host path shown inside the sandbox (nosuid, nodev; read-only unless
+/// `writable`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: std::path::PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: std::path::PathBuf,
+    pub writable: bool,
+}
+
 /// What to create. Options a tier cannot honour are refused by name.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
     /// Root filesystem: an imported image (name or `sha256:` id) or a rootfs
     /// directory. `None`: the host view (read-only host /usr and friends).
     pub image: Option<String>,
+    /// Host paths to show inside.
+    pub binds: Vec<Bind>,
     pub resources: Resources,
     /// Environment every command starts with.
     pub env: Vec<(String, String)>,

@@ -26,7 +26,7 @@ pub mod harden;
 pub mod rootfs;
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -252,6 +252,19 @@ fn child_c(
         ),
         None => None,
     };
+    let mut binds = Vec::with_capacity(spec.binds.len());
+    for b in &spec.binds {
+        let fd = rustix::fs::open(
+            &b.source,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| LaunchError::Os {
+            step: "open bind source",
+            source: e.into(),
+        })?;
+        binds.push(fd);
+    }
     to_l.write_all(&[1]).map_err(io("signal unshare"))?;
     let mut b = [0u8; 1];
     from_l.read_exact(&mut b).map_err(io("wait for id maps"))?;
@@ -269,7 +282,7 @@ fn child_c(
     match fork_g {
         ForkResult::Child => {
             drop((to_l, from_l));
-            let code = match init_g(spec, token, listener, workspace, rootfs) {
+            let code = match init_g(spec, token, listener, workspace, rootfs, binds) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox init failed: {e}");
@@ -279,7 +292,7 @@ fn child_c(
             std::process::exit(code);
         }
         ForkResult::Parent { child } => {
-            drop((listener, workspace, rootfs));
+            drop((listener, workspace, rootfs, binds));
             let _ = to_l.write_all(&child.as_raw().to_le_bytes());
             Ok(wait_exit(child))
         }
@@ -293,10 +306,12 @@ fn init_g(
     listener: UnixListener,
     workspace: OwnedFd,
     image: Option<OwnedFd>,
+    binds: Vec<OwnedFd>,
 ) -> Result<i32, LaunchError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
-    rootfs::build(spec, workspace.as_fd(), image.as_ref().map(|f| f.as_fd()))?;
-    drop((workspace, image));
+    let bind_fds: Vec<BorrowedFd<'_>> = binds.iter().map(|f| f.as_fd()).collect();
+    rootfs::build(spec, workspace.as_fd(), image.as_ref().map(|f| f.as_fd()), &bind_fds)?;
+    drop((workspace, image, binds));
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
 

@@ -125,7 +125,12 @@ const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs", "as
 /// Entries of an image's root that the sandbox provides itself.
 const OWN_ENTRIES: &[&str] = &["proc", "dev", "sys", "tmp", "run", "home", "root", "workspace"];
 
-pub fn build(spec: &LaunchSpec, workspace: BorrowedFd<'_>, image: Option<BorrowedFd<'_>>) -> Result<(), RootfsError> {
+pub fn build(
+    spec: &LaunchSpec,
+    workspace: BorrowedFd<'_>,
+    image: Option<BorrowedFd<'_>>,
+    binds: &[BorrowedFd<'_>],
+) -> Result<(), RootfsError> {
     let root = Path::new(NEW_ROOT);
     // Nothing done from here on propagates back to the host.
     mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE).map_err(m("make / private", Path::new("/")))?;
@@ -166,6 +171,28 @@ pub fn build(spec: &LaunchSpec, workspace: BorrowedFd<'_>, image: Option<Borrowe
     let src = PathBuf::from(format!("/proc/self/fd/{}", workspace.as_raw_fd()));
     mount(Some(&src), &ws, NONE, MsFlags::MS_BIND, NONE).map_err(m("bind workspace", &ws))?;
     remount(&ws, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+
+    // Requested binds go last, so they may sit on top of /tmp or /workspace.
+    for (b, fd) in spec.binds.iter().zip(binds) {
+        let target = root.join(b.target.trim_start_matches('/'));
+        let src = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let is_dir = fs::metadata(&src).map_err(fsio("stat bind source", &src))?.is_dir();
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(fsio("mkdir", parent))?;
+        }
+        if is_dir {
+            mkdir(&target)?;
+        } else if !target.exists() {
+            fs::write(&target, b"").map_err(fsio("create", &target))?;
+        }
+        mount(Some(&src), &target, NONE, MsFlags::MS_BIND | MsFlags::MS_REC, NONE).map_err(m("bind", &target))?;
+        let ro = if b.writable {
+            MsFlags::empty()
+        } else {
+            MsFlags::MS_RDONLY
+        };
+        remount(&target, ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    }
 
     build_dev(root, &size)?;
     build_proc(root)?;

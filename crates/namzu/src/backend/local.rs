@@ -188,6 +188,15 @@ impl LocalProvider {
             token_file: path_string(&dir.join("token")),
             workspace: path_string(&workspace),
             rootfs,
+            binds: spec
+                .binds
+                .iter()
+                .map(|b| namzu_proto::launch::BindSpec {
+                    source: path_string(&b.source),
+                    target: path_string(&b.target),
+                    writable: b.writable,
+                })
+                .collect(),
             uid_map,
             gid_map,
             deny_setgroups,

@@ -59,6 +59,40 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             });
         }
     }
+    if tier == Tier::Host && !spec.binds.is_empty() {
+        return Err(Error::OptionRefused {
+            tier: tier.name().into(),
+            option: "binds".into(),
+            reason: "the host tier has no filesystem of its own to bind into".into(),
+        });
+    }
+    for (i, b) in spec.binds.iter().enumerate() {
+        let refuse = |field: &str, reason: String| Error::OptionRefused {
+            tier: tier.name().into(),
+            option: format!("binds[{i}].{field}"),
+            reason,
+        };
+        if let Err(e) = std::fs::metadata(&b.source) {
+            return Err(refuse("source", format!("{}: {e}", b.source.display())));
+        }
+        let clean = b.target.is_absolute()
+            && b.target
+                .components()
+                .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+        if !clean {
+            return Err(refuse(
+                "target",
+                format!("{} must be an absolute path without `..`", b.target.display()),
+            ));
+        }
+        let reserved = ["/proc", "/dev", "/sys"];
+        if b.target == std::path::Path::new("/") || reserved.iter().any(|r| b.target.starts_with(r)) {
+            return Err(refuse(
+                "target",
+                format!("{} is managed by the sandbox", b.target.display()),
+            ));
+        }
+    }
     if tier == Tier::Host && spec.image.is_some() {
         return Err(Error::OptionRefused {
             tier: tier.name().into(),
