@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the tests need from the system, installed if missing (root, apt):
+# newuidmap/newgidmap for the subordinate-id-range test of the local tier.
+if [ "$(id -u)" = 0 ] && ! command -v newuidmap >/dev/null && command -v apt-get >/dev/null; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap >/dev/null
+fi
+
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
 cargo build --workspace --bins --locked
 

@@ -57,6 +57,11 @@ pub struct LaunchSpec {
     /// Write "deny" to `setgroups` (required for a single-id map made by an
     /// unprivileged user).
     pub deny_setgroups: bool,
+    /// Set the maps through these setuid helpers (`newuidmap`, `newgidmap`)
+    /// instead of writing them: how an ordinary user maps a subordinate
+    /// range from /etc/subuid and /etc/subgid.
+    #[serde(default)]
+    pub map_helpers: Option<(String, String)>,
     pub hostname: String,
     /// Environment of every command, on top of PATH, HOME and LANG.
     pub env: Vec<(String, String)>,

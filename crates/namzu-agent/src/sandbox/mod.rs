@@ -127,11 +127,19 @@ fn supervise(
     let mut b = [0u8; 1];
     from_c.read_exact(&mut b).map_err(io("wait for unshare"))?;
     let proc = PathBuf::from(format!("/proc/{c}"));
-    if spec.deny_setgroups {
-        std::fs::write(proc.join("setgroups"), "deny").map_err(io("write setgroups"))?;
+    match &spec.map_helpers {
+        Some((newuidmap, newgidmap)) => {
+            run_map_helper(newuidmap, c, &spec.uid_map)?;
+            run_map_helper(newgidmap, c, &spec.gid_map)?;
+        }
+        None => {
+            if spec.deny_setgroups {
+                std::fs::write(proc.join("setgroups"), "deny").map_err(io("write setgroups"))?;
+            }
+            std::fs::write(proc.join("uid_map"), map_text(&spec.uid_map)).map_err(io("write uid_map"))?;
+            std::fs::write(proc.join("gid_map"), map_text(&spec.gid_map)).map_err(io("write gid_map"))?;
+        }
     }
-    std::fs::write(proc.join("uid_map"), map_text(&spec.uid_map)).map_err(io("write uid_map"))?;
-    std::fs::write(proc.join("gid_map"), map_text(&spec.gid_map)).map_err(io("write gid_map"))?;
     to_c.write_all(&[1]).map_err(io("release child"))?;
     let mut pid = [0u8; 4];
     let g = match from_c.read_exact(&mut pid) {
@@ -175,6 +183,25 @@ fn supervise(
     });
     let _ = std::fs::remove_file(&spec.socket);
     Ok(code)
+}
+
+/// `newuidmap PID inside outside count …`: the setuid helper checks the
+/// ranges against /etc/subuid (or subgid) and writes the map for us.
+fn run_map_helper(helper: &str, pid: Pid, map: &[IdMap]) -> Result<(), LaunchError> {
+    let mut cmd = std::process::Command::new(helper);
+    cmd.arg(pid.as_raw().to_string());
+    for m in map {
+        cmd.args([m.inside.to_string(), m.outside.to_string(), m.count.to_string()]);
+    }
+    let out = cmd.output().map_err(io("run id map helper"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(LaunchError::Os {
+            step: "id map helper",
+            source: std::io::Error::other(format!("{helper}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        })
+    }
 }
 
 fn map_text(m: &[IdMap]) -> String {

@@ -139,7 +139,7 @@ impl LocalProvider {
     async fn start(&self, id: &str, dir: &Path, spec: &SandboxSpec, slot: Option<u32>) -> Result<LocalSandbox> {
         const OP: &str = "create";
         let workspace = dir.join("workspace");
-        let (uid_map, gid_map, deny_setgroups) = match slot {
+        let (uid_map, gid_map, deny_setgroups, map_helpers) = match slot {
             Some(slot) => {
                 let base = UID_BASE + slot * UID_RANGE;
                 // The sandbox's root owns its workspace; nothing else of the host.
@@ -157,21 +157,9 @@ impl LocalProvider {
                     outside: base,
                     count: UID_RANGE,
                 }];
-                (m.clone(), m, false)
+                (m.clone(), m, false, None)
             }
-            None => {
-                let u = vec![IdMap {
-                    inside: 0,
-                    outside: nix::unistd::geteuid().as_raw(),
-                    count: 1,
-                }];
-                let g = vec![IdMap {
-                    inside: 0,
-                    outside: nix::unistd::getegid().as_raw(),
-                    count: 1,
-                }];
-                (u, g, true)
-            }
+            None => ordinary_user_maps(),
         };
         let rootfs = match &spec.image {
             Some(reference) => Some(path_string(&self.images.resolve(reference)?)),
@@ -200,6 +188,7 @@ impl LocalProvider {
             uid_map,
             gid_map,
             deny_setgroups,
+            map_helpers,
             hostname: "namzu".into(),
             env: spec.env.clone(),
             rlimits: vec![
@@ -400,6 +389,67 @@ impl Provider for LocalProvider {
             }
         }
         Ok(())
+    }
+}
+
+type Maps = (Vec<IdMap>, Vec<IdMap>, bool, Option<(String, String)>);
+
+/// Maps for an ordinary user: root inside is the user; with a subordinate
+/// range in /etc/subuid and /etc/subgid and the newuidmap/newgidmap helpers
+/// installed, ids 1.. map onto that range (as rootless container tools do),
+/// otherwise the user's own id is mapped alone.
+fn ordinary_user_maps() -> Maps {
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let own_u = IdMap {
+        inside: 0,
+        outside: uid,
+        count: 1,
+    };
+    let own_g = IdMap {
+        inside: 0,
+        outside: gid,
+        count: 1,
+    };
+    // /etc/passwd read directly: a static binary has no NSS to ask.
+    let name = std::fs::read_to_string("/etc/passwd").ok().and_then(|p| {
+        p.lines().find_map(|l| {
+            let mut f = l.split(':');
+            let (n, _, id) = (f.next()?, f.next()?, f.next()?);
+            (id == uid.to_string()).then(|| n.to_owned())
+        })
+    });
+    let helpers = ["/usr/bin/newuidmap", "/usr/bin/newgidmap"];
+    let sub = |file: &str, id: u32| -> Option<(u32, u32)> {
+        let text = std::fs::read_to_string(file).ok()?;
+        text.lines().find_map(|l| {
+            let mut f = l.split(':');
+            let (who, start, count) = (f.next()?, f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+            (Some(who) == name.as_deref() || who == id.to_string()).then_some((start, count))
+        })
+    };
+    match (sub("/etc/subuid", uid), sub("/etc/subgid", gid)) {
+        (Some((us, uc)), Some((gs, gc))) if helpers.iter().all(|h| Path::new(h).exists()) => (
+            vec![
+                own_u,
+                IdMap {
+                    inside: 1,
+                    outside: us,
+                    count: uc,
+                },
+            ],
+            vec![
+                own_g,
+                IdMap {
+                    inside: 1,
+                    outside: gs,
+                    count: gc,
+                },
+            ],
+            false,
+            Some((helpers[0].into(), helpers[1].into())),
+        ),
+        _ => (vec![own_u], vec![own_g], true, None),
     }
 }
 
