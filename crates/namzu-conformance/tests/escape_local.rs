@@ -63,6 +63,36 @@ async fn attempts() -> Result<(), String> {
     Ok(())
 }
 
+/// Health reports what was applied: the landlock ABI the kernel gave, the
+/// seccomp filter, the empty capability sets.
+async fn hardening_is_reported() -> Result<(), String> {
+    let f = factory(LocalOptions::default());
+    namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
+        let h = sb.agent().info().hardening.clone();
+        let landlock = h.get("landlock").cloned().unwrap_or_default();
+        if !(landlock.starts_with("kernel abi ") && landlock.contains("enforced")) {
+            return Err(format!("landlock not reported: {h:?}"));
+        }
+        let abi: u32 = landlock
+            .trim_start_matches("kernel abi ")
+            .split(',')
+            .next()
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0);
+        if abi == 0 {
+            return Err(format!("landlock abi unknown: {landlock}"));
+        }
+        for key in ["seccomp", "capabilities", "no_new_privs", "namespaces", "rlimit.nproc"] {
+            if !h.contains_key(key) {
+                return Err(format!("{key} not reported: {h:?}"));
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// The sandbox's processes, seen from the host, hold no host root and no
 /// capabilities.
 async fn unprivileged_on_the_host() -> Result<(), String> {
@@ -219,6 +249,7 @@ fn main() -> std::process::ExitCode {
                 limit_or_refusal(escape::cpu_limit_throttles(&factory(LocalOptions::default()), 0.25).await)
             })
         }),
+        trial("hardening_is_reported", || Box::pin(hardening_is_reported())),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

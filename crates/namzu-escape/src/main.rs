@@ -479,6 +479,73 @@ fn attempts(a: &Args) -> Vec<(&'static str, Outcome)> {
         must_fail(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) }.into())
     });
 
+    // ---- mounts
+    t("find a mount without nosuid or nodev", {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let weak: Vec<String> = info
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (point, opts) = (*f.get(4)?, *f.get(5)?);
+                let nosuid = opts.split(',').any(|o| o == "nosuid");
+                let nodev = opts.split(',').any(|o| o == "nodev");
+                // Device nodes bound into /dev and the /proc masks are the
+                // exceptions; /dev and devpts must still be nosuid.
+                let device_bind = (point.starts_with("/dev/") && point != "/dev/pts" && point != "/dev/shm")
+                    || point.starts_with("/proc/");
+                let weak = if device_bind {
+                    false
+                } else if point == "/dev" || point == "/dev/pts" {
+                    !nosuid
+                } else {
+                    !(nosuid && nodev)
+                };
+                weak.then(|| format!("{point} ({opts})"))
+            })
+            .collect();
+        if weak.is_empty() {
+            Ok("every mount is nosuid,nodev (device binds excepted)".into())
+        } else {
+            Err(format!("{weak:?}"))
+        }
+    });
+    t("see a host mount", {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let ours = [
+            "/",
+            "/usr",
+            "/bin",
+            "/sbin",
+            "/lib",
+            "/lib32",
+            "/lib64",
+            "/libx32",
+            "/opt",
+            "/etc",
+            "/tmp",
+            "/run",
+            "/home",
+            "/root",
+            "/workspace",
+            "/dev",
+            "/proc",
+        ];
+        let foreign: Vec<String> = info
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(String::from))
+            .filter(|p| {
+                !ours
+                    .iter()
+                    .any(|o| p == o || (o.len() > 1 && p.starts_with(&format!("{o}/"))))
+            })
+            .collect();
+        if foreign.is_empty() {
+            Ok("only the sandbox's own mount points".into())
+        } else {
+            Err(format!("{foreign:?}"))
+        }
+    });
+
     // ---- leaks from the agent
     t("use file descriptors inherited from the agent", {
         let fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
