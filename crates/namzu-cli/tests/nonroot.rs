@@ -61,18 +61,7 @@ fn as_user(user: &str, bin_dir: &Path, state: &Path, args: &[&str]) -> (u32, std
 
 #[test]
 fn local_tier_works_for_an_ordinary_user_with_a_single_id_map() {
-    // The binaries go where any user can run them (the build tree may sit
-    // under a private home).
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let built = Path::new(env!("CARGO_BIN_EXE_namzu"));
-    for name in ["namzu", "namzu-agent"] {
-        let dst = dir.path().join(name);
-        std::fs::copy(built.with_file_name(name), &dst).unwrap();
-        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let state = dir.path().join("state");
-    std::fs::create_dir(&state).unwrap();
+    let (dir, state) = staged();
     let script = "id -u; cat /proc/self/uid_map; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; touch /workspace/x && echo wrote";
     let (uid, out) = as_ordinary_user(
         dir.path(),
@@ -106,16 +95,7 @@ fn cgroup_limits_an_ordinary_user_cannot_apply_are_refused_by_name() {
         // A delegated hierarchy might make this work; the root case is
         // covered by the escape suite.
     }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let built = Path::new(env!("CARGO_BIN_EXE_namzu"));
-    for name in ["namzu", "namzu-agent"] {
-        let dst = dir.path().join(name);
-        std::fs::copy(built.with_file_name(name), &dst).unwrap();
-        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let state = dir.path().join("state");
-    std::fs::create_dir(&state).unwrap();
+    let (dir, state) = staged();
     let (_, out) = as_ordinary_user(dir.path(), &state, &["run", "--memory", "64m", "--", "true"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
@@ -125,6 +105,7 @@ fn cgroup_limits_an_ordinary_user_cannot_apply_are_refused_by_name() {
 
 /// Copies the binaries where any user may run them; returns (dir, state).
 fn staged() -> (tempfile::TempDir, std::path::PathBuf) {
+    // The build tree may sit under a private home.
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let built = Path::new(env!("CARGO_BIN_EXE_namzu"));

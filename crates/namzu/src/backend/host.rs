@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir};
+use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
@@ -98,21 +98,23 @@ impl Provider for HostProvider {
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;
         made.keep();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
-        Ok(Box::new(HostSandbox {
+        Ok(Box::new(StateSandbox {
             id,
-            provider: self.clone(),
+            tier: Tier::Host,
+            provider: std::sync::Arc::new(self.clone()),
             client,
-            _child: Some(child),
+            child: Some(child),
         }))
     }
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
-        Ok(Box::new(HostSandbox {
+        Ok(Box::new(StateSandbox {
             id: id.into(),
-            provider: self.clone(),
+            tier: Tier::Host,
+            provider: std::sync::Arc::new(self.clone()),
             client,
-            _child: None,
+            child: None,
         }))
     }
 
@@ -122,30 +124,5 @@ impl Provider for HostProvider {
 
     async fn destroy(&self, id: &str) -> Result<()> {
         self.state.stop(id).await.map(drop)
-    }
-}
-
-struct HostSandbox {
-    id: String,
-    provider: HostProvider,
-    client: AgentClient,
-    /// Held so tokio reaps the agent when it exits while we are alive.
-    _child: Option<tokio::process::Child>,
-}
-
-#[async_trait]
-impl Sandbox for HostSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn tier(&self) -> Tier {
-        Tier::Host
-    }
-    fn agent(&self) -> &AgentClient {
-        &self.client
-    }
-    async fn destroy(&self) -> Result<()> {
-        self.client.close();
-        self.provider.destroy(&self.id).await
     }
 }

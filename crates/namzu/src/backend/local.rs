@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
 
-use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir};
+use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
@@ -136,7 +136,7 @@ impl LocalProvider {
 
 impl LocalProvider {
     /// Writes the launch spec, starts the launcher and waits for the agent.
-    async fn start(&self, id: &str, dir: &Path, spec: &SandboxSpec, slot: Option<u32>) -> Result<LocalSandbox> {
+    async fn start(&self, id: &str, dir: &Path, spec: &SandboxSpec, slot: Option<u32>) -> Result<StateSandbox> {
         const OP: &str = "create";
         let workspace = dir.join("workspace");
         let (uid_map, gid_map, deny_setgroups, map_helpers) = match slot {
@@ -224,7 +224,7 @@ impl LocalProvider {
         launch: &LaunchSpec,
         slot: Option<u32>,
         cgroups: Option<crate::backend::cgroup::Cgroups>,
-    ) -> Result<LocalSandbox> {
+    ) -> Result<StateSandbox> {
         const OP: &str = "create";
         let json = serde_json::to_vec_pretty(launch).map_err(|e| Error::State {
             id: id.into(),
@@ -259,11 +259,12 @@ impl LocalProvider {
         };
         self.state.write_meta(dir, &meta)?;
         match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
-            Ok(client) => Ok(LocalSandbox {
+            Ok(client) => Ok(StateSandbox {
                 id: id.into(),
-                provider: self.clone(),
+                tier: Tier::Local,
+                provider: std::sync::Arc::new(self.clone()),
                 client,
-                _child: Some(child),
+                child: Some(child),
             }),
             Err(e) => {
                 let _ = child.start_kill();
@@ -345,11 +346,12 @@ impl Provider for LocalProvider {
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
-        Ok(Box::new(LocalSandbox {
+        Ok(Box::new(StateSandbox {
             id: id.into(),
-            provider: self.clone(),
+            tier: Tier::Local,
+            provider: std::sync::Arc::new(self.clone()),
             client,
-            _child: None,
+            child: None,
         }))
     }
 
@@ -455,31 +457,6 @@ fn ordinary_user_maps() -> Maps {
 
 fn path_string(p: &Path) -> String {
     p.to_string_lossy().into_owned()
-}
-
-struct LocalSandbox {
-    id: String,
-    provider: LocalProvider,
-    client: AgentClient,
-    /// Held so tokio reaps the launcher when it exits while we are alive.
-    _child: Option<tokio::process::Child>,
-}
-
-#[async_trait]
-impl Sandbox for LocalSandbox {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn tier(&self) -> Tier {
-        Tier::Local
-    }
-    fn agent(&self) -> &AgentClient {
-        &self.client
-    }
-    async fn destroy(&self) -> Result<()> {
-        self.client.close();
-        self.provider.destroy(&self.id).await
-    }
 }
 
 #[cfg(test)]

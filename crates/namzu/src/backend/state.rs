@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
-use crate::sandbox::{SandboxInfo, Tier};
+use crate::sandbox::{Provider, Sandbox, SandboxInfo, Tier};
 
 /// How long a new agent has to start listening.
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -267,5 +267,33 @@ impl Drop for Cleanup {
         if let Some(d) = self.0.take() {
             let _ = std::fs::remove_dir_all(d);
         }
+    }
+}
+
+/// A live sandbox of a state-directory tier: its link, and the provider
+/// that destroys it.
+pub(crate) struct StateSandbox {
+    pub id: String,
+    pub tier: Tier,
+    pub provider: std::sync::Arc<dyn Provider>,
+    pub client: AgentClient,
+    /// Held so tokio reaps the anchor process when it exits while we live.
+    pub child: Option<tokio::process::Child>,
+}
+
+#[async_trait::async_trait]
+impl Sandbox for StateSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn tier(&self) -> Tier {
+        self.tier
+    }
+    fn agent(&self) -> &AgentClient {
+        &self.client
+    }
+    async fn destroy(&self) -> Result<()> {
+        self.client.close();
+        self.provider.destroy(&self.id).await
     }
 }
