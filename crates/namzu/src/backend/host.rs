@@ -15,7 +15,7 @@ use async_trait::async_trait;
 
 use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
-use crate::client::{AgentClient, ClientOptions};
+use crate::client::ClientOptions;
 use crate::error::{Error, Result};
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
 
@@ -103,7 +103,7 @@ impl Provider for HostProvider {
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),
             client,
-            child: Some(child),
+            _child: Some(child),
         }))
     }
 
@@ -114,7 +114,7 @@ impl Provider for HostProvider {
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),
             client,
-            child: None,
+            _child: None,
         }))
     }
 

@@ -264,7 +264,7 @@ impl LocalProvider {
                 tier: Tier::Local,
                 provider: std::sync::Arc::new(self.clone()),
                 client,
-                child: Some(child),
+                _child: Some(child),
             }),
             Err(e) => {
                 let _ = child.start_kill();
@@ -351,7 +351,7 @@ impl Provider for LocalProvider {
             tier: Tier::Local,
             provider: std::sync::Arc::new(self.clone()),
             client,
-            child: None,
+            _child: None,
         }))
     }
 

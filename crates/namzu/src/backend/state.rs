@@ -278,7 +278,7 @@ pub(crate) struct StateSandbox {
     pub provider: std::sync::Arc<dyn Provider>,
     pub client: AgentClient,
     /// Held so tokio reaps the anchor process when it exits while we live.
-    pub child: Option<tokio::process::Child>,
+    pub _child: Option<tokio::process::Child>,
 }
 
 #[async_trait::async_trait]
