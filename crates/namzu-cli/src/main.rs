@@ -323,11 +323,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let store =
                 namzu::image::ImageStore::new(cli.state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir));
             let bar = progress(std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0), "import");
+            let shown = bar.clone();
             let info = tokio::task::spawn_blocking(move || {
-                store.import(&file, name.as_deref(), &|done, _| bar.set_position(done))
+                store.import(&file, name.as_deref(), &|done, _| shown.set_position(done))
             })
             .await
-            .map_err(|e| Fail(e.to_string()))??;
+            .map_err(|e| Fail(e.to_string()))?;
+            bar.finish_and_clear();
+            let info = info?;
             println!("{} {}", info.id, info.names.join(" "));
             Ok(ExitCode::SUCCESS)
         }
