@@ -24,6 +24,7 @@ pub mod reaper;
 pub mod sandbox;
 pub mod serve;
 pub mod service;
+pub mod tcp;
 
 pub use config::{AgentConfig, Limits};
 pub use serve::{serve, serve_listener, Listen, ServeError};

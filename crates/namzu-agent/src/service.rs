@@ -56,6 +56,7 @@ impl IntoStatus for OpError {
             | Kind::SpawnFailed
             | Kind::Protocol => Code::FailedPrecondition,
             Kind::FeatureDisabled => Code::Unimplemented,
+            Kind::ConnectionRefused => Code::Unavailable,
         };
         namzu_proto::status_with_error(code, self)
     }
@@ -378,6 +379,32 @@ impl Agent for AgentService {
                 let _ = tx.blocking_send(Err(e.into_status()));
             }
         });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type TcpConnectStream = ReceiverStream<Result<v1::TcpOutput, Status>>;
+
+    async fn tcp_connect(
+        &self,
+        req: Request<Streaming<v1::TcpInput>>,
+    ) -> Result<Response<Self::TcpConnectStream>, Status> {
+        const OP: &str = "tcp_connect";
+        self.admit(OP, namzu_proto::features::TCP_CONNECT)?;
+        self.gate(OP)?;
+        let mut input = req.into_inner();
+        let port = match input.next().await {
+            Some(Ok(v1::TcpInput {
+                msg: Some(v1::tcp_input::Msg::Connect(c)),
+            })) => c.port,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be connect").into_status()),
+        };
+        let port = u16::try_from(port).ok().filter(|p| *p != 0).ok_or_else(|| {
+            let mut e = agent_err(Kind::InvalidArgument, OP, "port must be 1-65535");
+            e.port = port;
+            e.into_status()
+        })?;
+        let rx = crate::tcp::relay(port, input).await.map_err(IntoStatus::into_status)?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -88,6 +88,18 @@ impl ResourceArgs {
     }
 }
 
+fn parse_ports(s: &str) -> Result<(u16, u16), String> {
+    let (l, r) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected LOCAL:REMOTE, got {s:?}"))?;
+    let l = l.parse().map_err(|_| format!("bad local port {l:?}"))?;
+    let r: u16 = r.parse().map_err(|_| format!("bad remote port {r:?}"))?;
+    if r == 0 {
+        return Err("the remote port cannot be 0".into());
+    }
+    Ok((l, r))
+}
+
 fn parse_bind(s: &str) -> Result<namzu::Bind, String> {
     let parts: Vec<&str> = s.split(':').collect();
     let (src, dst, writable) = match parts.as_slice() {
@@ -155,6 +167,13 @@ enum Cmd {
     Cp { src: String, dst: String },
     /// List sandboxes.
     Ls,
+    /// Forward a local TCP port to a port inside a sandbox (until Ctrl-C).
+    PortForward {
+        id: String,
+        /// LOCAL:REMOTE, e.g. 8080:80; LOCAL 0 picks a free port.
+        #[arg(value_parser = parse_ports)]
+        ports: (u16, u16),
+    },
     /// Manage root filesystem images.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -318,6 +337,35 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::PortForward {
+            id,
+            ports: (local, remote),
+        } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb: std::sync::Arc<dyn Sandbox> = std::sync::Arc::from(p.connect(&id).await?);
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", local))
+                .await
+                .map_err(|e| Fail(format!("cannot listen on 127.0.0.1:{local}: {e}")))?;
+            let addr = listener.local_addr().map_err(|e| Fail(e.to_string()))?;
+            println!("forwarding {addr} -> {id}:{remote}");
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+                    accepted = listener.accept() => {
+                        let (mut conn, peer) = accepted.map_err(|e| Fail(e.to_string()))?;
+                        let sb = sb.clone();
+                        tokio::spawn(async move {
+                            match sb.open_tcp_connection(remote).await {
+                                Ok(mut tunnel) => {
+                                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut tunnel).await;
+                                }
+                                Err(e) => eprintln!("namzu: {peer}: {e}"),
+                            }
+                        });
+                    }
+                }
+            }
         }
         Cmd::Image(ImageCmd::Import { file, name }) => {
             let store =

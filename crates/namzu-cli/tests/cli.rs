@@ -181,3 +181,54 @@ fn piped_stdin_reaches_the_command() {
     assert!(o.status.success());
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "100000");
 }
+
+#[test]
+fn port_forward_reaches_a_server_inside_the_sandbox() {
+    use std::io::{BufRead, Read, Write};
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let escape = Path::new(env!("CARGO_BIN_EXE_namzu")).with_file_name("namzu-escape");
+    assert!(
+        namzu(st.path(), &["cp", escape.to_str().unwrap(), &format!("{id}:escape")])
+            .status
+            .success()
+    );
+    assert!(namzu(st.path(), &["exec", &id, "--", "chmod", "755", "escape"])
+        .status
+        .success());
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_namzu"))
+            .args(args)
+            .env("NAMZU_STATE_DIR", st.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut server = spawn(&["exec", &id, "--", "./escape", "--echo-server", "7300"]);
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "listening");
+    let mut fwd = spawn(&["port-forward", &id, "0:7300"]);
+    let mut line = String::new();
+    std::io::BufReader::new(fwd.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.split_whitespace().nth(1).unwrap().to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.write_all(b"through the tunnel").unwrap();
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = String::new();
+    conn.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "through the tunnel");
+    let _ = fwd.kill();
+    let _ = server.kill();
+    let _ = fwd.wait();
+    let _ = server.wait();
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

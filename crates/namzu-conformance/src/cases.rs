@@ -49,6 +49,8 @@ pub fn all() -> Vec<Case> {
         walk_reports_symlinks_and_honours_limits[feat::FILES_WALK, feat::FILES_WRITE, feat::FILES_MKDIR, feat::EXEC],
         path_escapes_are_refused[feat::FILES_WRITE, feat::FILES_READ, feat::FILES_READ_STREAM, feat::FILES_STAT, feat::FILES_RENAME, feat::FILES_REMOVE, feat::FILES_LIST, feat::EXEC],
         every_op_is_refused_after_destroy[feat::EXEC, feat::FILES_READ],
+        tcp_into_the_sandbox_round_trips_with_half_close[feat::TCP_CONNECT, feat::EXEC, feat::FILES_WRITE],
+        dropping_an_exec_stream_kills_the_command[feat::EXEC, feat::FILES_READ],
     ]
 }
 
@@ -988,4 +990,79 @@ async fn every_op_is_refused_after_destroy(f: Factory) -> Outcome {
     ensure!(r.as_ref().err().is_some_and(is_gone), "list: {r:?}");
     sb.destroy().await.ctx("second destroy")?;
     Ok(())
+}
+
+/// A TCP connection to a server inside the sandbox carries 4 MiB both ways
+/// byte-exact while writing and reading concurrently, half-closes both ways,
+/// and a closed port is a typed refusal naming it.
+async fn tcp_into_the_sandbox_round_trips_with_half_close(f: Factory) -> Outcome {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        crate::escape::install(&sb).await?;
+        let port = 7000 + (std::process::id() % 1000) as u16;
+        let mut server = sb
+            .exec_stream(ExecRequest::new("./escape").arg("--echo-server").arg(port.to_string()))
+            .await
+            .ctx("start echo server")?;
+        match server.next().await {
+            Some(Ok(ExecEvent::Stdout { data, .. })) if data.starts_with(b"listening") => {}
+            other => return Err(format!("echo server did not start: {other:?}")),
+        }
+        let conn = sb.open_tcp_connection(port).await.ctx("open tcp")?;
+        let (mut rd, mut wr) = tokio::io::split(conn);
+        let data = Bytes::from(pattern(11, 4 << 20));
+        let sent = data.clone();
+        // Writing 4 MiB before reading would deadlock on a bounded path if
+        // backpressure were missing; reading concurrently must succeed.
+        let writer = tokio::spawn(async move {
+            wr.write_all(&sent).await?;
+            wr.shutdown().await
+        });
+        let mut back = Vec::with_capacity(data.len());
+        rd.read_to_end(&mut back).await.ctx("read echo")?;
+        writer.await.ctx("writer")?.ctx("write")?;
+        ensure!(
+            back.len() == data.len(),
+            "echoed {} of {} bytes",
+            back.len(),
+            data.len()
+        );
+        ensure!(back == data, "echo differs");
+        let closed = port.wrapping_add(1);
+        match sb.open_tcp_connection(closed).await {
+            Err(Error::ConnectionRefused { port }) => ensure!(port == closed, "refusal names port {port}"),
+            other => return Err(format!("expected ConnectionRefused, got {:?}", other.err())),
+        }
+        drop(server);
+        Ok(())
+    })
+    .await
+}
+
+/// A host that drops a running command's stream has let go of it: the
+/// agent kills the command's group promptly rather than leaving it running
+/// unwatched until the sandbox ends.
+async fn dropping_an_exec_stream_kills_the_command(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        let mut s = sb
+            .exec_stream(ExecRequest::shell("echo $$ > held.pid; echo go; exec sleep 300"))
+            .await
+            .ctx("exec_stream")?;
+        match s.next().await {
+            Some(Ok(ExecEvent::Stdout { .. })) => {}
+            other => return Err(format!("no output: {other:?}")),
+        }
+        let pid = String::from_utf8_lossy(&sb.read_file(p("held.pid"), None).await.ctx("pid")?.data)
+            .trim()
+            .to_owned();
+        drop(s);
+        for _ in 0..100 {
+            if !pid_alive(&sb, &pid).await? {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(format!("command {pid} still runs 2 s after its stream was dropped"))
+    })
+    .await
 }

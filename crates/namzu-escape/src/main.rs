@@ -694,6 +694,34 @@ fn cpu_burn(secs: f64) {
     println!("cpu {cpu:.3} wall {:.3} ({x})", t0.elapsed().as_secs_f64());
 }
 
+/// Echoes every connection on 127.0.0.1:`port` until the peer half-closes,
+/// then closes its own half. Prints `listening` once ready.
+fn echo_server(port: u16) {
+    let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) else {
+        println!("cannot bind {port}");
+        return;
+    };
+    println!("listening");
+    let _ = std::io::stdout().flush();
+    for conn in l.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut conn = conn;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if conn.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
 fn main() {
     let argv: Vec<String> = std::env::args().collect();
     let get = |k: &str| {
@@ -708,6 +736,9 @@ fn main() {
     }
     if argv.iter().any(|a| a == "--fork-bomb") {
         return fork_bomb(get("--fork-bomb").parse().unwrap_or(100_000));
+    }
+    if argv.iter().any(|a| a == "--echo-server") {
+        return echo_server(get("--echo-server").parse().unwrap_or(7777));
     }
     if argv.iter().any(|a| a == "--mem-hog") {
         return mem_hog();

@@ -99,6 +99,7 @@ pub mod features {
     pub const FILES_MKDIR: &str = "files.mkdir";
     pub const FILES_REMOVE: &str = "files.remove";
     pub const FILES_RENAME: &str = "files.rename";
+    pub const TCP_CONNECT: &str = "tcp.connect";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -114,6 +115,7 @@ pub mod features {
         FILES_MKDIR,
         FILES_REMOVE,
         FILES_RENAME,
+        TCP_CONNECT,
     ];
 }
 

@@ -421,7 +421,10 @@ impl AgentClient {
             self.cancel(&exec_id).await?;
         }
         let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), exec_id.clone(), token)));
-        let input = exec_input_stream(start, stdin_stream);
+        // The forwarder keeps the request half open for the whole call; the
+        // stream aborts it when dropped, which lets HTTP/2 reset the call so
+        // the agent kills the command instead of running it unwatched.
+        let (input, input_task) = exec_input_stream(start, stdin_stream);
         let mut out = self
             .rpc()
             .exec(input)
@@ -441,6 +444,7 @@ impl AgentClient {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Exit(x)),
             }) => {
+                input_task.abort();
                 return Ok(ExecStream::finished(self.clone(), exec_id, exit_summary(x), canceller));
             }
             other => {
@@ -457,6 +461,7 @@ impl AgentClient {
             out: Some(out),
             pending_exit: None,
             canceller,
+            input_task: Some(input_task),
         })
     }
 
@@ -691,6 +696,79 @@ impl AgentClient {
     }
 }
 
+impl AgentClient {
+    /// A TCP connection to 127.0.0.1:`port` inside the sandbox, relayed by
+    /// the agent. The returned stream is `AsyncRead + AsyncWrite`;
+    /// `shutdown()` half-closes, EOF means the sandbox side closed.
+    /// Backpressure holds end to end: every buffer on the way is bounded.
+    pub async fn open_tcp_connection(&self, port: u16) -> Result<tokio::io::DuplexStream> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const OP: &str = "tcp_connect";
+        self.require(OP, feat::TCP_CONNECT)?;
+        let (tx, rx) = mpsc::channel(8);
+        let start = v1::TcpInput {
+            msg: Some(v1::tcp_input::Msg::Connect(v1::TcpConnectStart {
+                port: u32::from(port),
+            })),
+        };
+        let _ = tx.send(start).await;
+        let mut out = self
+            .rpc()
+            .tcp_connect(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        match out.message().await.map_err(|s| self.status(OP, s))? {
+            Some(v1::TcpOutput {
+                msg: Some(v1::tcp_output::Msg::Connected(_)),
+            }) => {}
+            other => {
+                return Err(Error::Protocol {
+                    op: OP.into(),
+                    message: format!("expected connected, got {other:?}"),
+                })
+            }
+        }
+        let (user, ours) = tokio::io::duplex(256 * 1024);
+        let (mut from_user, mut to_user) = tokio::io::split(ours);
+        let done = CancellationToken::new();
+        let download_done = done.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let m = match from_user.read(&mut buf).await {
+                    Ok(0) | Err(_) => v1::tcp_input::Msg::Eof(v1::Empty {}),
+                    Ok(n) => v1::tcp_input::Msg::Data(Bytes::copy_from_slice(&buf[..n])),
+                };
+                let eof = matches!(m, v1::tcp_input::Msg::Eof(_));
+                if tx.send(v1::TcpInput { msg: Some(m) }).await.is_err() || eof {
+                    break;
+                }
+            }
+            // Keep the request half open until the answer ends.
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = done.cancelled() => {}
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = out.message().await {
+                match m.msg {
+                    Some(v1::tcp_output::Msg::Data(d)) => {
+                        if to_user.write_all(&d).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            let _ = to_user.shutdown().await;
+            download_done.cancel();
+        });
+        Ok(user)
+    }
+}
+
 /// How a cancel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {
@@ -713,6 +791,7 @@ pub struct ExecStream {
     out: Option<tonic::Streaming<v1::ExecOutput>>,
     pending_exit: Option<ExitSummary>,
     canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>,
+    input_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ExecStream {
@@ -730,6 +809,7 @@ impl ExecStream {
             out: None,
             pending_exit: Some(exit),
             canceller,
+            input_task: None,
         }
     }
 }
@@ -738,6 +818,9 @@ impl Drop for ExecStream {
     fn drop(&mut self) {
         if let Some(c) = self.canceller.take() {
             c.abort();
+        }
+        if let Some(t) = self.input_task.take() {
+            t.abort();
         }
     }
 }
@@ -827,9 +910,12 @@ async fn cancel_on(client: AgentClient, exec_id: String, token: CancellationToke
 /// `start`, then stdin chunks and an end-of-input marker if stdin streams.
 /// A forwarding task feeds a channel so the request stream is a concrete
 /// `Send + Sync` type whatever the caller's stdin stream is.
-fn exec_input_stream(start: v1::ExecStart, stdin: Option<StdinStream>) -> ReceiverStream<v1::ExecInput> {
+fn exec_input_stream(
+    start: v1::ExecStart,
+    stdin: Option<StdinStream>,
+) -> (ReceiverStream<v1::ExecInput>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(8);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if tx
             .send(v1::ExecInput {
                 msg: Some(exec_input::Msg::Start(start)),
@@ -863,7 +949,7 @@ fn exec_input_stream(start: v1::ExecStart, stdin: Option<StdinStream>) -> Receiv
             .await;
         tx.closed().await;
     });
-    ReceiverStream::new(rx)
+    (ReceiverStream::new(rx), task)
 }
 
 fn exit_summary(x: v1::ExecExit) -> ExitSummary {

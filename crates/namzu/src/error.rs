@@ -64,6 +64,10 @@ pub enum Error {
     #[error("{op}: unknown execution {exec_id}")]
     UnknownExecution { op: String, exec_id: String },
 
+    // ---- network
+    #[error("nothing listens on port {port} inside the sandbox")]
+    ConnectionRefused { port: u16 },
+
     // ---- capabilities
     #[error("{op}: the agent does not offer feature {feature:?}")]
     Unsupported { op: String, feature: String },
@@ -178,6 +182,9 @@ impl Error {
                 message: e.message,
             },
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
+            Kind::ConnectionRefused => Error::ConnectionRefused {
+                port: u16::try_from(e.port).unwrap_or(0),
+            },
             Kind::ExecState | Kind::Protocol | Kind::Unspecified => Error::Protocol { op, message: e.message },
         }
     }
