@@ -80,6 +80,15 @@ impl Execs {
         }
     }
 
+    /// The reaper commands are spawned through (terminals use it too).
+    pub fn reaper(&self) -> Arc<Reaper> {
+        self.reaper.clone()
+    }
+
+    pub fn default_cwd(&self) -> &std::path::Path {
+        &self.default_cwd
+    }
+
     pub fn retiring(&self) -> bool {
         self.retiring.load(Ordering::SeqCst)
     }

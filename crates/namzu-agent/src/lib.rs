@@ -25,6 +25,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod service;
 pub mod tcp;
+pub mod terminal;
 
 pub use config::{AgentConfig, Limits};
 pub use serve::{serve, serve_listener, Listen, ServeError};

@@ -291,6 +291,8 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             );
             execs_for_stop.kill_all(Duration::from_secs(2)).await;
         }
+        // Terminals are interactive: nothing to wait for.
+        crate::terminal::kill_all().await;
         let _ = stop_tx.send(());
     });
 

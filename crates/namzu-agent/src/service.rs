@@ -382,6 +382,29 @@ impl Agent for AgentService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    type TerminalStream = ReceiverStream<Result<v1::TerminalOutput, Status>>;
+
+    async fn terminal(
+        &self,
+        req: Request<Streaming<v1::TerminalInput>>,
+    ) -> Result<Response<Self::TerminalStream>, Status> {
+        const OP: &str = "terminal";
+        self.admit(OP, namzu_proto::features::TERMINAL)?;
+        self.gate(OP)?;
+        let mut input = req.into_inner();
+        let open = match input.next().await {
+            Some(Ok(v1::TerminalInput {
+                msg: Some(v1::terminal_input::Msg::Open(o)),
+            })) => o,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open").into_status()),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let (reaper, cwd) = (self.execs.reaper(), self.execs.default_cwd().to_path_buf());
+        tokio::spawn(crate::terminal::run(reaper, cwd, open, input, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type TcpConnectStream = ReceiverStream<Result<v1::TcpOutput, Status>>;
 
     async fn tcp_connect(

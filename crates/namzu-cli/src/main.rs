@@ -167,6 +167,13 @@ enum Cmd {
     Cp { src: String, dst: String },
     /// List sandboxes.
     Ls,
+    /// An interactive shell (a pty) in a sandbox; exits with the shell's code.
+    Shell {
+        id: String,
+        /// Command instead of a login shell.
+        #[arg(last = true)]
+        command: Vec<OsString>,
+    },
     /// Forward a local TCP port to a port inside a sandbox (until Ctrl-C).
     PortForward {
         id: String,
@@ -338,6 +345,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Shell { id, command } => {
+            let (tier, p) = provider_of(&cli.state_dir, &id).await?;
+            warn_host(tier);
+            let sb = p.connect(&id).await?;
+            shell(sb.as_ref(), command).await
+        }
         Cmd::PortForward {
             id,
             ports: (local, remote),
@@ -478,6 +491,94 @@ async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
     }
     ctrl_c.abort();
     Ok(code)
+}
+
+/// Puts the terminal in raw mode until dropped.
+struct RawMode(Option<rustix::termios::Termios>);
+
+impl RawMode {
+    fn enter() -> Self {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return Self(None);
+        }
+        let Ok(saved) = rustix::termios::tcgetattr(&stdin) else {
+            return Self(None);
+        };
+        let mut raw = saved.clone();
+        raw.make_raw();
+        let _ = rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, &raw);
+        Self(Some(saved))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let _ = rustix::termios::tcsetattr(std::io::stdin(), rustix::termios::OptionalActions::Now, saved);
+        }
+    }
+}
+
+fn local_size() -> (u16, u16) {
+    rustix::termios::tcgetwinsize(std::io::stdout()).map_or((80, 24), |w| (w.ws_col, w.ws_row))
+}
+
+/// Runs an interactive terminal: stdin in, output out, resizes followed.
+async fn shell(sb: &dyn Sandbox, command: Vec<OsString>) -> Result<ExitCode, Fail> {
+    use tokio::io::AsyncReadExt;
+    let (cols, rows) = local_size();
+    let mut args = command.into_iter();
+    let opts = namzu::TerminalOptions {
+        command: args.next(),
+        args: args.collect(),
+        cols,
+        rows,
+        ..Default::default()
+    };
+    let mut t = sb.open_terminal(opts).await?;
+    let _raw = RawMode::enter();
+    let (tx, mut keys) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = stdin.read(&mut buf).await {
+            if n == 0 || tx.send(bytes::Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+        .map_err(|e| Fail(e.to_string()))?;
+    let mut out = tokio::io::stdout();
+    let mut stdin_open = true;
+    loop {
+        tokio::select! {
+            ev = t.next() => match ev {
+                Some(Ok(namzu::TerminalEvent::Output { data, .. })) => {
+                    out.write_all(&data).await.map_err(|e| Fail(format!("stdout: {e}")))?;
+                    out.flush().await.map_err(|e| Fail(format!("stdout: {e}")))?;
+                }
+                Some(Ok(namzu::TerminalEvent::Exit(st))) => {
+                    return Ok(ExitCode::from(u8::try_from(st.shell_code().clamp(0, 255)).unwrap_or(255)));
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err(Fail("the terminal ended without an exit".into())),
+            },
+            key = keys.recv(), if stdin_open => match key {
+                Some(k) => t.write(k).await?,
+                // End of input is passed on as the terminal's EOF character.
+                None => {
+                    stdin_open = false;
+                    t.write(bytes::Bytes::from_static(b"\x04")).await?;
+                }
+            },
+            _ = winch.recv() => {
+                let (c, r) = local_size();
+                t.resize(c, r).await?;
+            }
+        }
+    }
 }
 
 /// `ID:PATH` → (id, path); anything else is a local path.

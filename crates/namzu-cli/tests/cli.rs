@@ -232,3 +232,34 @@ fn port_forward_reaches_a_server_inside_the_sandbox() {
     let _ = server.wait();
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+#[test]
+fn shell_runs_a_terminal_and_exits_with_its_code() {
+    use std::io::Write;
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["shell", &id, "--", "sh"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"echo hi-$((2+3)); exit 3\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("hi-5"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

@@ -51,6 +51,8 @@ pub fn all() -> Vec<Case> {
         every_op_is_refused_after_destroy[feat::EXEC, feat::FILES_READ],
         tcp_into_the_sandbox_round_trips_with_half_close[feat::TCP_CONNECT, feat::EXEC, feat::FILES_WRITE],
         dropping_an_exec_stream_kills_the_command[feat::EXEC, feat::FILES_READ],
+        terminal_runs_resizes_and_close_kills_the_session[feat::TERMINAL, feat::EXEC],
+        terminal_login_shell_exit_code[feat::TERMINAL],
     ]
 }
 
@@ -1063,6 +1065,102 @@ async fn dropping_an_exec_stream_kills_the_command(f: Factory) -> Outcome {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Err(format!("command {pid} still runs 2 s after its stream was dropped"))
+    })
+    .await
+}
+
+/// Reads terminal output until `needle` shows up; returns all output so far.
+async fn read_until(t: &mut namzu::Terminal, seen: &mut String, needle: &str) -> Result<(), String> {
+    read_until_fn(t, seen, needle, |s| s.contains(needle)).await
+}
+
+/// Reads terminal output into `seen` until `done(seen)` holds.
+async fn read_until_fn(
+    t: &mut namzu::Terminal,
+    seen: &mut String,
+    needle: &str,
+    done: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(seen) {
+        match tokio::time::timeout_at(deadline, t.next()).await {
+            Err(_) => return Err(format!("no {needle:?} in terminal output: {seen:?}")),
+            Ok(None) => return Err(format!("terminal ended before {needle:?}: {seen:?}")),
+            Ok(Some(Ok(namzu::TerminalEvent::Output { data, .. }))) => seen.push_str(&String::from_utf8_lossy(&data)),
+            Ok(Some(Ok(namzu::TerminalEvent::Exit(st)))) => {
+                return Err(format!("terminal exited {st:?} before {needle:?}"))
+            }
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// A pty runs a shell: input is typed, output comes back, a resize is seen
+/// by the program, and closing kills the job it put in the background.
+async fn terminal_runs_resizes_and_close_kills_the_session(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        let opts = namzu::TerminalOptions {
+            command: Some("sh".into()),
+            cols: 80,
+            rows: 24,
+            ..Default::default()
+        };
+        let mut t = sb.open_terminal(opts).await.ctx("open terminal")?;
+        let mut seen = String::new();
+        t.write(Bytes::from_static(b"echo $((6*7))\n")).await.ctx("write")?;
+        read_until(&mut t, &mut seen, "\n42").await?;
+        t.resize(100, 30).await.ctx("resize")?;
+        t.write(Bytes::from_static(b"stty size\n")).await.ctx("write")?;
+        read_until(&mut t, &mut seen, "30 100").await?;
+        // Upper-cased by tr, so the terminal's echo of the typed line
+        // cannot be mistaken for the answer.
+        t.write(Bytes::from_static(b"sleep 300 & echo bg=$!: | tr a-z A-Z\n"))
+            .await
+            .ctx("write")?;
+        read_until_fn(&mut t, &mut seen, "BG=<pid>:", |s| {
+            s.contains("BG=") && s.rsplit("BG=").next().unwrap_or_default().contains(':')
+        })
+        .await?;
+        let bg = seen
+            .rsplit("BG=")
+            .next()
+            .and_then(|r| r.split(':').next())
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        ensure!(bg.parse::<u32>().is_ok(), "no background pid in {seen:?}");
+        ensure!(pid_alive(&sb, &bg).await?, "background job {bg} not running");
+        t.close().await.ctx("close")?;
+        ensure!(
+            !pid_alive(&sb, &bg).await?,
+            "background job {bg} survived the terminal's close"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// With no command, a terminal runs a login shell, and its exit code comes
+/// back.
+async fn terminal_login_shell_exit_code(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        let mut t = sb
+            .open_terminal(namzu::TerminalOptions::default())
+            .await
+            .ctx("open terminal")?;
+        t.write(Bytes::from_static(b"exit 7\n")).await.ctx("write")?;
+        loop {
+            match t.next().await {
+                Some(Ok(namzu::TerminalEvent::Exit(st))) => {
+                    ensure!(st.code == Some(7), "exit {st:?}");
+                    return Ok(());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("no exit".into()),
+            }
+        }
     })
     .await
 }

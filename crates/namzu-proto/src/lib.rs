@@ -100,6 +100,7 @@ pub mod features {
     pub const FILES_REMOVE: &str = "files.remove";
     pub const FILES_RENAME: &str = "files.rename";
     pub const TCP_CONNECT: &str = "tcp.connect";
+    pub const TERMINAL: &str = "terminal";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -116,6 +117,7 @@ pub mod features {
         FILES_REMOVE,
         FILES_RENAME,
         TCP_CONNECT,
+        TERMINAL,
     ];
 }
 

@@ -769,6 +769,140 @@ impl AgentClient {
     }
 }
 
+impl AgentClient {
+    /// Opens a terminal. Dropping or closing it kills every process still in
+    /// the terminal's session.
+    pub async fn open_terminal(&self, opts: TerminalOptions) -> Result<Terminal> {
+        const OP: &str = "terminal";
+        self.require(OP, feat::TERMINAL)?;
+        let b = |s: &std::ffi::OsStr| Bytes::copy_from_slice(s.as_bytes());
+        let open = v1::TerminalOpen {
+            command: opts.command.as_deref().map(b).unwrap_or_default(),
+            args: opts.args.iter().map(|a| b(a)).collect(),
+            cwd: opts.cwd.as_ref().map(|c| b(c.as_os_str())).unwrap_or_default(),
+            env: opts
+                .env
+                .iter()
+                .map(|(k, v)| v1::EnvVar { key: b(k), value: b(v) })
+                .collect(),
+            cols: u32::from(if opts.cols == 0 { 80 } else { opts.cols }),
+            rows: u32::from(if opts.rows == 0 { 24 } else { opts.rows }),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let _ = tx
+            .send(v1::TerminalInput {
+                msg: Some(v1::terminal_input::Msg::Open(open)),
+            })
+            .await;
+        let mut out = self
+            .rpc()
+            .terminal(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
+            Some(v1::TerminalOutput {
+                msg: Some(v1::terminal_output::Msg::Opened(s)),
+            }) => s.pid,
+            other => {
+                return Err(Error::Protocol {
+                    op: OP.into(),
+                    message: format!("expected opened, got {other:?}"),
+                })
+            }
+        };
+        Ok(Terminal {
+            pid,
+            input: tx,
+            out,
+            client: self.clone(),
+            ended: false,
+        })
+    }
+}
+
+/// A live terminal. Dropping it closes it.
+pub struct Terminal {
+    /// Pid of the terminal's command inside the sandbox.
+    pub pid: u32,
+    input: mpsc::Sender<v1::TerminalInput>,
+    out: tonic::Streaming<v1::TerminalOutput>,
+    client: AgentClient,
+    ended: bool,
+}
+
+impl Terminal {
+    async fn send(&mut self, msg: v1::terminal_input::Msg) -> Result<()> {
+        self.input
+            .send(v1::TerminalInput { msg: Some(msg) })
+            .await
+            .map_err(|_| Error::LinkLost {
+                op: "terminal".into(),
+                message: "the terminal is closed".into(),
+            })
+    }
+
+    /// Types `data` into the terminal.
+    pub async fn write(&mut self, data: impl Into<Bytes>) -> Result<()> {
+        self.send(v1::terminal_input::Msg::Input(data.into())).await
+    }
+
+    pub async fn resize(&mut self, cols: u16, rows: u16) -> Result<()> {
+        self.send(v1::terminal_input::Msg::Resize(v1::TerminalSize {
+            cols: u32::from(cols),
+            rows: u32::from(rows),
+        }))
+        .await
+    }
+
+    /// The next output or the exit; `None` after the exit.
+    pub async fn next(&mut self) -> Option<Result<TerminalEvent>> {
+        if self.ended {
+            return None;
+        }
+        match self.out.message().await {
+            Ok(Some(v1::TerminalOutput {
+                msg: Some(v1::terminal_output::Msg::Data(c)),
+            })) => Some(Ok(TerminalEvent::Output {
+                offset: c.offset,
+                data: c.data,
+            })),
+            Ok(Some(v1::TerminalOutput {
+                msg: Some(v1::terminal_output::Msg::Exit(x)),
+            })) => {
+                self.ended = true;
+                Some(Ok(TerminalEvent::Exit(exit_summary(x).status)))
+            }
+            Ok(_) => {
+                self.ended = true;
+                Some(Err(Error::LinkLost {
+                    op: "terminal".into(),
+                    message: "ended without an exit".into(),
+                }))
+            }
+            Err(s) => {
+                self.ended = true;
+                Some(Err(self.client.status("terminal", s)))
+            }
+        }
+    }
+
+    /// Closes the terminal: everything in its session is killed. Returns
+    /// how the command ended.
+    pub async fn close(mut self) -> Result<ExitStatus> {
+        let _ = self.send(v1::terminal_input::Msg::Close(v1::Empty {})).await;
+        while let Some(ev) = self.next().await {
+            if let TerminalEvent::Exit(st) = ev? {
+                return Ok(st);
+            }
+        }
+        Err(Error::LinkLost {
+            op: "terminal".into(),
+            message: "ended without an exit".into(),
+        })
+    }
+}
+
 /// How a cancel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {

@@ -24,7 +24,7 @@ pub mod image;
 pub mod sandbox;
 pub mod types;
 
-pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream};
+pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream, Terminal};
 pub use error::{Error, Result};
 pub use namzu_proto::{features, limits};
 pub use sandbox::{Bind, Provider, Resources, Sandbox, SandboxInfo, SandboxSpec, Tier};

@@ -170,6 +170,10 @@ pub trait Sandbox: Send + Sync {
     async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
         self.agent().rename(from, to).await
     }
+    /// A terminal (pty) inside the sandbox.
+    async fn open_terminal(&self, opts: TerminalOptions) -> Result<crate::client::Terminal> {
+        self.agent().open_terminal(opts).await
+    }
     /// A TCP connection to 127.0.0.1:`port` inside the sandbox.
     async fn open_tcp_connection(&self, port: u16) -> Result<tokio::io::DuplexStream> {
         self.agent().open_tcp_connection(port).await

@@ -256,3 +256,26 @@ pub struct AgentInfo {
     /// Directories file operations are confined beneath.
     pub roots: Vec<PathBuf>,
 }
+
+/// How to open a terminal.
+#[derive(Debug, Clone, Default)]
+pub struct TerminalOptions {
+    /// `None`: a login shell.
+    pub command: Option<OsString>,
+    pub args: Vec<OsString>,
+    pub cwd: Option<PathBuf>,
+    pub env: Vec<(OsString, OsString)>,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// One event of a terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TerminalEvent {
+    Output {
+        offset: u64,
+        data: Bytes,
+    },
+    /// Always the last event.
+    Exit(ExitStatus),
+}

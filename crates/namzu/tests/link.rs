@@ -352,3 +352,47 @@ async fn connections_in_their_preface_are_bounded() {
     let c = connect(&a).await.unwrap();
     assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
 }
+
+#[tokio::test]
+async fn sigterm_also_kills_terminal_sessions() {
+    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
+    let c = connect(&a).await.unwrap();
+    let opts = namzu::TerminalOptions {
+        command: Some("sh".into()),
+        ..Default::default()
+    };
+    let mut t = c.open_terminal(opts).await.unwrap();
+    // Upper-cased by tr, so the echo of the typed line cannot match.
+    t.write(Bytes::from_static(b"sleep 300 & echo bg=$!: | tr a-z A-Z\n"))
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !(seen.contains("BG=") && seen.rsplit("BG=").next().unwrap().contains(':')) {
+        match t.next().await {
+            Some(Ok(namzu::TerminalEvent::Output { data, .. })) => seen.push_str(&String::from_utf8_lossy(&data)),
+            other => panic!("{other:?} after {seen:?}"),
+        }
+    }
+    let bg: i32 = seen
+        .rsplit("BG=")
+        .next()
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while a.child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "agent did not exit");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let alive = std::fs::read_to_string(format!("/proc/{bg}/stat")).is_ok_and(|s| !s.contains(") Z"));
+    assert!(!alive, "terminal job {bg} outlived the agent");
+}
