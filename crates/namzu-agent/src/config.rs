@@ -24,6 +24,7 @@ pub struct Limits {
     pub preface_timeout_ms: u64,
     pub max_pending_links: u64,
     pub shutdown_grace_ms: u64,
+    pub agent_shutdown_deadline_ms: u64,
 }
 
 impl Default for Limits {
@@ -44,6 +45,7 @@ impl Default for Limits {
             preface_timeout_ms: 5_000,
             max_pending_links: 64,
             shutdown_grace_ms: 5_000,
+            agent_shutdown_deadline_ms: 15_000,
         }
     }
 }
@@ -92,6 +94,7 @@ impl Limits {
             (limits::PREFACE_TIMEOUT_MS, &mut self.preface_timeout_ms),
             (limits::MAX_PENDING_LINKS, &mut self.max_pending_links),
             (limits::SHUTDOWN_GRACE_MS, &mut self.shutdown_grace_ms),
+            (limits::AGENT_SHUTDOWN_DEADLINE_MS, &mut self.agent_shutdown_deadline_ms),
         ]
     }
 

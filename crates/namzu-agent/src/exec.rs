@@ -66,6 +66,9 @@ pub struct Execs {
     table: Mutex<Table>,
     retiring: AtomicBool,
     shutting_down: AtomicBool,
+    /// Set while a quiesce runs: executions that die meanwhile end as
+    /// cancelled, never as a kill that could fence the agent.
+    quiescing: AtomicBool,
 }
 
 impl Execs {
@@ -77,6 +80,7 @@ impl Execs {
             table: Mutex::new(Table::default()),
             retiring: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            quiescing: AtomicBool::new(false),
         }
     }
 
@@ -91,6 +95,10 @@ impl Execs {
 
     pub fn retiring(&self) -> bool {
         self.retiring.load(Ordering::SeqCst)
+    }
+
+    pub fn set_quiescing(&self, on: bool) {
+        self.quiescing.store(on, Ordering::SeqCst);
     }
 
     pub fn begin_shutdown(&self) {
@@ -348,6 +356,9 @@ impl Execs {
                     return Err(self.retire(&exec_id, "kill after stream drop could not be confirmed"));
                 }
             }
+        }
+        if self.quiescing.load(Ordering::SeqCst) {
+            cancelled = true;
         }
         if let Some(t) = stdin_task {
             t.abort();

@@ -20,6 +20,7 @@ pub mod config;
 pub mod exec;
 pub mod files;
 pub mod jail;
+pub mod quiesce;
 pub mod reaper;
 pub mod sandbox;
 pub mod serve;

@@ -265,6 +265,8 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
 
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let grace = limits.shutdown_grace();
+    let deadline = Duration::from_millis(limits.agent_shutdown_deadline_ms);
+    let flush_root = cfg.roots.first().cloned().unwrap_or_else(|| "/".into());
     let execs_for_stop = execs.clone();
     let stopper = tokio::spawn(async move {
         tokio::select! {
@@ -277,22 +279,22 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             let _ = std::fs::remove_file(p);
         }
         execs_for_stop.begin_shutdown();
-        // Running work gets the grace period to finish on its own.
-        let waited = tokio::time::timeout(grace, async {
-            while execs_for_stop.running() > 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+        // Stop everything in the sandbox (SIGTERM, the grace, SIGKILL, in
+        // rounds), then make the workspace durable, all within the deadline.
+        let stop = async {
+            execs_for_stop.set_quiescing(true);
+            match crate::quiesce::quiesce(grace).await {
+                Ok((stopped, rounds)) => tracing::info!(stopped = stopped.len(), rounds, "quiesced"),
+                Err(e) => tracing::error!(pid = e.pid, "quiesce: {}", e.message),
             }
-        })
-        .await;
-        if waited.is_err() {
-            tracing::warn!(
-                running = execs_for_stop.running(),
-                "grace over: killing running commands"
-            );
-            execs_for_stop.kill_all(Duration::from_secs(2)).await;
+            crate::terminal::kill_all().await;
+            if let Err(e) = crate::quiesce::flush(&flush_root, Duration::from_secs(10)).await {
+                tracing::error!("flush: {}", e.message);
+            }
+        };
+        if tokio::time::timeout(deadline, stop).await.is_err() {
+            tracing::error!(?deadline, "shutdown deadline passed; exiting anyway");
         }
-        // Terminals are interactive: nothing to wait for.
-        crate::terminal::kill_all().await;
         let _ = stop_tx.send(());
     });
 

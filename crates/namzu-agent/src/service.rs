@@ -57,6 +57,8 @@ impl IntoStatus for OpError {
             | Kind::Protocol => Code::FailedPrecondition,
             Kind::FeatureDisabled => Code::Unimplemented,
             Kind::ConnectionRefused => Code::Unavailable,
+            Kind::Survivor => Code::Aborted,
+            Kind::Timeout => Code::DeadlineExceeded,
         };
         namzu_proto::status_with_error(code, self)
     }
@@ -380,6 +382,36 @@ impl Agent for AgentService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn quiesce(&self, req: Request<v1::QuiesceRequest>) -> Result<Response<v1::QuiesceResponse>, Status> {
+        self.admit("quiesce", namzu_proto::features::QUIESCE)?;
+        let grace = match req.into_inner().grace_ms {
+            0 => self.limits().shutdown_grace(),
+            ms => std::time::Duration::from_millis(ms),
+        };
+        self.execs.set_quiescing(true);
+        let result = crate::quiesce::quiesce(grace).await;
+        self.execs.set_quiescing(false);
+        let (stopped, rounds) = result.map_err(IntoStatus::into_status)?;
+        tracing::info!(stopped = stopped.len(), rounds, "quiesced");
+        Ok(Response::new(v1::QuiesceResponse { stopped, rounds }))
+    }
+
+    async fn flush(&self, req: Request<v1::FlushRequest>) -> Result<Response<v1::FlushResponse>, Status> {
+        self.admit("flush", namzu_proto::features::FLUSH)?;
+        self.gate("flush")?;
+        let timeout = match req.into_inner().timeout_ms {
+            0 => std::time::Duration::from_secs(30),
+            ms => std::time::Duration::from_millis(ms),
+        };
+        let root = self.cfg.roots.first().cloned().unwrap_or_else(|| "/".into());
+        let took = crate::quiesce::flush(&root, timeout)
+            .await
+            .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(v1::FlushResponse {
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        }))
     }
 
     type TerminalStream = ReceiverStream<Result<v1::TerminalOutput, Status>>;

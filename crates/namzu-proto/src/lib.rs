@@ -64,6 +64,9 @@ pub mod limits {
     pub const MAX_PENDING_LINKS: &str = "max_pending_links";
     /// Time SIGTERM gives running work before the agent kills it and exits.
     pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
+    /// Bound on the agent's whole SIGTERM shutdown (stop accepting,
+    /// quiesce, flush, exit).
+    pub const AGENT_SHUTDOWN_DEADLINE_MS: &str = "agent_shutdown_deadline_ms";
 
     /// Every limit name, for validating overrides.
     pub const ALL: &[&str] = &[
@@ -82,6 +85,7 @@ pub mod limits {
         PREFACE_TIMEOUT_MS,
         MAX_PENDING_LINKS,
         SHUTDOWN_GRACE_MS,
+        AGENT_SHUTDOWN_DEADLINE_MS,
     ];
 }
 
@@ -101,6 +105,8 @@ pub mod features {
     pub const FILES_RENAME: &str = "files.rename";
     pub const TCP_CONNECT: &str = "tcp.connect";
     pub const TERMINAL: &str = "terminal";
+    pub const QUIESCE: &str = "quiesce";
+    pub const FLUSH: &str = "flush";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -118,6 +124,8 @@ pub mod features {
         FILES_RENAME,
         TCP_CONNECT,
         TERMINAL,
+        QUIESCE,
+        FLUSH,
     ];
 }
 

@@ -770,6 +770,47 @@ impl AgentClient {
 }
 
 impl AgentClient {
+    /// Stops every process in the sandbox but the agent: SIGTERM, `grace`,
+    /// SIGKILL, in rounds until a pass finds none. Running executions end as
+    /// cancelled; nothing is retired.
+    pub async fn quiesce(&self, grace: Duration) -> Result<QuiesceReport> {
+        const OP: &str = "quiesce";
+        self.require(OP, feat::QUIESCE)?;
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX).max(1);
+        let r = self
+            .rpc()
+            .quiesce(v1::QuiesceRequest { grace_ms })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        Ok(QuiesceReport {
+            stopped: r
+                .stopped
+                .into_iter()
+                .map(|p| StoppedProcess {
+                    pid: p.pid,
+                    comm: p.comm,
+                    signal: p.signal,
+                })
+                .collect(),
+            rounds: r.rounds,
+        })
+    }
+
+    /// Makes everything written to the workspace durable (syncfs) within
+    /// `timeout`; returns how long it took.
+    pub async fn flush(&self, timeout: Duration) -> Result<Duration> {
+        const OP: &str = "flush";
+        self.require(OP, feat::FLUSH)?;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+        let r = self
+            .rpc()
+            .flush(v1::FlushRequest { timeout_ms })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(Duration::from_millis(r.into_inner().duration_ms))
+    }
+
     /// Opens a terminal. Dropping or closing it kills every process still in
     /// the terminal's session.
     pub async fn open_terminal(&self, opts: TerminalOptions) -> Result<Terminal> {

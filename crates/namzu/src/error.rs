@@ -64,6 +64,12 @@ pub enum Error {
     #[error("{op}: unknown execution {exec_id}")]
     UnknownExecution { op: String, exec_id: String },
 
+    // ---- quiesce and flush
+    #[error("process {pid} survived SIGKILL during quiesce")]
+    QuiesceSurvivor { pid: u32 },
+    #[error("{op} did not finish within {limit_ms} ms")]
+    Timeout { op: String, limit_ms: u64 },
+
     // ---- network
     #[error("nothing listens on port {port} inside the sandbox")]
     ConnectionRefused { port: u16 },
@@ -182,6 +188,8 @@ impl Error {
                 message: e.message,
             },
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
+            Kind::Survivor => Error::QuiesceSurvivor { pid: e.pid },
+            Kind::Timeout => Error::Timeout { op, limit_ms: e.limit },
             Kind::ConnectionRefused => Error::ConnectionRefused {
                 port: u16::try_from(e.port).unwrap_or(0),
             },

@@ -170,6 +170,14 @@ pub trait Sandbox: Send + Sync {
     async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
         self.agent().rename(from, to).await
     }
+    /// Stops every process in the sandbox but the agent.
+    async fn quiesce(&self, grace: std::time::Duration) -> Result<QuiesceReport> {
+        self.agent().quiesce(grace).await
+    }
+    /// Makes the workspace durable.
+    async fn flush(&self, timeout: std::time::Duration) -> Result<std::time::Duration> {
+        self.agent().flush(timeout).await
+    }
     /// A terminal (pty) inside the sandbox.
     async fn open_terminal(&self, opts: TerminalOptions) -> Result<crate::client::Terminal> {
         self.agent().open_terminal(opts).await

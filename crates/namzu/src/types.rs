@@ -279,3 +279,20 @@ pub enum TerminalEvent {
     /// Always the last event.
     Exit(ExitStatus),
 }
+
+/// A process quiesce stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedProcess {
+    pub pid: u32,
+    pub comm: String,
+    /// 15 if SIGTERM was enough, 9 if it took SIGKILL.
+    pub signal: i32,
+}
+
+/// What a quiesce did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuiesceReport {
+    pub stopped: Vec<StoppedProcess>,
+    /// Passes until one found nothing left.
+    pub rounds: u32,
+}
