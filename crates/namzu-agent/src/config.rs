@@ -25,6 +25,9 @@ pub struct Limits {
     pub max_pending_links: u64,
     pub shutdown_grace_ms: u64,
     pub agent_shutdown_deadline_ms: u64,
+    pub max_sessions: u64,
+    pub session_ring_bytes: u64,
+    pub session_ttl_ms: u64,
 }
 
 impl Default for Limits {
@@ -46,6 +49,9 @@ impl Default for Limits {
             max_pending_links: 64,
             shutdown_grace_ms: 5_000,
             agent_shutdown_deadline_ms: 15_000,
+            max_sessions: 16,
+            session_ring_bytes: 1 << 20,
+            session_ttl_ms: 10 * 60 * 1000,
         }
     }
 }
@@ -95,6 +101,9 @@ impl Limits {
             (limits::MAX_PENDING_LINKS, &mut self.max_pending_links),
             (limits::SHUTDOWN_GRACE_MS, &mut self.shutdown_grace_ms),
             (limits::AGENT_SHUTDOWN_DEADLINE_MS, &mut self.agent_shutdown_deadline_ms),
+            (limits::MAX_SESSIONS, &mut self.max_sessions),
+            (limits::SESSION_RING_BYTES, &mut self.session_ring_bytes),
+            (limits::SESSION_TTL_MS, &mut self.session_ttl_ms),
         ]
     }
 

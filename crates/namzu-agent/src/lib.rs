@@ -25,6 +25,7 @@ pub mod reaper;
 pub mod sandbox;
 pub mod serve;
 pub mod service;
+pub mod sessions;
 pub mod tcp;
 pub mod terminal;
 

@@ -70,16 +70,22 @@ pub struct AgentService {
     execs: Arc<Execs>,
     boot_id: String,
     ops_served: std::sync::atomic::AtomicU64,
+    sessions: Arc<crate::sessions::Sessions>,
 }
 
 impl AgentService {
     pub fn new(cfg: Arc<AgentConfig>, jail: Arc<Jail>, execs: Arc<Execs>) -> Self {
         Self {
-            cfg,
             jail,
-            execs,
             boot_id: format!("{:032x}", rand::random::<u128>()),
             ops_served: Default::default(),
+            sessions: Arc::new(crate::sessions::Sessions::new(
+                cfg.limits.clone(),
+                execs.default_cwd().to_path_buf(),
+                execs.reaper(),
+            )),
+            cfg,
+            execs,
         }
     }
 
@@ -382,6 +388,54 @@ impl Agent for AgentService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn start_detached(
+        &self,
+        req: Request<v1::StartDetachedRequest>,
+    ) -> Result<Response<v1::SessionInfo>, Status> {
+        self.admit("start_detached", namzu_proto::features::SESSIONS)?;
+        self.gate("start_detached")?;
+        let info = self
+            .sessions
+            .start_detached(req.into_inner())
+            .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(info))
+    }
+
+    async fn read_session(
+        &self,
+        req: Request<v1::ReadSessionRequest>,
+    ) -> Result<Response<v1::ReadSessionResponse>, Status> {
+        self.admit("read_session", namzu_proto::features::SESSIONS)?;
+        let r = self.sessions.read(&req.into_inner()).map_err(IntoStatus::into_status)?;
+        Ok(Response::new(r))
+    }
+
+    async fn list_sessions(&self, _: Request<Empty>) -> Result<Response<v1::ListSessionsResponse>, Status> {
+        self.admit("list_sessions", namzu_proto::features::SESSIONS)?;
+        Ok(Response::new(v1::ListSessionsResponse {
+            sessions: self.sessions.list(),
+        }))
+    }
+
+    async fn kill_session(&self, req: Request<v1::KillSessionRequest>) -> Result<Response<v1::SessionInfo>, Status> {
+        use nix::sys::signal::Signal;
+        use v1::kill_session_request::Sig;
+        self.admit("kill_session", namzu_proto::features::SESSIONS)?;
+        let r = req.into_inner();
+        let sig = match r.signal() {
+            Sig::Kill => Signal::SIGKILL,
+            Sig::Int => Signal::SIGINT,
+            Sig::Hup => Signal::SIGHUP,
+            Sig::Term | Sig::Unspecified => Signal::SIGTERM,
+        };
+        let info = self
+            .sessions
+            .kill(&r.session_id, sig)
+            .await
+            .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(info))
     }
 
     async fn quiesce(&self, req: Request<v1::QuiesceRequest>) -> Result<Response<v1::QuiesceResponse>, Status> {

@@ -88,6 +88,23 @@ impl ResourceArgs {
     }
 }
 
+fn parse_signal(s: &str) -> Result<namzu::SessionSignal, String> {
+    match s.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
+        "TERM" => Ok(namzu::SessionSignal::Term),
+        "KILL" => Ok(namzu::SessionSignal::Kill),
+        "INT" => Ok(namzu::SessionSignal::Int),
+        "HUP" => Ok(namzu::SessionSignal::Hup),
+        _ => Err(format!("signal must be TERM, KILL, INT or HUP, got {s:?}")),
+    }
+}
+
+fn session_state(s: &namzu::SessionInfo) -> String {
+    match s.state {
+        namzu::SessionState::Running => "running".into(),
+        namzu::SessionState::Exited(st) => format!("exited({})", st.shell_code()),
+    }
+}
+
 fn parse_ports(s: &str) -> Result<(u16, u16), String> {
     let (l, r) = s
         .split_once(':')
@@ -160,8 +177,34 @@ enum Cmd {
     /// Run a command in an existing sandbox.
     Exec {
         id: String,
+        /// Run it detached, in a named session that outlives this process
+        /// (read it with `namzu logs`).
+        #[arg(long, requires = "session")]
+        detach: bool,
+        /// The session's name, with --detach.
+        #[arg(long = "id", value_name = "SESSION")]
+        session: Option<String>,
         #[command(flatten)]
         exec: ExecArgs,
+    },
+    /// Print a detached session's output, from an offset; --follow until it exits.
+    Logs {
+        id: String,
+        session: String,
+        #[arg(long)]
+        follow: bool,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+    },
+    /// List a sandbox's sessions.
+    Sessions { id: String },
+    /// Signal every process of a session.
+    Kill {
+        id: String,
+        session: String,
+        /// TERM, KILL, INT or HUP.
+        #[arg(long, default_value = "TERM", value_parser = parse_signal)]
+        signal: namzu::SessionSignal,
     },
     /// Copy a file; write ID:PATH for a path inside a sandbox.
     Cp { src: String, dst: String },
@@ -320,11 +363,94 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             println!("{}", sb.id());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Exec { id, exec } => {
+        Cmd::Exec {
+            id,
+            detach,
+            session,
+            exec,
+        } => {
             let (tier, p) = provider_of(&cli.state_dir, &id).await?;
             warn_host(tier);
             let sb = p.connect(&id).await?;
-            run_command(sb.as_ref(), exec).await
+            if !detach {
+                if session.is_some() {
+                    return Err(Fail("--id names a detached session; add --detach".into()));
+                }
+                return run_command(sb.as_ref(), exec).await;
+            }
+            if exec.timeout.is_some() {
+                return Err(Fail(
+                    "--timeout does not apply to --detach (stop it with `namzu kill`)".into(),
+                ));
+            }
+            let mut args = exec.command.into_iter();
+            let command = args.next().ok_or_else(|| Fail("no command given".into()))?;
+            let spec = namzu::DetachedSpec {
+                session_id: session.unwrap_or_default(),
+                command,
+                args: args.collect(),
+                cwd: exec.workdir,
+                env: exec.env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            };
+            let info = sb.start_detached(spec).await?;
+            println!("{}", info.session_id);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Logs {
+            id,
+            session,
+            follow,
+            from,
+        } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            let mut out = tokio::io::stdout();
+            let mut at = from;
+            loop {
+                let c = sb.read_session(&session, at, 0).await?;
+                if c.dropped_bytes > 0 {
+                    eprintln!(
+                        "namzu: {} bytes of output were dropped (ring full) before offset {}",
+                        c.dropped_bytes, c.offset
+                    );
+                }
+                out.write_all(&c.data).await.map_err(|e| Fail(format!("stdout: {e}")))?;
+                out.flush().await.map_err(|e| Fail(format!("stdout: {e}")))?;
+                at = c.next_offset;
+                let caught_up = at == c.info.output_bytes;
+                match c.info.state {
+                    namzu::SessionState::Exited(st) if caught_up && follow => {
+                        return Ok(ExitCode::from(
+                            u8::try_from(st.shell_code().clamp(0, 255)).unwrap_or(255),
+                        ));
+                    }
+                    _ if caught_up && !follow => return Ok(ExitCode::SUCCESS),
+                    _ if c.data.is_empty() => tokio::time::sleep(Duration::from_millis(50)).await,
+                    _ => {}
+                }
+            }
+        }
+        Cmd::Sessions { id } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            println!("{:<24} {:<8} {:<12} BYTES", "SESSION", "PID", "STATE");
+            for s in sb.list_sessions().await? {
+                println!(
+                    "{:<24} {:<8} {:<12} {}",
+                    s.session_id,
+                    s.pid,
+                    session_state(&s),
+                    s.output_bytes
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Kill { id, session, signal } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            let info = sb.kill_session(&session, signal).await?;
+            println!("{} {}", info.session_id, session_state(&info));
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Cp { src, dst } => {
             let id = split_remote(&src).or(split_remote(&dst)).map(|(id, _)| id.to_owned());

@@ -263,3 +263,70 @@ fn shell_runs_a_terminal_and_exits_with_its_code() {
     );
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+#[test]
+fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
+    use std::io::Read;
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let script = "i=1; while [ $i -le 400 ]; do echo line$i; i=$((i+1)); sleep 0.002; done; exit 4";
+    let o = namzu(
+        st.path(),
+        &["exec", "--detach", "--id", "job", &id, "--", "sh", "-c", script],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "job");
+
+    // Host process A follows the log and is killed mid-command.
+    let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["logs", &id, "job", "--follow"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = vec![0u8; 600];
+    a.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    a.kill().unwrap();
+    let mut rest_of_a = Vec::new();
+    let _ = a.stdout.take().unwrap().read_to_end(&mut rest_of_a);
+    let _ = a.wait();
+    first.extend_from_slice(&rest_of_a);
+    let got_a = first.len();
+
+    // Host process B resumes from the byte A reached, to the end.
+    let b = namzu(
+        st.path(),
+        &["logs", &id, "job", "--follow", "--from", &got_a.to_string()],
+    );
+    assert_eq!(
+        b.status.code(),
+        Some(4),
+        "the command's exit code comes through: {}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let mut all = first;
+    all.extend_from_slice(&b.stdout);
+    let want: String = (1..=400).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&all),
+        want,
+        "bytes lost or repeated between the two readers"
+    );
+
+    let list = String::from_utf8_lossy(&namzu(st.path(), &["sessions", &id]).stdout).into_owned();
+    assert!(
+        list.lines().any(|l| l.starts_with("job") && l.contains("exited(4)")),
+        "{list}"
+    );
+    let o = namzu(
+        st.path(),
+        &["exec", "--detach", "--id", "svc", &id, "--", "sleep", "300"],
+    );
+    assert!(o.status.success());
+    let o = namzu(st.path(), &["kill", &id, "svc", "--signal", "KILL"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "svc exited(137)");
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

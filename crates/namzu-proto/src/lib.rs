@@ -64,6 +64,12 @@ pub mod limits {
     pub const MAX_PENDING_LINKS: &str = "max_pending_links";
     /// Time SIGTERM gives running work before the agent kills it and exits.
     pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
+    /// Sessions (detached commands) held at once, exited ones included.
+    pub const MAX_SESSIONS: &str = "max_sessions";
+    /// Output kept per session; older bytes are dropped, and reported.
+    pub const SESSION_RING_BYTES: &str = "session_ring_bytes";
+    /// How long an exited session's record (and output) is kept.
+    pub const SESSION_TTL_MS: &str = "session_ttl_ms";
     /// Bound on the agent's whole SIGTERM shutdown (stop accepting,
     /// quiesce, flush, exit).
     pub const AGENT_SHUTDOWN_DEADLINE_MS: &str = "agent_shutdown_deadline_ms";
@@ -86,6 +92,9 @@ pub mod limits {
         MAX_PENDING_LINKS,
         SHUTDOWN_GRACE_MS,
         AGENT_SHUTDOWN_DEADLINE_MS,
+        MAX_SESSIONS,
+        SESSION_RING_BYTES,
+        SESSION_TTL_MS,
     ];
 }
 
@@ -107,6 +116,7 @@ pub mod features {
     pub const TERMINAL: &str = "terminal";
     pub const QUIESCE: &str = "quiesce";
     pub const FLUSH: &str = "flush";
+    pub const SESSIONS: &str = "sessions";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -126,6 +136,7 @@ pub mod features {
         TERMINAL,
         QUIESCE,
         FLUSH,
+        SESSIONS,
     ];
 }
 

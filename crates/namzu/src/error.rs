@@ -64,6 +64,12 @@ pub enum Error {
     #[error("{op}: unknown execution {exec_id}")]
     UnknownExecution { op: String, exec_id: String },
 
+    // ---- sessions
+    #[error("no session {id:?}")]
+    SessionNotFound { id: String },
+    #[error("a session {id:?} exists already")]
+    SessionExists { id: String },
+
     // ---- quiesce and flush
     #[error("process {pid} survived SIGKILL during quiesce")]
     QuiesceSurvivor { pid: u32 },
@@ -153,6 +159,8 @@ impl Error {
         let op = if e.op.is_empty() { op.to_owned() } else { e.op.clone() };
         let path = bytes_path(&e.path);
         match e.kind() {
+            Kind::NotFound if !e.exec_id.is_empty() => Error::SessionNotFound { id: e.exec_id },
+            Kind::AlreadyExists if !e.exec_id.is_empty() => Error::SessionExists { id: e.exec_id },
             Kind::NotFound => Error::NotFound { op, path },
             Kind::AlreadyExists => Error::AlreadyExists { op, path },
             Kind::PermissionDenied => Error::PermissionDenied { op, path },

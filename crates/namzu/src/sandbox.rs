@@ -170,6 +170,19 @@ pub trait Sandbox: Send + Sync {
     async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
         self.agent().rename(from, to).await
     }
+    /// Starts a command in a named session that outlives any connection.
+    async fn start_detached(&self, spec: DetachedSpec) -> Result<SessionInfo> {
+        self.agent().start_detached(spec).await
+    }
+    async fn read_session(&self, id: &str, from_offset: u64, max_bytes: u32) -> Result<SessionChunk> {
+        self.agent().read_session(id, from_offset, max_bytes).await
+    }
+    async fn list_sessions(&self) -> Result<Vec<SessionInfo>> {
+        self.agent().list_sessions().await
+    }
+    async fn kill_session(&self, id: &str, signal: SessionSignal) -> Result<SessionInfo> {
+        self.agent().kill_session(id, signal).await
+    }
     /// Stops every process in the sandbox but the agent.
     async fn quiesce(&self, grace: std::time::Duration) -> Result<QuiesceReport> {
         self.agent().quiesce(grace).await

@@ -296,3 +296,52 @@ pub struct QuiesceReport {
     /// Passes until one found nothing left.
     pub rounds: u32,
 }
+
+/// A command to run detached, in a named session.
+#[derive(Debug, Clone, Default)]
+pub struct DetachedSpec {
+    pub session_id: String,
+    pub command: OsString,
+    pub args: Vec<OsString>,
+    pub cwd: Option<PathBuf>,
+    pub env: Vec<(OsString, OsString)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    Running,
+    Exited(ExitStatus),
+}
+
+/// What the agent knows of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub pid: u32,
+    pub state: SessionState,
+    /// Bytes written so far: the offset of the next byte.
+    pub output_bytes: u64,
+    /// Oldest offset still held; bytes before it were dropped.
+    pub first_offset: u64,
+}
+
+/// One read of a session's output.
+#[derive(Debug, Clone)]
+pub struct SessionChunk {
+    pub data: Bytes,
+    /// Where `data` starts (past `from_offset` when bytes were dropped).
+    pub offset: u64,
+    pub next_offset: u64,
+    /// Bytes asked for that the ring had already dropped.
+    pub dropped_bytes: u64,
+    pub info: SessionInfo,
+}
+
+/// Signals `kill_session` may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionSignal {
+    Term,
+    Kill,
+    Int,
+    Hup,
+}
