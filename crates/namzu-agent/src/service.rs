@@ -59,6 +59,7 @@ impl IntoStatus for OpError {
             Kind::ConnectionRefused => Code::Unavailable,
             Kind::Survivor => Code::Aborted,
             Kind::Timeout => Code::DeadlineExceeded,
+            Kind::AttachReplaced => Code::Aborted,
         };
         namzu_proto::status_with_error(code, self)
     }
@@ -478,16 +479,32 @@ impl Agent for AgentService {
         self.admit(OP, namzu_proto::features::TERMINAL)?;
         self.gate(OP)?;
         let mut input = req.into_inner();
-        let open = match input.next().await {
-            Some(Ok(v1::TerminalInput {
-                msg: Some(v1::terminal_input::Msg::Open(o)),
-            })) => o,
+        let first = match input.next().await {
+            Some(Ok(v1::TerminalInput { msg: Some(m) })) => m,
             Some(Err(e)) => return Err(e),
-            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open").into_status()),
+            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open or attach").into_status()),
         };
         let (tx, rx) = mpsc::channel(16);
-        let (reaper, cwd) = (self.execs.reaper(), self.execs.default_cwd().to_path_buf());
-        tokio::spawn(crate::terminal::run(reaper, cwd, open, input, tx));
+        match first {
+            v1::terminal_input::Msg::Open(open) if open.persistent => {
+                self.feature(OP, namzu_proto::features::SESSIONS)?;
+                self.sessions
+                    .open_terminal(&self.execs.reaper(), &open)
+                    .map_err(IntoStatus::into_status)?;
+                let sessions = self.sessions.clone();
+                tokio::spawn(async move { sessions.attach(&open.session_id, 0, input, tx).await });
+            }
+            v1::terminal_input::Msg::Open(open) => {
+                let (reaper, cwd) = (self.execs.reaper(), self.execs.default_cwd().to_path_buf());
+                tokio::spawn(crate::terminal::run(reaper, cwd, open, input, tx));
+            }
+            v1::terminal_input::Msg::Attach(a) => {
+                self.feature(OP, namzu_proto::features::SESSIONS)?;
+                let sessions = self.sessions.clone();
+                tokio::spawn(async move { sessions.attach(&a.session_id, a.from_offset, input, tx).await });
+            }
+            _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open or attach").into_status()),
+        }
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

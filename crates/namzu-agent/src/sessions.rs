@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use namzu_proto::v1::{self, agent_error::Kind, session_info::State, SessionInfo};
 use nix::sys::signal::Signal;
+use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 
 use crate::config::Limits;
@@ -54,6 +55,14 @@ struct Session {
     pid: u32,
     ring: Mutex<Ring>,
     exit: Mutex<Option<(ExitInfo, Instant)>>,
+    /// Woken on new output and on exit, for attachments that follow.
+    changed: tokio::sync::Notify,
+    /// A persistent terminal's pty; `None` for a detached command.
+    pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    /// The current attachment (generation, token), ended when another takes
+    /// over.
+    attached: Mutex<Option<(u64, tokio_util::sync::CancellationToken)>>,
+    generation: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -122,33 +131,37 @@ impl Sessions {
         lock(&self.map).retain(|_, s| !matches!(*lock(&s.exit), Some((_, at)) if at.elapsed() > ttl));
     }
 
-    pub fn start_detached(&self, req: v1::StartDetachedRequest) -> Result<SessionInfo, OpError> {
-        const OP: &str = "start_detached";
-        if !valid_id(&req.session_id) {
+    /// Refuses a bad or taken id, or a full registry.
+    fn admit(&self, op: &str, id: &str) -> Result<(), OpError> {
+        if !valid_id(id) {
             return Err(agent_err(
                 Kind::InvalidArgument,
-                OP,
+                op,
                 "session id must be 1-128 of [A-Za-z0-9._-]",
             ));
         }
+        self.prune();
+        let map = lock(&self.map);
+        if map.contains_key(id) {
+            let mut e = agent_err(Kind::AlreadyExists, op, "a session with this id exists");
+            e.exec_id = id.into();
+            return Err(e);
+        }
+        if map.len() as u64 >= self.limits.max_sessions {
+            let mut e = agent_err(Kind::LimitExceeded, op, "too many sessions");
+            e.limit_name = namzu_proto::limits::MAX_SESSIONS.into();
+            e.limit = self.limits.max_sessions;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    pub fn start_detached(&self, req: v1::StartDetachedRequest) -> Result<SessionInfo, OpError> {
+        const OP: &str = "start_detached";
         if req.command.is_empty() {
             return Err(agent_err(Kind::InvalidArgument, OP, "command is empty"));
         }
-        self.prune();
-        {
-            let map = lock(&self.map);
-            if map.contains_key(&req.session_id) {
-                let mut e = agent_err(Kind::AlreadyExists, OP, "a session with this id exists");
-                e.exec_id = req.session_id.clone();
-                return Err(e);
-            }
-            if map.len() as u64 >= self.limits.max_sessions {
-                let mut e = agent_err(Kind::LimitExceeded, OP, "too many sessions");
-                e.limit_name = namzu_proto::limits::MAX_SESSIONS.into();
-                e.limit = self.limits.max_sessions;
-                return Err(e);
-            }
-        }
+        self.admit(OP, &req.session_id)?;
         let io = |e: std::io::Error| agent_err(Kind::Io, OP, &e.to_string());
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()))?;
         let mut cmd = std::process::Command::new(OsStr::from_bytes(&req.command));
@@ -179,27 +192,184 @@ impl Sessions {
             err
         })?;
         drop(cmd);
+        let session = self.insert(&req.session_id, child.id(), None);
+        let pumped = session.clone();
+        let pump = tokio::spawn(async move { pump(r, &pumped).await });
+        watch_exit(session.clone(), exit_rx, pump);
+        Ok(session.info(&req.session_id))
+    }
+
+    fn insert(&self, id: &str, pid: u32, pty: Option<Arc<AsyncFd<OwnedFd>>>) -> Arc<Session> {
         let cap = Limits::usize(self.limits.session_ring_bytes).max(1);
         let session = Arc::new(Session {
-            pid: child.id(),
+            pid,
             ring: Mutex::new(Ring {
                 buf: VecDeque::new(),
                 start: 0,
                 cap,
             }),
             exit: Mutex::new(None),
+            changed: tokio::sync::Notify::new(),
+            pty,
+            attached: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
         });
-        lock(&self.map).insert(req.session_id.clone(), session.clone());
+        lock(&self.map).insert(id.into(), session.clone());
+        session
+    }
+
+    /// Starts a persistent terminal: its output drains into the ring from
+    /// the start; attachments come and go.
+    pub fn open_terminal(&self, reaper: &Reaper, open: &v1::TerminalOpen) -> Result<(), OpError> {
+        const OP: &str = "terminal";
+        self.admit(OP, &open.session_id)?;
+        let (master, pid, exit_rx) = crate::terminal::start(reaper, &self.default_cwd, open)?;
+        rustix::io::ioctl_fionbio(&master, true).map_err(|e| agent_err(Kind::Io, OP, &e.to_string()))?;
+        #[allow(unsafe_code)]
+        // SAFETY: an OwnedFd always returns the same, open descriptor from
+        // as_raw_fd, and the AsyncFd owns it until it is dropped.
+        let master =
+            Arc::new(unsafe { AsyncFd::register(master) }.map_err(|e| agent_err(Kind::Io, OP, &e.to_string()))?);
+        let session = self.insert(&open.session_id, pid, Some(master.clone()));
         let pumped = session.clone();
-        let pump = tokio::spawn(async move { pump(r, &pumped).await });
-        let waited = session.clone();
+        let pump = tokio::spawn(async move { pump_pty(master, &pumped).await });
+        watch_exit(session.clone(), exit_rx, pump);
+        // Whatever the leader left behind in its session goes with it.
+        let sid = i32::try_from(pid).unwrap_or(i32::MAX);
+        let swept = session.clone();
         tokio::spawn(async move {
-            let status = exit_rx.await.unwrap_or(ExitInfo::Signal(9));
-            // Late output first, so "exited" means every byte is in.
-            let _ = tokio::time::timeout(Duration::from_millis(200), pump).await;
-            *lock(&waited.exit) = Some((status, Instant::now()));
+            loop {
+                if lock(&swept.exit).is_some() {
+                    let _ = crate::terminal::kill_session(sid, Signal::SIGKILL).await;
+                    return;
+                }
+                let changed = swept.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if lock(&swept.exit).is_some() {
+                    continue;
+                }
+                changed.await;
+            }
         });
-        Ok(session.info(&req.session_id))
+        Ok(())
+    }
+
+    /// Attaches to a persistent terminal from `from`: replays, then follows,
+    /// with input and resize. Ends on the program's exit (after the last
+    /// byte), on `close` (which kills the session), when the host goes away
+    /// (a detach: nothing is signalled), or when another attachment takes
+    /// over (ATTACH_REPLACED).
+    pub async fn attach(
+        &self,
+        id: &str,
+        from: u64,
+        mut input: tonic::Streaming<v1::TerminalInput>,
+        tx: tokio::sync::mpsc::Sender<Result<v1::TerminalOutput, tonic::Status>>,
+    ) {
+        use crate::service::IntoStatus;
+        use futures::StreamExt;
+        use v1::{terminal_input::Msg as In, terminal_output::Msg as Out};
+        let s = match self.get("attach_terminal", id) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(Err(e.into_status())).await;
+                return;
+            }
+        };
+        let Some(master) = s.pty.clone() else {
+            let _ = tx
+                .send(Err(agent_err(
+                    Kind::InvalidArgument,
+                    "attach_terminal",
+                    "not a terminal session",
+                )
+                .into_status()))
+                .await;
+            return;
+        };
+        let mine = tokio_util::sync::CancellationToken::new();
+        let generation = s.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some((_, previous)) = lock(&s.attached).replace((generation, mine.clone())) {
+            previous.cancel();
+        }
+        let _ = tx
+            .send(crate::terminal::out(Out::Opened(v1::Started {
+                pid: s.pid,
+                exec_id: id.into(),
+            })))
+            .await;
+        let mut at = from;
+        loop {
+            let changed = s.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            // Everything held from `at`, in chunks.
+            let (data, offset) = {
+                let r = lock(&s.ring);
+                let from = at.clamp(r.start, r.end());
+                let skip = usize::try_from(from - r.start).unwrap_or(usize::MAX);
+                (
+                    r.buf.iter().skip(skip).take(64 * 1024).copied().collect::<Vec<u8>>(),
+                    from,
+                )
+            };
+            if !data.is_empty() {
+                at = offset + data.len() as u64;
+                let chunk = v1::OutputChunk {
+                    offset,
+                    data: data.into(),
+                };
+                if tx.send(crate::terminal::out(Out::Data(chunk))).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            let exit = *lock(&s.exit);
+            if let Some((status, _)) = exit {
+                let (code, signal) = match status {
+                    ExitInfo::Code(c) => (Some(c), None),
+                    ExitInfo::Signal(sg) => (None, Some(sg)),
+                };
+                let _ = tx
+                    .send(crate::terminal::out(Out::Exit(v1::ExecExit {
+                        code,
+                        signal,
+                        ..Default::default()
+                    })))
+                    .await;
+                break;
+            }
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = mine.cancelled() => {
+                    let mut e = agent_err(Kind::AttachReplaced, "attach_terminal", "another attachment took this terminal over");
+                    e.exec_id = id.into();
+                    e.limit = at;
+                    let _ = tx.send(Err(e.into_status())).await;
+                    return;
+                }
+                _ = tx.closed() => break,
+                msg = input.next() => match msg {
+                    Some(Ok(v1::TerminalInput { msg: Some(In::Input(d)) })) => {
+                        let _ = crate::terminal::write_all(&master, &d).await;
+                    }
+                    Some(Ok(v1::TerminalInput { msg: Some(In::Resize(sz)) })) => {
+                        let _ = rustix::termios::tcsetwinsize(master.get_ref(), crate::terminal::winsize(sz.cols, sz.rows));
+                    }
+                    Some(Ok(v1::TerminalInput { msg: Some(In::Close(_)) })) => {
+                        let sid = i32::try_from(s.pid).unwrap_or(i32::MAX);
+                        let _ = crate::terminal::kill_session(sid, Signal::SIGKILL).await;
+                    }
+                    // The host went away: detach, signal nothing.
+                    _ => break,
+                },
+            }
+        }
+        let mut current = lock(&s.attached);
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
     }
 
     pub fn read(&self, req: &v1::ReadSessionRequest) -> Result<v1::ReadSessionResponse, OpError> {
@@ -266,9 +436,40 @@ async fn pump(r: OwnedFd, s: &Session) {
     loop {
         match rx.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => lock(&s.ring).push(&buf[..n]),
+            Ok(n) => {
+                lock(&s.ring).push(&buf[..n]);
+                s.changed.notify_waiters();
+            }
         }
     }
+}
+
+/// Reads a persistent terminal's pty into its ring until the last slave
+/// holder is gone.
+async fn pump_pty(master: Arc<AsyncFd<OwnedFd>>, s: &Session) {
+    use std::os::fd::AsFd;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let Ok(mut guard) = master.readable().await else { return };
+        match guard.try_io(|fd| rustix::io::read(fd.get_ref().as_fd(), &mut buf).map_err(std::io::Error::from)) {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => {
+                lock(&s.ring).push(&buf[..n]);
+                s.changed.notify_waiters();
+            }
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Records the exit once every byte of output is in.
+fn watch_exit(s: Arc<Session>, exit_rx: tokio::sync::oneshot::Receiver<ExitInfo>, pump: tokio::task::JoinHandle<()>) {
+    tokio::spawn(async move {
+        let status = exit_rx.await.unwrap_or(ExitInfo::Signal(9));
+        let _ = tokio::time::timeout(Duration::from_millis(200), pump).await;
+        *lock(&s.exit) = Some((status, Instant::now()));
+        s.changed.notify_waiters();
+    });
 }
 
 #[cfg(test)]

@@ -48,11 +48,11 @@ pub async fn kill_all() {
     }
 }
 
-fn out(m: terminal_output::Msg) -> Result<TerminalOutput, Status> {
+pub(crate) fn out(m: terminal_output::Msg) -> Result<TerminalOutput, Status> {
     Ok(TerminalOutput { msg: Some(m) })
 }
 
-fn winsize(cols: u32, rows: u32) -> rustix::termios::Winsize {
+pub(crate) fn winsize(cols: u32, rows: u32) -> rustix::termios::Winsize {
     rustix::termios::Winsize {
         ws_row: u16::try_from(rows).unwrap_or(u16::MAX).max(1),
         ws_col: u16::try_from(cols).unwrap_or(u16::MAX).max(1),
@@ -115,7 +115,7 @@ fn io_err(e: impl std::fmt::Display) -> OpError {
 }
 
 /// Opens the pty and starts the command; returns (master, pid, exit).
-fn start(
+pub(crate) fn start(
     reaper: &Reaper,
     default_cwd: &Path,
     open: &v1::TerminalOpen,
@@ -295,7 +295,7 @@ pub async fn run(
         .await;
 }
 
-async fn write_all(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_all(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
     while !data.is_empty() {
         let mut guard = master.writable().await?;
         match guard.try_io(|fd| rustix::io::write(fd.get_ref().as_fd(), data).map_err(std::io::Error::from)) {

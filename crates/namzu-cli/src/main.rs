@@ -213,9 +213,20 @@ enum Cmd {
     /// An interactive shell (a pty) in a sandbox; exits with the shell's code.
     Shell {
         id: String,
+        /// Keep the terminal as a persistent session with this name: this
+        /// process dying only detaches it (`namzu attach` resumes it).
+        #[arg(long)]
+        session: Option<String>,
         /// Command instead of a login shell.
         #[arg(last = true)]
         command: Vec<OsString>,
+    },
+    /// Attach to a persistent terminal session (replays from --from).
+    Attach {
+        id: String,
+        session: String,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
     },
     /// Forward a local TCP port to a port inside a sandbox (until Ctrl-C).
     PortForward {
@@ -471,11 +482,17 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Shell { id, command } => {
+        Cmd::Shell { id, session, command } => {
             let (tier, p) = provider_of(&cli.state_dir, &id).await?;
             warn_host(tier);
             let sb = p.connect(&id).await?;
-            shell(sb.as_ref(), command).await
+            shell(sb.as_ref(), session, command).await
+        }
+        Cmd::Attach { id, session, from } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            let t = sb.attach_terminal(&session, from).await?;
+            interact(t).await
         }
         Cmd::PortForward {
             id,
@@ -651,8 +668,7 @@ fn local_size() -> (u16, u16) {
 }
 
 /// Runs an interactive terminal: stdin in, output out, resizes followed.
-async fn shell(sb: &dyn Sandbox, command: Vec<OsString>) -> Result<ExitCode, Fail> {
-    use tokio::io::AsyncReadExt;
+async fn shell(sb: &dyn Sandbox, session: Option<String>, command: Vec<OsString>) -> Result<ExitCode, Fail> {
     let (cols, rows) = local_size();
     let mut args = command.into_iter();
     let opts = namzu::TerminalOptions {
@@ -660,9 +676,17 @@ async fn shell(sb: &dyn Sandbox, command: Vec<OsString>) -> Result<ExitCode, Fai
         args: args.collect(),
         cols,
         rows,
+        persistent: session.is_some(),
+        session_id: session,
         ..Default::default()
     };
-    let mut t = sb.open_terminal(opts).await?;
+    let t = sb.open_terminal(opts).await?;
+    interact(t).await
+}
+
+/// Drives a terminal from this process's stdin and stdout until it exits.
+async fn interact(mut t: namzu::Terminal) -> Result<ExitCode, Fail> {
+    use tokio::io::AsyncReadExt;
     let _raw = RawMode::enter();
     let (tx, mut keys) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
     tokio::spawn(async move {

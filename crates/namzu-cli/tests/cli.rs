@@ -330,3 +330,61 @@ fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "svc exited(137)");
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+#[test]
+fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
+    use std::io::{Read, Write};
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    // Host process A opens the terminal, types, reads, and is killed.
+    let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["shell", &id, "--session", "pt", "--", "sh"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin_a = a.stdin.take().unwrap();
+    stdin_a.write_all(b"echo first-$((40+2))\n").unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    let mut out_a = a.stdout.take().unwrap();
+    while !String::from_utf8_lossy(&seen).contains("first-42") {
+        let n = out_a.read(&mut buf).unwrap();
+        assert!(n > 0, "A's terminal ended early: {:?}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    a.kill().unwrap();
+    let _ = a.wait();
+
+    // Host process B attaches: the shell is still there, A's output is
+    // replayed, and the exit code comes through.
+    let mut b = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["attach", &id, "pt"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    b.stdin
+        .take()
+        .unwrap()
+        .write_all(b"echo second-$((3*3)); exit 6\n")
+        .unwrap();
+    let o = b.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(6),
+        "{text} / {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("first-42"), "A's output was not replayed: {text}");
+    assert!(text.contains("second-9"), "{text}");
+    drop(stdin_a);
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

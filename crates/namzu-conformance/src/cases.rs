@@ -58,6 +58,7 @@ pub fn all() -> Vec<Case> {
         detached_session_output_is_read_by_offset[feat::SESSIONS],
         session_ring_eviction_is_reported_as_dropped_bytes[feat::SESSIONS],
         kill_session_kills_the_whole_session[feat::SESSIONS, feat::EXEC, feat::FILES_READ],
+        persistent_terminal_detaches_and_resumes[feat::TERMINAL, feat::SESSIONS],
     ]
 }
 
@@ -1382,6 +1383,69 @@ async fn kill_session_kills_the_whole_session(f: Factory) -> Outcome {
             Err(Error::SessionNotFound { id }) => ensure!(id == "nope", "{id}"),
             other => return Err(format!("unknown session: {:?}", other.map(|c| c.info))),
         }
+        Ok(())
+    })
+    .await
+}
+
+/// A persistent terminal survives its attachment: dropping it detaches
+/// (the shell keeps running), a new attachment replays from an offset and
+/// follows, a second attachment ends the first with a typed reason, input
+/// through the new one works, and the exit comes through once the program
+/// really exits. read_session reads it all without displacing anyone.
+async fn persistent_terminal_detaches_and_resumes(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        let opts = namzu::TerminalOptions {
+            command: Some("sh".into()),
+            persistent: true,
+            session_id: Some("pt".into()),
+            ..Default::default()
+        };
+        let mut t = sb.open_terminal(opts).await.ctx("open persistent terminal")?;
+        let mut seen = String::new();
+        t.write(Bytes::from_static(b"echo one-$((1+0))\n")).await.ctx("write")?;
+        read_until(&mut t, &mut seen, "one-1").await?;
+        let off = t.next_offset();
+        drop(t);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let listed = sb.list_sessions().await.ctx("list")?;
+        ensure!(
+            listed
+                .iter()
+                .any(|s| s.session_id == "pt" && s.state == namzu::SessionState::Running),
+            "the shell did not survive the detach: {listed:?}"
+        );
+        let mut again = sb.attach_terminal("pt", 0).await.ctx("attach from 0")?;
+        let mut replay = String::new();
+        read_until(&mut again, &mut replay, "one-1").await?;
+        let mut third = sb.attach_terminal("pt", off).await.ctx("attach from the offset")?;
+        loop {
+            match again.next().await {
+                Some(Err(Error::AttachmentReplaced { session_id, .. })) => {
+                    ensure!(session_id == "pt", "{session_id}");
+                    break;
+                }
+                Some(Ok(_)) => {}
+                other => return Err(format!("the replaced attachment ended with {other:?}")),
+            }
+        }
+        third
+            .write(Bytes::from_static(b"echo two-$((1+1)); exit 5\n"))
+            .await
+            .ctx("write")?;
+        let mut rest = String::new();
+        let status = loop {
+            match third.next().await {
+                Some(Ok(namzu::TerminalEvent::Output { data, .. })) => rest.push_str(&String::from_utf8_lossy(&data)),
+                Some(Ok(namzu::TerminalEvent::Exit(st))) => break st,
+                other => return Err(format!("no exit: {other:?} after {rest:?}")),
+            }
+        };
+        ensure!(rest.contains("two-2"), "{rest:?}");
+        ensure!(status.code == Some(5), "{status:?}");
+        let all = sb.read_session("pt", 0, 0).await.ctx("read_session")?;
+        let text = String::from_utf8_lossy(&all.data);
+        ensure!(text.contains("one-1") && text.contains("two-2"), "{text:?}");
         Ok(())
     })
     .await

@@ -888,11 +888,14 @@ impl AgentClient {
         Ok(Duration::from_millis(r.into_inner().duration_ms))
     }
 
-    /// Opens a terminal. Dropping or closing it kills every process still in
-    /// the terminal's session.
+    /// Opens a terminal. Dropping or closing a plain terminal kills every
+    /// process still in its session; a persistent one only detaches.
     pub async fn open_terminal(&self, opts: TerminalOptions) -> Result<Terminal> {
         const OP: &str = "terminal";
         self.require(OP, feat::TERMINAL)?;
+        if opts.persistent {
+            self.require(OP, feat::SESSIONS)?;
+        }
         let b = |s: &std::ffi::OsStr| Bytes::copy_from_slice(s.as_bytes());
         let open = v1::TerminalOpen {
             command: opts.command.as_deref().map(b).unwrap_or_default(),
@@ -905,13 +908,40 @@ impl AgentClient {
                 .collect(),
             cols: u32::from(if opts.cols == 0 { 80 } else { opts.cols }),
             rows: u32::from(if opts.rows == 0 { 24 } else { opts.rows }),
+            session_id: opts.session_id.clone().unwrap_or_default(),
+            persistent: opts.persistent,
         };
+        let session = opts.persistent.then(|| opts.session_id.clone().unwrap_or_default());
+        self.terminal_call(v1::terminal_input::Msg::Open(open), session, 0)
+            .await
+    }
+
+    /// Attaches to a persistent terminal from `from_offset`: what it printed
+    /// since is replayed, then it follows live. Takes over from any other
+    /// attachment (which ends with [`Error::AttachmentReplaced`]).
+    pub async fn attach_terminal(&self, session_id: &str, from_offset: u64) -> Result<Terminal> {
+        self.require("terminal", feat::SESSIONS)?;
+        let attach = v1::TerminalAttach {
+            session_id: session_id.into(),
+            from_offset,
+        };
+        self.terminal_call(
+            v1::terminal_input::Msg::Attach(attach),
+            Some(session_id.into()),
+            from_offset,
+        )
+        .await
+    }
+
+    async fn terminal_call(
+        &self,
+        first: v1::terminal_input::Msg,
+        session: Option<String>,
+        from: u64,
+    ) -> Result<Terminal> {
+        const OP: &str = "terminal";
         let (tx, rx) = mpsc::channel(16);
-        let _ = tx
-            .send(v1::TerminalInput {
-                msg: Some(v1::terminal_input::Msg::Open(open)),
-            })
-            .await;
+        let _ = tx.send(v1::TerminalInput { msg: Some(first) }).await;
         let mut out = self
             .rpc()
             .terminal(ReceiverStream::new(rx))
@@ -935,6 +965,8 @@ impl AgentClient {
             out,
             client: self.clone(),
             ended: false,
+            session,
+            next_offset: from,
         })
     }
 }
@@ -947,9 +979,18 @@ pub struct Terminal {
     out: tonic::Streaming<v1::TerminalOutput>,
     client: AgentClient,
     ended: bool,
+    /// The session id of a persistent terminal.
+    session: Option<String>,
+    /// Offset of the next byte this attachment expects.
+    next_offset: u64,
 }
 
 impl Terminal {
+    /// Offset of the next output byte: where to attach again after a detach.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+
     async fn send(&mut self, msg: v1::terminal_input::Msg) -> Result<()> {
         self.input
             .send(v1::TerminalInput { msg: Some(msg) })
@@ -1000,7 +1041,13 @@ impl Terminal {
             }
             Err(s) => {
                 self.ended = true;
-                Some(Err(self.client.status("terminal", s)))
+                Some(Err(match (self.client.status("terminal", s), &self.session) {
+                    (Error::LinkLost { .. }, Some(id)) => Error::Detached {
+                        session_id: id.clone(),
+                        offset: self.next_offset,
+                    },
+                    (e, _) => e,
+                }))
             }
         }
     }

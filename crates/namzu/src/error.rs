@@ -69,6 +69,10 @@ pub enum Error {
     SessionNotFound { id: String },
     #[error("a session {id:?} exists already")]
     SessionExists { id: String },
+    #[error("another attachment took terminal {session_id:?} over (this one had read to offset {offset})")]
+    AttachmentReplaced { session_id: String, offset: u64 },
+    #[error("detached from terminal {session_id:?} while it still runs; attach again from offset {offset}")]
+    Detached { session_id: String, offset: u64 },
 
     // ---- quiesce and flush
     #[error("process {pid} survived SIGKILL during quiesce")]
@@ -197,6 +201,10 @@ impl Error {
             },
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
             Kind::Survivor => Error::QuiesceSurvivor { pid: e.pid },
+            Kind::AttachReplaced => Error::AttachmentReplaced {
+                session_id: e.exec_id,
+                offset: e.limit,
+            },
             Kind::Timeout => Error::Timeout { op, limit_ms: e.limit },
             Kind::ConnectionRefused => Error::ConnectionRefused {
                 port: u16::try_from(e.port).unwrap_or(0),

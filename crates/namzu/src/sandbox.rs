@@ -195,6 +195,10 @@ pub trait Sandbox: Send + Sync {
     async fn open_terminal(&self, opts: TerminalOptions) -> Result<crate::client::Terminal> {
         self.agent().open_terminal(opts).await
     }
+    /// Resumes a persistent terminal from an offset.
+    async fn attach_terminal(&self, session_id: &str, from_offset: u64) -> Result<crate::client::Terminal> {
+        self.agent().attach_terminal(session_id, from_offset).await
+    }
     /// A TCP connection to 127.0.0.1:`port` inside the sandbox.
     async fn open_tcp_connection(&self, port: u16) -> Result<tokio::io::DuplexStream> {
         self.agent().open_tcp_connection(port).await

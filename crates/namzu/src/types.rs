@@ -267,6 +267,10 @@ pub struct TerminalOptions {
     pub env: Vec<(OsString, OsString)>,
     pub cols: u16,
     pub rows: u16,
+    /// Keep it in the session registry under `session_id`: losing the link
+    /// only detaches, and `attach_terminal` resumes it.
+    pub persistent: bool,
+    pub session_id: Option<String>,
 }
 
 /// One event of a terminal.
