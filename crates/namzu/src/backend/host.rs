@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir, StateSandbox};
+use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::ClientOptions;
 use crate::error::{Error, Result};
@@ -53,10 +53,6 @@ impl Provider for HostProvider {
         check_spec(Tier::Host, &spec)?;
         let (id, dir, _token, made) = self.state.create()?;
         let workspace = dir.join("workspace");
-        let log = std::fs::File::create(dir.join("agent.log")).map_err(|source| Error::LocalIo {
-            op: "create".into(),
-            source,
-        })?;
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         cmd.arg("--listen")
             .arg(format!("unix:{}", dir.join("agent.sock").display()))
@@ -73,18 +69,8 @@ impl Provider for HostProvider {
                 spec.limits
                     .iter()
                     .map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())),
-            )
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            // Its own process group: a Ctrl-C aimed at the CLI must not
-            // reach a sandbox that is meant to outlive it.
-            .process_group(0)
-            .kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| Error::AgentStart {
-            id: id.clone(),
-            reason: format!("{}: {e}", self.agent_bin.display()),
-        })?;
+            );
+        let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
         let meta = Meta {
             id: id.clone(),
             tier: Tier::Host.name().into(),

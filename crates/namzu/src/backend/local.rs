@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
 
-use crate::backend::state::{now_unix, wait_for_agent, Meta, StateDir, StateSandbox};
+use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
@@ -231,23 +231,12 @@ impl LocalProvider {
             message: e.to_string(),
         })?;
         std::fs::write(dir.join("spec.json"), json).map_err(io(OP))?;
-        let log = std::fs::File::create(dir.join("agent.log")).map_err(io(OP))?;
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         cmd.arg("--launch")
             .arg(dir.join("spec.json"))
             .env_clear()
-            .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            // Its own process group: a Ctrl-C aimed at the CLI must not
-            // reach a sandbox that is meant to outlive it.
-            .process_group(0)
-            .kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|e| Error::AgentStart {
-            id: id.into(),
-            reason: format!("{}: {e}", self.agent_bin.display()),
-        })?;
+            .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)));
+        let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
         let meta = Meta {
             id: id.into(),
             tier: Tier::Local.name().into(),

@@ -222,6 +222,30 @@ pub(crate) fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Starts the process that anchors a sandbox, detached from the caller: no
+/// stdin or stdout, stderr to `agent.log`, and its own process group, so a
+/// Ctrl-C aimed at the CLI never reaches a sandbox meant to outlive it.
+pub(crate) fn spawn_anchor(
+    mut cmd: tokio::process::Command,
+    dir: &Path,
+    id: &str,
+    agent_bin: &Path,
+) -> Result<tokio::process::Child> {
+    let log = std::fs::File::create(dir.join("agent.log")).map_err(|source| Error::LocalIo {
+        op: "create".into(),
+        source,
+    })?;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    cmd.spawn().map_err(|e| Error::AgentStart {
+        id: id.into(),
+        reason: format!("{}: {e}", agent_bin.display()),
+    })
+}
+
 /// Waits until the agent in `dir` accepts a link, or `child` exits (then the
 /// agent's log explains why), or the start timeout passes.
 pub(crate) async fn wait_for_agent(
