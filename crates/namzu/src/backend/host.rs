@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::ClientOptions;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
 
 /// Makes `host`-tier sandboxes. See the module docs: no isolation.
