@@ -25,6 +25,7 @@ pub struct Limits {
     pub max_pending_links: u64,
     pub shutdown_grace_ms: u64,
     pub agent_shutdown_deadline_ms: u64,
+    pub heartbeat_interval_ms: u64,
     pub max_sessions: u64,
     pub session_ring_bytes: u64,
     pub session_ttl_ms: u64,
@@ -49,6 +50,7 @@ impl Default for Limits {
             max_pending_links: 64,
             shutdown_grace_ms: 5_000,
             agent_shutdown_deadline_ms: 15_000,
+            heartbeat_interval_ms: 15_000,
             max_sessions: 16,
             session_ring_bytes: 1 << 20,
             session_ttl_ms: 10 * 60 * 1000,
@@ -101,6 +103,7 @@ impl Limits {
             (limits::MAX_PENDING_LINKS, &mut self.max_pending_links),
             (limits::SHUTDOWN_GRACE_MS, &mut self.shutdown_grace_ms),
             (limits::AGENT_SHUTDOWN_DEADLINE_MS, &mut self.agent_shutdown_deadline_ms),
+            (limits::HEARTBEAT_INTERVAL_MS, &mut self.heartbeat_interval_ms),
             (limits::MAX_SESSIONS, &mut self.max_sessions),
             (limits::SESSION_RING_BYTES, &mut self.session_ring_bytes),
             (limits::SESSION_TTL_MS, &mut self.session_ttl_ms),
@@ -123,6 +126,11 @@ impl Limits {
     pub fn preface_timeout(&self) -> Duration {
         Duration::from_millis(self.preface_timeout_ms)
     }
+    /// The heartbeat interval, `None` when disabled.
+    pub fn heartbeat(&self) -> Option<Duration> {
+        (self.heartbeat_interval_ms > 0).then(|| Duration::from_millis(self.heartbeat_interval_ms))
+    }
+
     pub fn cancel_confirm(&self) -> Duration {
         Duration::from_millis(self.cancel_confirm_ms)
     }

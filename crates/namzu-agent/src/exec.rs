@@ -310,20 +310,37 @@ impl Execs {
         if let Some(fd) = stderr {
             pumps.spawn(pump(fd, out.clone(), cap, false));
         }
-        // The request stream stays open for the whole execution either way:
-        // with a stdin pipe it feeds it, without one it is just held.
-        let mut held_input = None;
-        let stdin_task = match child.stdin.take() {
-            Some(w) => {
-                let initial = start.stdin.clone();
-                let follow = start.stdin_stream;
-                Some(tokio::spawn(feed_stdin(OwnedFd::from(w), initial, follow, input)))
-            }
-            None => {
-                held_input = Some(input);
-                None
-            }
+        // One task owns the request stream for the whole execution: it feeds
+        // stdin, swallows heartbeats, and says when the host has gone silent.
+        let host_gone = tokio_util::sync::CancellationToken::new();
+        let silence = if start.host_heartbeats {
+            self.limits.heartbeat().map(|d| d * 3)
+        } else {
+            None
         };
+        let stdin_fd = child.stdin.take().map(OwnedFd::from);
+        let input_task = tokio::spawn(watch_input(
+            input,
+            stdin_fd,
+            start.stdin.clone(),
+            start.stdin_stream,
+            silence,
+            host_gone.clone(),
+        ));
+        let beats = self.limits.heartbeat().map(|every| {
+            let out = out.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let beat = ExecOutput {
+                        msg: Some(exec_output::Msg::Heartbeat(v1::Empty {})),
+                    };
+                    if out.send(Ok(beat)).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        });
 
         let deadline = tokio::time::sleep(Duration::from_millis(timeout_ms));
         tokio::pin!(deadline);
@@ -346,6 +363,13 @@ impl Execs {
                     return Err(self.retire(&exec_id, "cancel could not be confirmed"));
                 }
             }
+            _ = host_gone.cancelled() => {
+                tracing::warn!(%exec_id, "host silent for three heartbeat intervals; killing the process group");
+                cancelled = true;
+                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                    return Err(self.retire(&exec_id, "kill after the host went silent could not be confirmed"));
+                }
+            }
             _ = out.closed() => {
                 // The host dropped the stream. Leaving the group running would
                 // orphan it with nobody to collect it; detachable work is a
@@ -360,10 +384,10 @@ impl Execs {
         if self.quiescing.load(Ordering::SeqCst) {
             cancelled = true;
         }
-        if let Some(t) = stdin_task {
-            t.abort();
+        input_task.abort();
+        if let Some(b) = beats {
+            b.abort();
         }
-        drop(held_input);
         // Pipes reach EOF when the last holder exits; a background member of
         // the group may keep them open, so collection stops after a grace.
         let mut counts = [(0u64, false); 2];
@@ -529,25 +553,59 @@ async fn pump(
     (is_stdout, total, truncated)
 }
 
-async fn feed_stdin(fd: OwnedFd, initial: bytes::Bytes, follow: bool, mut input: InputStream) {
-    let Ok(mut w) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) else {
-        return;
-    };
-    if !initial.is_empty() && w.write_all(&initial).await.is_err() {
-        return;
+/// Owns an execution's request stream: writes stdin (the initial bytes,
+/// then streamed chunks if `follow`), ignores heartbeats, and cancels
+/// `gone` when the call fails or, with `silence`, when nothing arrives for
+/// that long.
+async fn watch_input(
+    mut input: InputStream,
+    stdin: Option<OwnedFd>,
+    initial: bytes::Bytes,
+    follow: bool,
+    silence: Option<Duration>,
+    gone: tokio_util::sync::CancellationToken,
+) {
+    let mut w = stdin.and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok());
+    if let Some(pipe) = w.as_mut() {
+        if !initial.is_empty() && pipe.write_all(&initial).await.is_err() {
+            w = None;
+        }
     }
     if !follow {
-        return;
+        w = None;
     }
-    while let Some(Ok(msg)) = input.next().await {
-        match msg.msg {
-            Some(exec_input::Msg::Stdin(data)) => {
-                if w.write_all(&data).await.is_err() {
+    loop {
+        let next = match silence {
+            Some(d) => match tokio::time::timeout(d, input.next()).await {
+                Ok(n) => n,
+                Err(_) => {
+                    gone.cancel();
                     return;
                 }
+            },
+            None => input.next().await,
+        };
+        match next {
+            Some(Ok(v1::ExecInput {
+                msg: Some(exec_input::Msg::Stdin(data)),
+            })) => {
+                if let Some(pipe) = w.as_mut() {
+                    if pipe.write_all(&data).await.is_err() {
+                        w = None;
+                    }
+                }
             }
-            Some(exec_input::Msg::StdinEof(_)) | None => return,
-            Some(exec_input::Msg::Start(_)) => return,
+            Some(Ok(v1::ExecInput {
+                msg: Some(exec_input::Msg::StdinEof(_)),
+            })) => w = None,
+            Some(Ok(_)) => {}
+            Some(Err(_)) => {
+                gone.cancel();
+                return;
+            }
+            // The host ended its half on purpose; a dropped call shows up
+            // as the answer's receiver closing.
+            None => return,
         }
     }
 }

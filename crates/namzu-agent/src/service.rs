@@ -492,16 +492,22 @@ impl Agent for AgentService {
                     .open_terminal(&self.execs.reaper(), &open)
                     .map_err(IntoStatus::into_status)?;
                 let sessions = self.sessions.clone();
-                tokio::spawn(async move { sessions.attach(&open.session_id, 0, input, tx).await });
+                let beats = open.host_heartbeats;
+                tokio::spawn(async move { sessions.attach(&open.session_id, 0, beats, input, tx).await });
             }
             v1::terminal_input::Msg::Open(open) => {
                 let (reaper, cwd) = (self.execs.reaper(), self.execs.default_cwd().to_path_buf());
-                tokio::spawn(crate::terminal::run(reaper, cwd, open, input, tx));
+                let heartbeat = self.limits().heartbeat();
+                tokio::spawn(crate::terminal::run(reaper, heartbeat, cwd, open, input, tx));
             }
             v1::terminal_input::Msg::Attach(a) => {
                 self.feature(OP, namzu_proto::features::SESSIONS)?;
                 let sessions = self.sessions.clone();
-                tokio::spawn(async move { sessions.attach(&a.session_id, a.from_offset, input, tx).await });
+                tokio::spawn(async move {
+                    sessions
+                        .attach(&a.session_id, a.from_offset, a.host_heartbeats, input, tx)
+                        .await
+                });
             }
             _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open or attach").into_status()),
         }

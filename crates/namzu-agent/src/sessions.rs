@@ -264,11 +264,11 @@ impl Sessions {
         &self,
         id: &str,
         from: u64,
+        host_heartbeats: bool,
         mut input: tonic::Streaming<v1::TerminalInput>,
         tx: tokio::sync::mpsc::Sender<Result<v1::TerminalOutput, tonic::Status>>,
     ) {
         use crate::service::IntoStatus;
-        use futures::StreamExt;
         use v1::{terminal_input::Msg as In, terminal_output::Msg as Out};
         let s = match self.get("attach_terminal", id) {
             Ok(s) => s,
@@ -299,6 +299,13 @@ impl Sessions {
                 exec_id: id.into(),
             })))
             .await;
+        let heartbeat = self.limits.heartbeat();
+        let beats = heartbeat.map(|every| crate::terminal::spawn_heartbeats(tx.clone(), every));
+        let silence = if host_heartbeats {
+            heartbeat.map(|d| d * 3)
+        } else {
+            None
+        };
         let mut at = from;
         loop {
             let changed = s.changed.notified();
@@ -350,7 +357,8 @@ impl Sessions {
                     return;
                 }
                 _ = tx.closed() => break,
-                msg = input.next() => match msg {
+                msg = crate::terminal::next_input(&mut input, silence) => match msg {
+                    Some(Ok(v1::TerminalInput { msg: Some(In::Heartbeat(_)) })) => {}
                     Some(Ok(v1::TerminalInput { msg: Some(In::Input(d)) })) => {
                         let _ = crate::terminal::write_all(&master, &d).await;
                     }
@@ -365,6 +373,9 @@ impl Sessions {
                     _ => break,
                 },
             }
+        }
+        if let Some(b) = beats {
+            b.abort();
         }
         let mut current = lock(&s.attached);
         if current.as_ref().is_some_and(|(g, _)| *g == generation) {

@@ -187,6 +187,7 @@ pub(crate) fn start(
 /// Runs one terminal call to its end.
 pub async fn run(
     reaper: Arc<Reaper>,
+    heartbeat: Option<Duration>,
     default_cwd: PathBuf,
     open: v1::TerminalOpen,
     mut input: Streaming<v1::TerminalInput>,
@@ -249,11 +250,18 @@ pub async fn run(
         })
     };
 
+    let beats = heartbeat.map(|every| spawn_heartbeats(tx.clone(), every));
+    let silence = if open.host_heartbeats {
+        heartbeat.map(|d| d * 3)
+    } else {
+        None
+    };
     let mut exit = None;
     loop {
         tokio::select! {
             status = &mut exit_rx => { exit = status.ok(); break; }
-            msg = input.next() => match msg {
+            msg = next_input(&mut input, silence) => match msg {
+                Some(Ok(v1::TerminalInput { msg: Some(terminal_input::Msg::Heartbeat(_)) })) => {}
                 Some(Ok(v1::TerminalInput { msg: Some(terminal_input::Msg::Input(data)) })) => {
                     if write_all(&master, &data).await.is_err() {
                         break;
@@ -267,6 +275,9 @@ pub async fn run(
             },
             _ = tx.closed() => break,
         }
+    }
+    if let Some(b) = beats {
+        b.abort();
     }
     // Whatever ended the loop, nothing of this terminal's session survives it.
     let left = kill_session(sid, Signal::SIGKILL).await;
@@ -293,6 +304,37 @@ pub async fn run(
             ..Default::default()
         })))
         .await;
+}
+
+/// The next input message; `None` (as if the call ended) after `silence`
+/// without one.
+pub(crate) async fn next_input(
+    input: &mut Streaming<v1::TerminalInput>,
+    silence: Option<Duration>,
+) -> Option<Result<v1::TerminalInput, Status>> {
+    match silence {
+        Some(d) => tokio::time::timeout(d, input.next()).await.ok().flatten(),
+        None => input.next().await,
+    }
+}
+
+/// Sends a heartbeat every `every` until the call's receiver is gone.
+pub(crate) fn spawn_heartbeats(
+    tx: mpsc::Sender<Result<TerminalOutput, Status>>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if tx
+                .send(out(terminal_output::Msg::Heartbeat(v1::Empty {})))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    })
 }
 
 pub(crate) async fn write_all(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {

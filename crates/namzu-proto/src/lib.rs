@@ -64,6 +64,9 @@ pub mod limits {
     pub const MAX_PENDING_LINKS: &str = "max_pending_links";
     /// Time SIGTERM gives running work before the agent kills it and exits.
     pub const SHUTDOWN_GRACE_MS: &str = "shutdown_grace_ms";
+    /// Interval of per-stream heartbeats, both ways; a peer silent for three
+    /// intervals is gone. 0 disables them.
+    pub const HEARTBEAT_INTERVAL_MS: &str = "heartbeat_interval_ms";
     /// Sessions (detached commands) held at once, exited ones included.
     pub const MAX_SESSIONS: &str = "max_sessions";
     /// Output kept per session; older bytes are dropped, and reported.
@@ -92,6 +95,7 @@ pub mod limits {
         MAX_PENDING_LINKS,
         SHUTDOWN_GRACE_MS,
         AGENT_SHUTDOWN_DEADLINE_MS,
+        HEARTBEAT_INTERVAL_MS,
         MAX_SESSIONS,
         SESSION_RING_BYTES,
         SESSION_TTL_MS,

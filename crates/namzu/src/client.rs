@@ -80,6 +80,9 @@ struct Inner {
     /// Upload chunk: [`WRITE_CHUNK`], or less if the agent's message limit
     /// is smaller.
     write_chunk: usize,
+    /// The agent's heartbeat interval (`None`: it sends none, or is too
+    /// old to): both ends beat at it and give up after three silent ones.
+    heartbeat: Option<Duration>,
 }
 
 /// A cheap-to-clone handle on one agent link.
@@ -252,6 +255,11 @@ impl AgentClient {
             .map_or(opts.max_message_bytes, |(_, v)| {
                 usize::try_from(*v).unwrap_or(usize::MAX)
             });
+        let heartbeat = info
+            .limits
+            .iter()
+            .find(|(n, _)| n == namzu_proto::limits::HEARTBEAT_INTERVAL_MS)
+            .and_then(|(_, v)| (*v > 0).then(|| Duration::from_millis(*v)));
         // Room for the message's own framing and fields.
         let write_chunk = WRITE_CHUNK
             .min(agent_max.min(opts.max_message_bytes).saturating_sub(1024))
@@ -266,6 +274,7 @@ impl AgentClient {
                 closed: AtomicBool::new(false),
                 sandbox_id: sandbox_id.into(),
                 write_chunk,
+                heartbeat,
             }),
         })
     }
@@ -399,6 +408,7 @@ impl AgentClient {
         }
         let cancel = req.cancel.clone();
         let (mut start, stdin_stream) = exec_start(req);
+        start.host_heartbeats = self.inner.heartbeat.is_some();
         // With a cancel token the id is reserved first, so a cancel racing
         // the start is never lost; without one, the agent reserves it and
         // names it in `Started`, saving a round trip.
@@ -424,7 +434,7 @@ impl AgentClient {
         // The forwarder keeps the request half open for the whole call; the
         // stream aborts it when dropped, which lets HTTP/2 reset the call so
         // the agent kills the command instead of running it unwatched.
-        let (input, input_task) = exec_input_stream(start, stdin_stream);
+        let (input, input_task) = exec_input_stream(start, stdin_stream, self.inner.heartbeat);
         let mut out = self
             .rpc()
             .exec(input)
@@ -462,6 +472,7 @@ impl AgentClient {
             pending_exit: None,
             canceller,
             input_task: Some(input_task),
+            silence: silence_timer(self.inner.heartbeat),
         })
     }
 
@@ -910,6 +921,7 @@ impl AgentClient {
             rows: u32::from(if opts.rows == 0 { 24 } else { opts.rows }),
             session_id: opts.session_id.clone().unwrap_or_default(),
             persistent: opts.persistent,
+            host_heartbeats: self.inner.heartbeat.is_some(),
         };
         let session = opts.persistent.then(|| opts.session_id.clone().unwrap_or_default());
         self.terminal_call(v1::terminal_input::Msg::Open(open), session, 0)
@@ -924,6 +936,7 @@ impl AgentClient {
         let attach = v1::TerminalAttach {
             session_id: session_id.into(),
             from_offset,
+            host_heartbeats: self.inner.heartbeat.is_some(),
         };
         self.terminal_call(
             v1::terminal_input::Msg::Attach(attach),
@@ -959,6 +972,21 @@ impl AgentClient {
                 })
             }
         };
+        let beats = self.inner.heartbeat.map(|every| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let beat = v1::TerminalInput {
+                        msg: Some(v1::terminal_input::Msg::Heartbeat(v1::Empty {})),
+                    };
+                    if tx.send(beat).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        });
+        let silence = self.inner.heartbeat.map(|d| d * 3);
         Ok(Terminal {
             pid,
             input: tx,
@@ -967,6 +995,8 @@ impl AgentClient {
             ended: false,
             session,
             next_offset: from,
+            beats,
+            silence,
         })
     }
 }
@@ -983,6 +1013,18 @@ pub struct Terminal {
     session: Option<String>,
     /// Offset of the next byte this attachment expects.
     next_offset: u64,
+    beats: Option<tokio::task::JoinHandle<()>>,
+    /// Three heartbeat intervals: the agent saying nothing for that long is
+    /// gone.
+    silence: Option<Duration>,
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        if let Some(b) = self.beats.take() {
+            b.abort();
+        }
+    }
 }
 
 impl Terminal {
@@ -1014,12 +1056,44 @@ impl Terminal {
         .await
     }
 
-    /// The next output or the exit; `None` after the exit.
+    /// The next output or the exit; `None` after the exit. A plain terminal
+    /// whose agent goes silent for three heartbeat intervals resolves as
+    /// lost (exit code -1); a persistent one as [`Error::Detached`].
     pub async fn next(&mut self) -> Option<Result<TerminalEvent>> {
         if self.ended {
             return None;
         }
-        match self.out.message().await {
+        let msg = loop {
+            let got = match self.silence {
+                Some(d) => match tokio::time::timeout(d, self.out.message()).await {
+                    Ok(m) => m,
+                    Err(_) => {
+                        self.ended = true;
+                        tracing::warn!("terminal: no word from the agent in three heartbeat intervals");
+                        return Some(match &self.session {
+                            Some(id) => Err(Error::Detached {
+                                session_id: id.clone(),
+                                offset: self.next_offset,
+                            }),
+                            None => Ok(TerminalEvent::Exit(ExitStatus {
+                                code: Some(-1),
+                                ..Default::default()
+                            })),
+                        });
+                    }
+                },
+                None => self.out.message().await,
+            };
+            if !matches!(
+                &got,
+                Ok(Some(v1::TerminalOutput {
+                    msg: Some(v1::terminal_output::Msg::Heartbeat(_))
+                }))
+            ) {
+                break got;
+            }
+        };
+        match msg {
             Ok(Some(v1::TerminalOutput {
                 msg: Some(v1::terminal_output::Msg::Data(c)),
             })) => Some(Ok(TerminalEvent::Output {
@@ -1091,6 +1165,13 @@ pub struct ExecStream {
     pending_exit: Option<ExitSummary>,
     canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>,
     input_task: Option<tokio::task::JoinHandle<()>>,
+    /// Three heartbeat intervals, and the timer that runs out when the
+    /// agent says nothing for that long.
+    silence: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+fn silence_timer(heartbeat: Option<Duration>) -> Option<(Duration, Pin<Box<tokio::time::Sleep>>)> {
+    heartbeat.map(|d| (d * 3, Box::pin(tokio::time::sleep(d * 3))))
 }
 
 impl ExecStream {
@@ -1109,6 +1190,7 @@ impl ExecStream {
             pending_exit: Some(exit),
             canceller,
             input_task: None,
+            silence: None,
         }
     }
 }
@@ -1132,10 +1214,45 @@ impl Stream for ExecStream {
         if let Some(x) = self.pending_exit.take() {
             return Poll::Ready(Some(Ok(ExecEvent::Exit(x))));
         }
-        let Some(out) = self.out.as_mut() else {
-            return Poll::Ready(None);
-        };
-        match out.poll_next_unpin(cx) {
+        loop {
+            let Some(out) = self.out.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let polled = out.poll_next_unpin(cx);
+            if polled.is_pending() {
+                if let Some((_, timer)) = self.silence.as_mut() {
+                    if timer.as_mut().poll(cx).is_ready() {
+                        self.out = None;
+                        return Poll::Ready(Some(Err(Error::LinkLost {
+                            op: "exec".into(),
+                            message: "no word from the agent in three heartbeat intervals".into(),
+                        })));
+                    }
+                }
+                return Poll::Pending;
+            }
+            if let Some((d, timer)) = self.silence.as_mut() {
+                let d = *d;
+                timer.as_mut().reset(tokio::time::Instant::now() + d);
+            }
+            if let Poll::Ready(Some(Ok(v1::ExecOutput {
+                msg: Some(exec_output::Msg::Heartbeat(_)),
+            }))) = polled
+            {
+                continue;
+            }
+            return self.as_mut().map_polled(polled);
+        }
+    }
+}
+
+impl ExecStream {
+    fn map_polled(
+        mut self: Pin<&mut Self>,
+        polled: std::task::Poll<Option<std::result::Result<v1::ExecOutput, tonic::Status>>>,
+    ) -> std::task::Poll<Option<Result<ExecEvent>>> {
+        use std::task::Poll;
+        match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
                 self.out = None;
@@ -1197,6 +1314,7 @@ fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<StdinStream>) {
         timeout_ms,
         stdin_stream: follow,
         stdin,
+        host_heartbeats: false,
     };
     (start, stream)
 }
@@ -1212,41 +1330,47 @@ async fn cancel_on(client: AgentClient, exec_id: String, token: CancellationToke
 fn exec_input_stream(
     start: v1::ExecStart,
     stdin: Option<StdinStream>,
+    heartbeat: Option<Duration>,
 ) -> (ReceiverStream<v1::ExecInput>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(8);
     let task = tokio::spawn(async move {
-        if tx
-            .send(v1::ExecInput {
-                msg: Some(exec_input::Msg::Start(start)),
-            })
-            .await
-            .is_err()
-        {
+        let send = |m: exec_input::Msg| {
+            let tx = tx.clone();
+            async move { tx.send(v1::ExecInput { msg: Some(m) }).await.is_ok() }
+        };
+        if !send(exec_input::Msg::Start(start)).await {
             return;
         }
-        let Some(mut s) = stdin else {
-            // Holding `tx` open keeps the request half open until the call
-            // ends; the agent reads nothing more from it.
-            tx.closed().await;
-            return;
+        let mut stdin = stdin;
+        let beat = || async move {
+            match heartbeat {
+                Some(d) => tokio::time::sleep(d).await,
+                None => futures::future::pending().await,
+            }
         };
-        while let Some(b) = s.next().await {
-            if tx
-                .send(v1::ExecInput {
-                    msg: Some(exec_input::Msg::Stdin(b)),
-                })
-                .await
-                .is_err()
-            {
-                return;
+        loop {
+            tokio::select! {
+                chunk = async { match stdin.as_mut() { Some(s) => s.next().await, None => futures::future::pending().await } } => {
+                    let ok = match chunk {
+                        Some(b) => send(exec_input::Msg::Stdin(b)).await,
+                        None => {
+                            stdin = None;
+                            send(exec_input::Msg::StdinEof(v1::Empty {})).await
+                        }
+                    };
+                    if !ok {
+                        return;
+                    }
+                }
+                _ = beat() => {
+                    if !send(exec_input::Msg::Heartbeat(v1::Empty {})).await {
+                        return;
+                    }
+                }
+                // The request half stays open until the call ends.
+                _ = tx.closed() => return,
             }
         }
-        let _ = tx
-            .send(v1::ExecInput {
-                msg: Some(exec_input::Msg::StdinEof(v1::Empty {})),
-            })
-            .await;
-        tx.closed().await;
     });
     (ReceiverStream::new(rx), task)
 }
