@@ -353,16 +353,15 @@ async fn connections_in_their_preface_are_bounded() {
     assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
 }
 
-#[tokio::test]
-async fn sigterm_also_kills_terminal_sessions() {
-    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
-    let c = connect(&a).await.unwrap();
+/// Opens a plain `sh` terminal and starts `sleep 300 &` in it; returns the
+/// terminal and the job's pid.
+async fn terminal_with_background_job(c: &AgentClient) -> (namzu::Terminal, i32) {
     let opts = namzu::TerminalOptions {
         command: Some("sh".into()),
         ..Default::default()
     };
     let mut t = c.open_terminal(opts).await.unwrap();
-    // Upper-cased by tr, so the echo of the typed line cannot match.
+    // Upper-cased by tr, so the terminal's echo of the typed line cannot match.
     t.write(Bytes::from_static(b"sleep 300 & echo bg=$!: | tr a-z A-Z\n"))
         .await
         .unwrap();
@@ -373,7 +372,7 @@ async fn sigterm_also_kills_terminal_sessions() {
             other => panic!("{other:?} after {seen:?}"),
         }
     }
-    let bg: i32 = seen
+    let bg = seen
         .rsplit("BG=")
         .next()
         .unwrap()
@@ -383,6 +382,15 @@ async fn sigterm_also_kills_terminal_sessions() {
         .trim()
         .parse()
         .unwrap();
+    (t, bg)
+}
+
+#[tokio::test]
+async fn sigterm_also_kills_terminal_sessions() {
+    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
+    let c = connect(&a).await.unwrap();
+    // Held open: only the SIGTERM may end the job.
+    let (_terminal, bg) = terminal_with_background_job(&c).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(a.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -463,31 +471,7 @@ async fn a_black_holed_link_is_noticed_by_both_ends() {
     let c = AgentClient::connect_unix("t", &relay_path, TOKEN.to_vec(), ClientOptions::default())
         .await
         .unwrap();
-    let opts = namzu::TerminalOptions {
-        command: Some("sh".into()),
-        ..Default::default()
-    };
-    let mut t = c.open_terminal(opts).await.unwrap();
-    t.write(Bytes::from_static(b"sleep 300 & echo bg=$!: | tr a-z A-Z\n"))
-        .await
-        .unwrap();
-    let mut seen = String::new();
-    while !(seen.contains("BG=") && seen.rsplit("BG=").next().unwrap().contains(':')) {
-        match t.next().await {
-            Some(Ok(namzu::TerminalEvent::Output { data, .. })) => seen.push_str(&String::from_utf8_lossy(&data)),
-            other => panic!("{other:?} after {seen:?}"),
-        }
-    }
-    let bg: i32 = seen
-        .rsplit("BG=")
-        .next()
-        .unwrap()
-        .split(':')
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let (mut t, bg) = terminal_with_background_job(&c).await;
     hole.store(true, Ordering::SeqCst);
     let t0 = Instant::now();
     // The host side: the plain terminal resolves as lost (output already in
