@@ -174,35 +174,6 @@ impl Execs {
         }
     }
 
-    /// Kills every running execution and waits until each is gone or
-    /// `grace` has passed.
-    pub async fn kill_all(&self, grace: Duration) {
-        let runners: Vec<_> = self
-            .table()
-            .slots
-            .values()
-            .filter_map(|s| match s {
-                Slot::Running(tx) => Some(tx.clone()),
-                _ => None,
-            })
-            .collect();
-        let waits = runners.into_iter().map(|tx| async move {
-            let (reply, answer) = oneshot::channel();
-            if tx.send(reply).await.is_ok() {
-                let _ = answer.await;
-            }
-        });
-        let _ = tokio::time::timeout(grace, futures::future::join_all(waits)).await;
-    }
-
-    pub fn running(&self) -> usize {
-        self.table()
-            .slots
-            .values()
-            .filter(|s| matches!(s, Slot::Running(_)))
-            .count()
-    }
-
     /// Runs one execution whose `start` message has been read. Output
     /// messages go to `out`; the last one is `exit`, or an error status.
     pub async fn run(

@@ -3,13 +3,19 @@
 //! over a single authenticated HTTP/2 link.
 //!
 //! Modules, each owning one job:
-//! * [`serve`]: listeners (unix socket, TCP, inherited fd), the preface gate,
+//! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd), the preface gate,
 //!   shutdown on SIGTERM;
 //! * [`service`]: the gRPC service, the retiring fence, error mapping;
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
-//! * [`jail`]: confinement of every path beneath the configured roots.
+//! * [`jail`]: confinement of every path beneath the configured roots;
+//! * [`terminal`]: commands on a pty, and the session sweep on close;
+//! * [`sessions`]: named sessions outliving any link (detached commands,
+//!   persistent terminals), output in offset-addressed rings;
+//! * [`tcp`]: TCP connections into the sandbox, relayed;
+//! * [`quiesce`]: stopping every process but the agent; flush;
+//! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent.
 
 // Errors here are `tonic::Status` (fixed by the generated service trait) or
 // the wire error it carries; both are built on cold paths only, so their size

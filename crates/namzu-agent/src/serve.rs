@@ -3,8 +3,9 @@
 //! Every accepted byte stream must present the bind token in the preface
 //! within `preface_timeout_ms`, reading at most `HEADER_LEN +
 //! max_token_bytes` bytes, before it is handed to the HTTP/2 server; anything
-//! else is dropped. On SIGTERM the agent stops accepting, lets running
-//! commands finish for `shutdown_grace_ms`, kills what remains, and exits 0.
+//! else is dropped. On SIGTERM the agent stops accepting, quiesces the
+//! sandbox (SIGTERM, `shutdown_grace_ms`, SIGKILL), flushes the workspace,
+//! and exits 0, all within `agent_shutdown_deadline_ms`.
 
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
