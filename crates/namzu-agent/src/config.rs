@@ -29,6 +29,9 @@ pub struct Limits {
     pub max_sessions: u64,
     pub session_ring_bytes: u64,
     pub session_ttl_ms: u64,
+    pub max_retained_logs: u64,
+    pub execution_log_bytes: u64,
+    pub execution_retained_ttl_ms: u64,
 }
 
 impl Default for Limits {
@@ -54,6 +57,9 @@ impl Default for Limits {
             max_sessions: 16,
             session_ring_bytes: 1 << 20,
             session_ttl_ms: 10 * 60 * 1000,
+            max_retained_logs: 32,
+            execution_log_bytes: 1 << 20,
+            execution_retained_ttl_ms: 10 * 60 * 1000,
         }
     }
 }
@@ -107,6 +113,9 @@ impl Limits {
             (limits::MAX_SESSIONS, &mut self.max_sessions),
             (limits::SESSION_RING_BYTES, &mut self.session_ring_bytes),
             (limits::SESSION_TTL_MS, &mut self.session_ttl_ms),
+            (limits::MAX_RETAINED_LOGS, &mut self.max_retained_logs),
+            (limits::EXECUTION_LOG_BYTES, &mut self.execution_log_bytes),
+            (limits::EXECUTION_RETAINED_TTL_MS, &mut self.execution_retained_ttl_ms),
         ]
     }
 

@@ -13,6 +13,14 @@
 //! * Output beyond `max_output_bytes` per stream is counted and dropped (the
 //!   pipe keeps draining so the command never blocks), and reported as
 //!   truncated.
+//! * A *detachable* execution (`detach`) has a caller-chosen name and
+//!   outlives every call: its output goes to a retained log
+//!   ([`crate::exec_log`]), losing a call signals nothing, starting a
+//!   retained name again runs nothing and attaches, and a cancel that
+//!   cannot be confirmed is reported without fencing the agent (the
+//!   record stays, running, for the caller to retry). At most
+//!   `max_retained_logs` logs are held, exited ones for
+//!   `execution_retained_ttl_ms`.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -36,6 +44,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Limits;
+use crate::exec_log::{spawn_heartbeats, ExecLog, OutputTx};
 use crate::reaper::{ExitInfo, Reaper};
 use crate::service::{agent_err, IntoStatus, OpError};
 
@@ -57,6 +66,36 @@ enum Slot {
 struct Table {
     slots: HashMap<String, Slot>,
     finished: VecDeque<String>,
+    /// Retained logs of detachable executions, by name.
+    logs: HashMap<String, Arc<ExecLog>>,
+}
+
+/// Where a running command's output goes.
+#[derive(Clone)]
+enum Sink {
+    /// Straight to the call that started it; the call's end ends the command.
+    Call(OutputTx),
+    /// To a retained log that outlives every call.
+    Log(Arc<ExecLog>),
+}
+
+impl Sink {
+    async fn closed(&self) {
+        match self {
+            Sink::Call(out) => out.closed().await,
+            Sink::Log(_) => futures::future::pending().await,
+        }
+    }
+}
+
+/// A name a caller may give a detachable execution.
+pub fn valid_name(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn with_id(mut e: OpError, id: &str) -> OpError {
+    e.exec_id = id.into();
+    e
 }
 
 pub struct Execs {
@@ -110,9 +149,25 @@ impl Execs {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn reserve(&self) -> Result<String, OpError> {
+    /// Reserves an id: a fresh one, or `name` for a detachable execution.
+    /// Answers whether a retained execution already holds the name (its
+    /// start will then attach instead of running anything).
+    pub fn reserve(&self, name: Option<&str>) -> Result<(String, bool), OpError> {
+        const OP: &str = "reserve_exec";
         if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(agent_err(Kind::ShuttingDown, "reserve_exec", "agent is shutting down"));
+            return Err(agent_err(Kind::ShuttingDown, OP, "agent is shutting down"));
+        }
+        if let Some(n) = name {
+            if !valid_name(n) {
+                return Err(with_id(
+                    agent_err(
+                        Kind::InvalidArgument,
+                        OP,
+                        "execution id must be 1-128 of [A-Za-z0-9._-]",
+                    ),
+                    n,
+                ));
+            }
         }
         let mut t = self.table();
         let now = Instant::now();
@@ -121,26 +176,98 @@ impl Execs {
         let ttl = Duration::from_millis(self.limits.reservation_ttl_ms);
         t.slots
             .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > ttl));
+        self.prune_logs(&mut t);
+        if let Some(n) = name {
+            if t.logs.contains_key(n) {
+                return Ok((n.to_owned(), true));
+            }
+            match t.slots.get(n) {
+                Some(Slot::Reserved(_) | Slot::CancelledBeforeStart) => return Ok((n.to_owned(), false)),
+                Some(_) => {
+                    return Err(with_id(
+                        agent_err(Kind::ExecState, OP, "an execution that is not detachable has this id"),
+                        n,
+                    ))
+                }
+                None => {}
+            }
+        }
+        self.check_capacity(&t, OP)?;
+        let id = match name {
+            Some(n) => n.to_owned(),
+            None => format!("x-{:016x}", rand::random::<u64>()),
+        };
+        t.slots.insert(id.clone(), Slot::Reserved(now));
+        Ok((id, false))
+    }
+
+    /// Refuses a new execution when `max_execs` are reserved or running.
+    fn check_capacity(&self, t: &Table, op: &str) -> Result<(), OpError> {
         let live = t
             .slots
             .values()
             .filter(|s| matches!(s, Slot::Reserved(_) | Slot::Running(_)))
             .count();
         if live as u64 >= self.limits.max_execs {
-            let mut e = agent_err(Kind::LimitExceeded, "reserve_exec", "too many executions");
+            let mut e = agent_err(Kind::LimitExceeded, op, "too many executions");
             e.limit_name = namzu_proto::limits::MAX_EXECS.into();
             e.limit = self.limits.max_execs;
             return Err(e);
         }
-        let id = format!("x-{:016x}", rand::random::<u64>());
-        t.slots.insert(id.clone(), Slot::Reserved(now));
-        Ok(id)
+        Ok(())
+    }
+
+    /// Forgets logs of executions that exited more than the TTL ago, and
+    /// their records with them: past retention an id is unknown.
+    fn prune_logs(&self, t: &mut Table) {
+        let ttl = Duration::from_millis(self.limits.execution_retained_ttl_ms);
+        let expired: Vec<String> = t
+            .logs
+            .iter()
+            .filter(|(_, log)| log.finished_at().is_some_and(|at| at.elapsed() > ttl))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            forget_log(t, &id);
+        }
+    }
+
+    /// Makes room for one more log: the oldest exited one goes; if every
+    /// held log belongs to a running execution, the new one is refused.
+    fn room_for_log(&self, t: &mut Table, op: &str) -> Result<(), OpError> {
+        self.prune_logs(t);
+        if (t.logs.len() as u64) < self.limits.max_retained_logs {
+            return Ok(());
+        }
+        let oldest = t
+            .logs
+            .iter()
+            .filter_map(|(id, log)| log.finished_at().map(|at| (at, id.clone())))
+            .min();
+        match oldest {
+            Some((_, id)) => {
+                forget_log(t, &id);
+                Ok(())
+            }
+            None => {
+                let mut e = agent_err(
+                    Kind::LimitExceeded,
+                    op,
+                    "every retained log belongs to a running execution",
+                );
+                e.limit_name = namzu_proto::limits::MAX_RETAINED_LOGS.into();
+                e.limit = self.limits.max_retained_logs;
+                Err(e)
+            }
+        }
     }
 
     pub async fn cancel(&self, exec_id: &str) -> Result<Outcome, OpError> {
         let tx = {
             let mut t = self.table();
             match t.slots.get(exec_id) {
+                // A detachable execution's record outlives its slot.
+                None if t.logs.contains_key(exec_id) => return Ok(Outcome::AlreadyExited),
                 None => {
                     let mut e = agent_err(Kind::UnknownExec, "cancel", "no such execution");
                     e.exec_id = exec_id.into();
@@ -168,22 +295,35 @@ impl Execs {
         t.slots.insert(exec_id.to_owned(), Slot::Finished);
         t.finished.push_back(exec_id.to_owned());
         while t.finished.len() as u64 > self.limits.exec_records_kept {
+            // A name may have been started again since; only a finished
+            // record goes.
             if let Some(old) = t.finished.pop_front() {
-                t.slots.remove(&old);
+                if matches!(t.slots.get(&old), Some(Slot::Finished)) {
+                    t.slots.remove(&old);
+                }
             }
         }
     }
 
     /// Runs one execution whose `start` message has been read. Output
     /// messages go to `out`; the last one is `exit`, or an error status.
-    pub async fn run(
-        self: Arc<Self>,
-        start: ExecStart,
-        input: InputStream,
-        out: mpsc::Sender<Result<ExecOutput, tonic::Status>>,
-    ) {
+    pub async fn run(self: Arc<Self>, start: ExecStart, input: InputStream, out: OutputTx) {
+        if start.detach {
+            return self.run_detached(start, input, out).await;
+        }
         let exec_id = start.exec_id.clone();
-        let result = self.run_inner(start, input, &out).await;
+        let result = match self.admit(&start) {
+            Ok(Some(cancel_rx)) => {
+                let r = self.run_inner(start, input, Sink::Call(out.clone()), cancel_rx).await;
+                self.finish(&exec_id);
+                r
+            }
+            Ok(None) => {
+                self.finish(&exec_id);
+                Ok(cancelled_before_start())
+            }
+            Err(e) => Err(e),
+        };
         match result {
             Ok(exit) => {
                 let _ = out
@@ -196,95 +336,220 @@ impl Execs {
                 let _ = out.send(Err(e.into_status())).await;
             }
         }
-        self.finish(&exec_id);
+    }
+
+    /// Checks the timeout against the sandbox maximum; 0 means the maximum.
+    fn timeout_ms(&self, start: &ExecStart) -> Result<u64, OpError> {
+        match start.timeout_ms {
+            0 => Ok(self.limits.sandbox_max_timeout_ms),
+            t if t > self.limits.sandbox_max_timeout_ms => {
+                let mut e = agent_err(Kind::LimitExceeded, "exec", "timeout exceeds the sandbox maximum");
+                e.limit_name = namzu_proto::limits::SANDBOX_MAX_TIMEOUT_MS.into();
+                e.limit = self.limits.sandbox_max_timeout_ms;
+                Err(with_id(e, &start.exec_id))
+            }
+            t => Ok(t),
+        }
+    }
+
+    /// Admission of an attached execution: only a reserved id may start,
+    /// and only once. `None`: it was cancelled before it started.
+    fn admit(&self, start: &ExecStart) -> Result<Option<mpsc::Receiver<CancelReply>>, OpError> {
+        const OP: &str = "exec";
+        let exec_id = &start.exec_id;
+        self.timeout_ms(start)?;
+        let mut t = self.table();
+        match t.slots.get(exec_id) {
+            Some(Slot::Reserved(_)) => {
+                let (cancel_tx, cancel_rx) = mpsc::channel::<CancelReply>(4);
+                t.slots.insert(exec_id.clone(), Slot::Running(cancel_tx));
+                Ok(Some(cancel_rx))
+            }
+            Some(Slot::CancelledBeforeStart) => Ok(None),
+            Some(_) => Err(with_id(
+                agent_err(Kind::ExecState, OP, "execution already started"),
+                exec_id,
+            )),
+            None => Err(with_id(
+                agent_err(Kind::UnknownExec, OP, "execution id was not reserved"),
+                exec_id,
+            )),
+        }
+    }
+
+    /// A detachable execution: admitted by name, run by a task of its own
+    /// into a retained log, and followed by this call from offset 0. A
+    /// name already retained runs nothing: the call attaches to it.
+    async fn run_detached(self: Arc<Self>, start: ExecStart, input: InputStream, out: OutputTx) {
+        const OP: &str = "exec";
+        let id = start.exec_id.clone();
+        let admitted = (|| {
+            if !valid_name(&id) {
+                return Err(with_id(
+                    agent_err(
+                        Kind::InvalidArgument,
+                        OP,
+                        "execution id must be 1-128 of [A-Za-z0-9._-]",
+                    ),
+                    &id,
+                ));
+            }
+            self.timeout_ms(&start)?;
+            let mut t = self.table();
+            self.prune_logs(&mut t);
+            if let Some(log) = t.logs.get(&id) {
+                return Ok(Err((log.clone(), true)));
+            }
+            match t.slots.get(&id) {
+                Some(Slot::CancelledBeforeStart) => return Ok(Ok(None)),
+                Some(Slot::Reserved(_)) => {}
+                None => self.check_capacity(&t, OP)?,
+                Some(_) => {
+                    return Err(with_id(
+                        agent_err(Kind::ExecState, OP, "an execution that is not detachable has this id"),
+                        &id,
+                    ))
+                }
+            }
+            self.room_for_log(&mut t, OP)?;
+            let log = ExecLog::new(self.limits.execution_log_bytes);
+            let (cancel_tx, cancel_rx) = mpsc::channel::<CancelReply>(4);
+            t.logs.insert(id.clone(), log.clone());
+            t.slots.insert(id.clone(), Slot::Running(cancel_tx));
+            Ok(Ok(Some((log, cancel_rx))))
+        })();
+        let (log, attached) = match admitted {
+            Err(e) => {
+                let _ = out.send(Err(e.into_status())).await;
+                return;
+            }
+            Ok(Ok(None)) => {
+                self.finish(&id);
+                let exit = exec_output::Msg::Exit(cancelled_before_start());
+                let _ = out.send(Ok(ExecOutput { msg: Some(exit) })).await;
+                return;
+            }
+            Ok(Err(existing)) => existing,
+            Ok(Ok(Some((log, cancel_rx)))) => {
+                let runner = self.clone();
+                let logged = log.clone();
+                let id = id.clone();
+                tokio::spawn(async move {
+                    let outcome = runner
+                        .run_inner(start, input, Sink::Log(logged.clone()), cancel_rx)
+                        .await;
+                    logged.finish(outcome);
+                    runner.finish(&id);
+                });
+                (log, false)
+            }
+        };
+        log.follow(id, 0, true, attached, self.limits.heartbeat(), out).await;
+    }
+
+    /// Reads a detachable execution's log, from any call, while it is
+    /// retained.
+    pub async fn attach(&self, req: v1::AttachExecRequest, out: OutputTx) {
+        const OP: &str = "attach_exec";
+        let found = {
+            let mut t = self.table();
+            self.prune_logs(&mut t);
+            match (t.logs.get(&req.exec_id), t.slots.get(&req.exec_id)) {
+                (Some(log), _) => Ok(log.clone()),
+                (None, Some(slot)) => {
+                    let (state, why) = match slot {
+                        Slot::Reserved(_) | Slot::CancelledBeforeStart => {
+                            ("reserved", "reserved, and never started: nothing runs under this id")
+                        }
+                        _ => ("not-detachable", "not started detachable: nothing retains its output"),
+                    };
+                    let mut e = with_id(agent_err(Kind::NotAttachable, OP, why), &req.exec_id);
+                    e.exec_state = state.into();
+                    Err(e)
+                }
+                (None, None) => Err(with_id(
+                    agent_err(
+                        Kind::UnknownExec,
+                        OP,
+                        "no such execution (never started, or past retention)",
+                    ),
+                    &req.exec_id,
+                )),
+            }
+        };
+        match found {
+            Ok(log) => {
+                log.follow(
+                    req.exec_id,
+                    req.from_offset,
+                    req.follow,
+                    true,
+                    self.limits.heartbeat(),
+                    out,
+                )
+                .await
+            }
+            Err(e) => {
+                let _ = out.send(Err(e.into_status())).await;
+            }
+        }
     }
 
     async fn run_inner(
         &self,
         start: ExecStart,
         input: InputStream,
-        out: &mpsc::Sender<Result<ExecOutput, tonic::Status>>,
+        sink: Sink,
+        mut cancel_rx: mpsc::Receiver<CancelReply>,
     ) -> Result<ExecExit, OpError> {
         const OP: &str = "exec";
         let exec_id = start.exec_id.clone();
-        let timeout_ms = match start.timeout_ms {
-            0 => self.limits.sandbox_max_timeout_ms,
-            t if t > self.limits.sandbox_max_timeout_ms => {
-                let mut e = agent_err(Kind::LimitExceeded, OP, "timeout exceeds the sandbox maximum");
-                e.limit_name = namzu_proto::limits::SANDBOX_MAX_TIMEOUT_MS.into();
-                e.limit = self.limits.sandbox_max_timeout_ms;
-                e.exec_id = exec_id;
-                return Err(e);
-            }
-            t => t,
-        };
+        let timeout_ms = self.timeout_ms(&start)?;
+        let detached = matches!(sink, Sink::Log(_));
 
-        let (cancel_tx, mut cancel_rx) = mpsc::channel::<CancelReply>(4);
-        // Admission: only a reserved id may start, and only once.
-        {
-            let mut t = self.table();
-            match t.slots.get(&exec_id) {
-                Some(Slot::Reserved(_)) => {
-                    t.slots.insert(exec_id.clone(), Slot::Running(cancel_tx));
-                }
-                Some(Slot::CancelledBeforeStart) => {
-                    drop(t);
-                    return Ok(ExecExit {
-                        cancelled: true,
-                        ..Default::default()
-                    });
-                }
-                Some(_) => {
-                    let mut e = agent_err(Kind::ExecState, OP, "execution already started");
-                    e.exec_id = exec_id;
-                    return Err(e);
-                }
-                None => {
-                    let mut e = agent_err(Kind::UnknownExec, OP, "execution id was not reserved");
-                    e.exec_id = exec_id;
-                    return Err(e);
-                }
-            }
-        }
-
-        let mut cmd = self.command(&start).map_err(|mut e| {
-            e.exec_id = exec_id.clone();
-            e
-        })?;
+        let mut cmd = self.command(&start).map_err(|e| with_id(e, &exec_id))?;
         let started_at = Instant::now();
         let (mut child, mut exit_rx) = self.reaper.spawn(&mut cmd).map_err(|io| {
             let mut e = agent_err(Kind::SpawnFailed, OP, &format!("cannot start command: {io}"));
             e.errno = io.raw_os_error().unwrap_or(0);
             e.path = bytes::Bytes::copy_from_slice(&start.command);
-            e.exec_id = exec_id.clone();
-            e
+            with_id(e, &exec_id)
         })?;
         let pid = child.id();
         let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-        tracing::debug!(%exec_id, pid, "started");
-        let _ = out
-            .send(Ok(ExecOutput {
-                msg: Some(exec_output::Msg::Started(v1::Started {
+        tracing::debug!(%exec_id, pid, detached, "started");
+        match &sink {
+            Sink::Call(out) => {
+                let started = v1::Started {
                     pid,
                     exec_id: exec_id.clone(),
-                })),
-            }))
-            .await;
+                    attached: false,
+                };
+                let _ = out
+                    .send(Ok(ExecOutput {
+                        msg: Some(exec_output::Msg::Started(started)),
+                    }))
+                    .await;
+            }
+            Sink::Log(log) => log.set_pid(pid),
+        }
 
         let cap = self.limits.max_output_bytes;
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
         let mut pumps = tokio::task::JoinSet::new();
         if let Some(fd) = stdout {
-            pumps.spawn(pump(fd, out.clone(), cap, true));
+            pumps.spawn(pump(fd, sink.clone(), cap, true));
         }
         if let Some(fd) = stderr {
-            pumps.spawn(pump(fd, out.clone(), cap, false));
+            pumps.spawn(pump(fd, sink.clone(), cap, false));
         }
         // One task owns the request stream for the whole execution: it feeds
         // stdin, swallows heartbeats, and says when the host has gone silent.
+        // A detachable command does not care: the host going only ends its
+        // stdin.
         let host_gone = tokio_util::sync::CancellationToken::new();
-        let silence = if start.host_heartbeats {
+        let silence = if start.host_heartbeats && !detached {
             self.limits.heartbeat().map(|d| d * 3)
         } else {
             None
@@ -298,59 +563,65 @@ impl Execs {
             silence,
             host_gone.clone(),
         ));
-        let beats = self.limits.heartbeat().map(|every| {
-            let out = out.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let beat = ExecOutput {
-                        msg: Some(exec_output::Msg::Heartbeat(v1::Empty {})),
-                    };
-                    if out.send(Ok(beat)).await.is_err() {
-                        return;
-                    }
-                }
-            })
-        });
+        let beats = match (&sink, self.limits.heartbeat()) {
+            (Sink::Call(out), Some(every)) => Some(spawn_heartbeats(out.clone(), every)),
+            _ => None,
+        };
+        let host_gone = async {
+            if detached {
+                futures::future::pending::<()>().await;
+            }
+            host_gone.cancelled().await;
+        };
+        tokio::pin!(host_gone);
 
         let deadline = tokio::time::sleep(Duration::from_millis(timeout_ms));
         tokio::pin!(deadline);
         let mut exit: Option<ExitInfo> = None;
         let mut timed_out = false;
         let mut cancelled = false;
-        tokio::select! {
-            status = &mut exit_rx => { exit = status.ok(); }
-            _ = &mut deadline => {
-                timed_out = true;
-                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                    return Err(self.retire(&exec_id, "timeout kill could not be confirmed"));
+        loop {
+            tokio::select! {
+                status = &mut exit_rx => { exit = status.ok(); }
+                _ = &mut deadline => {
+                    timed_out = true;
+                    if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                        return Err(self.retire(&exec_id, "timeout kill could not be confirmed"));
+                    }
+                }
+                Some(reply) = cancel_rx.recv() => {
+                    let confirmed = self.kill_confirm(pgid, &mut exit_rx, &mut exit).await;
+                    let _ = reply.send(if confirmed { Outcome::Confirmed } else { Outcome::Unconfirmed });
+                    if !confirmed {
+                        if detached {
+                            // Nothing is retired: the record stays, running,
+                            // and the caller may cancel again.
+                            tracing::warn!(%exec_id, "cancel of a detachable execution could not be confirmed");
+                            continue;
+                        }
+                        return Err(self.retire(&exec_id, "cancel could not be confirmed"));
+                    }
+                    cancelled = true;
+                }
+                _ = &mut host_gone => {
+                    tracing::warn!(%exec_id, "host silent for three heartbeat intervals; killing the process group");
+                    cancelled = true;
+                    if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                        return Err(self.retire(&exec_id, "kill after the host went silent could not be confirmed"));
+                    }
+                }
+                _ = sink.closed() => {
+                    // The host dropped the stream. Leaving the group running would
+                    // orphan it with nobody to collect it; a command meant to
+                    // outlive its call is started detachable.
+                    tracing::info!(%exec_id, "exec stream dropped by the host; killing the process group");
+                    cancelled = true;
+                    if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
+                        return Err(self.retire(&exec_id, "kill after stream drop could not be confirmed"));
+                    }
                 }
             }
-            Some(reply) = cancel_rx.recv() => {
-                cancelled = true;
-                let confirmed = self.kill_confirm(pgid, &mut exit_rx, &mut exit).await;
-                let _ = reply.send(if confirmed { Outcome::Confirmed } else { Outcome::Unconfirmed });
-                if !confirmed {
-                    return Err(self.retire(&exec_id, "cancel could not be confirmed"));
-                }
-            }
-            _ = host_gone.cancelled() => {
-                tracing::warn!(%exec_id, "host silent for three heartbeat intervals; killing the process group");
-                cancelled = true;
-                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                    return Err(self.retire(&exec_id, "kill after the host went silent could not be confirmed"));
-                }
-            }
-            _ = out.closed() => {
-                // The host dropped the stream. Leaving the group running would
-                // orphan it with nobody to collect it; detachable work is a
-                // separate, explicit API.
-                tracing::info!(%exec_id, "exec stream dropped by the host; killing the process group");
-                cancelled = true;
-                if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                    return Err(self.retire(&exec_id, "kill after stream drop could not be confirmed"));
-                }
-            }
+            break;
         }
         if self.quiescing.load(Ordering::SeqCst) {
             cancelled = true;
@@ -477,17 +748,28 @@ impl Execs {
     }
 }
 
+/// Drops a finished detachable execution's log and record.
+fn forget_log(t: &mut Table, id: &str) {
+    t.logs.remove(id);
+    if matches!(t.slots.get(id), Some(Slot::Finished)) {
+        t.slots.remove(id);
+    }
+}
+
+fn cancelled_before_start() -> ExecExit {
+    ExecExit {
+        cancelled: true,
+        ..Default::default()
+    }
+}
+
 /// The client half of an Exec call after its `start` message.
 pub type InputStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::ExecInput, tonic::Status>> + Send>>;
 
-/// Copies one output pipe to the exec stream. Returns (is_stdout, total
-/// bytes produced, truncated).
-async fn pump(
-    fd: OwnedFd,
-    out: mpsc::Sender<Result<ExecOutput, tonic::Status>>,
-    cap: u64,
-    is_stdout: bool,
-) -> (bool, u64, bool) {
+/// Copies one output pipe to its sink. Returns (is_stdout, total bytes
+/// produced, truncated). A call keeps `cap` bytes per stream; a log is
+/// bounded by its own size instead.
+async fn pump(fd: OwnedFd, sink: Sink, cap: u64, is_stdout: bool) -> (bool, u64, bool) {
     let mut total = 0u64;
     let mut truncated = false;
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
@@ -502,6 +784,13 @@ async fn pump(
         };
         let offset = total;
         total += n as u64;
+        let out = match &sink {
+            Sink::Log(log) => {
+                log.append(is_stdout, &buf[..n]);
+                continue;
+            }
+            Sink::Call(out) => out,
+        };
         let keep = cap.saturating_sub(offset).min(n as u64) as usize;
         if keep < n {
             truncated = true;
@@ -510,6 +799,7 @@ async fn pump(
             let chunk = OutputChunk {
                 offset,
                 data: bytes::Bytes::copy_from_slice(&buf[..keep]),
+                log_offset: 0,
             };
             let msg = if is_stdout {
                 exec_output::Msg::Stdout(chunk)
@@ -597,9 +887,9 @@ mod tests {
     #[test]
     fn reservations_are_bounded_by_max_execs() {
         let e = execs(2, 60_000);
-        e.reserve().unwrap();
-        e.reserve().unwrap();
-        let err = e.reserve().unwrap_err();
+        e.reserve(None).unwrap();
+        e.reserve(None).unwrap();
+        let err = e.reserve(None).unwrap_err();
         assert_eq!(err.kind(), Kind::LimitExceeded);
         assert_eq!(err.limit_name, namzu_proto::limits::MAX_EXECS);
         assert_eq!(err.limit, 2);
@@ -608,17 +898,24 @@ mod tests {
     #[test]
     fn unused_reservations_expire() {
         let e = execs(1, 0);
-        e.reserve().unwrap();
+        e.reserve(None).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        e.reserve().expect("the expired reservation was not released");
+        e.reserve(None).expect("the expired reservation was not released");
     }
 
     #[tokio::test]
     async fn cancel_of_a_reservation_is_remembered_and_unknown_ids_are_typed() {
         let e = execs(4, 60_000);
-        let id = e.reserve().unwrap();
+        let (id, _) = e.reserve(None).unwrap();
         assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
         assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
+        let err = e.cancel("x-nope").await.unwrap_err();
+        assert_eq!(err.kind(), Kind::UnknownExec);
+        // A name is reserved once; asking again answers the same reservation.
+        assert_eq!(e.reserve(Some("job")).unwrap(), ("job".to_owned(), false));
+        assert_eq!(e.reserve(Some("job")).unwrap(), ("job".to_owned(), false));
+        let bad = e.reserve(Some("a/b")).unwrap_err();
+        assert_eq!(bad.kind(), Kind::InvalidArgument);
         let err = e.cancel("x-nope").await.unwrap_err();
         assert_eq!(err.kind(), Kind::UnknownExec);
         assert_eq!(err.exec_id, "x-nope");

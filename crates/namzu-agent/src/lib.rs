@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod exec;
+pub mod exec_log;
 pub mod files;
 pub mod jail;
 pub mod quiesce;

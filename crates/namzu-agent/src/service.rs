@@ -60,6 +60,7 @@ impl IntoStatus for OpError {
             Kind::Survivor => Code::Aborted,
             Kind::Timeout => Code::DeadlineExceeded,
             Kind::AttachReplaced => Code::Aborted,
+            Kind::NotAttachable => Code::FailedPrecondition,
         };
         namzu_proto::status_with_error(code, self)
     }
@@ -197,11 +198,18 @@ impl Agent for AgentService {
         }))
     }
 
-    async fn reserve_exec(&self, _: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
+    async fn reserve_exec(&self, req: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
         self.admit("reserve_exec", namzu_proto::features::EXEC)?;
         self.gate("reserve_exec")?;
-        let exec_id = self.execs.reserve().map_err(IntoStatus::into_status)?;
-        Ok(Response::new(ReserveExecResponse { exec_id }))
+        let name = req.into_inner().exec_id;
+        if !name.is_empty() {
+            self.feature("reserve_exec", namzu_proto::features::EXEC_ATTACH)?;
+        }
+        let (exec_id, existing) = self
+            .execs
+            .reserve((!name.is_empty()).then_some(name.as_str()))
+            .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(ReserveExecResponse { exec_id, existing }))
     }
 
     type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
@@ -220,13 +228,29 @@ impl Agent for AgentService {
         if start.stdin_stream {
             self.feature("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
         }
+        if start.detach {
+            self.feature("exec", namzu_proto::features::EXEC_ATTACH)?;
+        }
         // No reservation: nobody can cancel before `Started` names the id, so
         // reserving here saves the caller a round trip.
-        if start.exec_id.is_empty() {
-            start.exec_id = self.execs.reserve().map_err(IntoStatus::into_status)?;
+        if start.exec_id.is_empty() && !start.detach {
+            start.exec_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
         }
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type AttachExecStream = ReceiverStream<Result<ExecOutput, Status>>;
+
+    async fn attach_exec(
+        &self,
+        req: Request<v1::AttachExecRequest>,
+    ) -> Result<Response<Self::AttachExecStream>, Status> {
+        self.admit("attach_exec", namzu_proto::features::EXEC_ATTACH)?;
+        let (tx, rx) = mpsc::channel(16);
+        let execs = self.execs.clone();
+        tokio::spawn(async move { execs.attach(req.into_inner(), tx).await });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -297,6 +297,7 @@ impl Sessions {
             .send(crate::terminal::out(Out::Opened(v1::Started {
                 pid: s.pid,
                 exec_id: id.into(),
+                attached: true,
             })))
             .await;
         let heartbeat = self.limits.heartbeat();
@@ -326,6 +327,7 @@ impl Sessions {
                 let chunk = v1::OutputChunk {
                     offset,
                     data: data.into(),
+                    log_offset: 0,
                 };
                 if tx.send(crate::terminal::out(Out::Data(chunk))).await.is_err() {
                     break;

@@ -206,6 +206,7 @@ pub async fn run(
         .send(out(terminal_output::Msg::Opened(v1::Started {
             pid,
             exec_id: String::new(),
+            attached: false,
         })))
         .await;
     if rustix::io::ioctl_fionbio(&master, true).is_err() {
@@ -238,6 +239,7 @@ pub async fn run(
                         let chunk = v1::OutputChunk {
                             offset,
                             data: bytes::Bytes::copy_from_slice(&buf[..n]),
+                            log_offset: 0,
                         };
                         offset += n as u64;
                         if tx.send(out(terminal_output::Msg::Data(chunk))).await.is_err() {

@@ -177,17 +177,21 @@ enum Cmd {
     /// Run a command in an existing sandbox.
     Exec {
         id: String,
-        /// Run it detached, in a named session that outlives this process
-        /// (read it with `namzu logs`).
+        /// Start it in a named session that outlives this process and return
+        /// at once (read it with `namzu logs`, stop it with `namzu kill`).
         #[arg(long, requires = "session")]
         detach: bool,
-        /// The session's name, with --detach.
-        #[arg(long = "id", value_name = "SESSION")]
+        /// Name the command. Without --detach it runs in the foreground as a
+        /// detachable execution: if this process dies the command goes on,
+        /// and `namzu logs ID NAME --follow` picks it up (Ctrl-C still
+        /// cancels it). With --detach, the session's name.
+        #[arg(long = "id", value_name = "NAME")]
         session: Option<String>,
         #[command(flatten)]
         exec: ExecArgs,
     },
-    /// Print a detached session's output, from an offset; --follow until it exits.
+    /// Print a detached session's or a named execution's output from an
+    /// offset; --follow until it exits, then exit with its code.
     Logs {
         id: String,
         session: String,
@@ -206,6 +210,8 @@ enum Cmd {
         #[arg(long, default_value = "TERM", value_parser = parse_signal)]
         signal: namzu::SessionSignal,
     },
+    /// Cancel a named execution and wait until its kill is confirmed.
+    Cancel { id: String, name: String },
     /// Copy a file; write ID:PATH for a path inside a sandbox.
     Cp { src: String, dst: String },
     /// List sandboxes.
@@ -361,7 +367,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let p = provider(&cli.state_dir, tier)?;
             warn_host(tier);
             let sb = p.create(resources.spec(Vec::new())).await?;
-            let result = run_command(sb.as_ref(), exec).await;
+            let result = run_command(sb.as_ref(), exec, None).await;
             let destroyed = sb.destroy().await;
             let code = result?;
             destroyed?;
@@ -384,10 +390,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             warn_host(tier);
             let sb = p.connect(&id).await?;
             if !detach {
-                if session.is_some() {
-                    return Err(Fail("--id names a detached session; add --detach".into()));
-                }
-                return run_command(sb.as_ref(), exec).await;
+                return run_command(sb.as_ref(), exec, session).await;
             }
             if exec.timeout.is_some() {
                 return Err(Fail(
@@ -418,7 +421,26 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let mut out = tokio::io::stdout();
             let mut at = from;
             loop {
-                let c = sb.read_session(&session, at, 0).await?;
+                let c = match sb.read_session(&session, at, 0).await {
+                    // Not a session: a named execution, read from its log.
+                    Err(namzu::Error::SessionNotFound { .. }) if at == from => {
+                        let opts = namzu::AttachOptions {
+                            from_offset: from,
+                            follow,
+                            on_gap: Some(std::sync::Arc::new(|g: namzu::OutputGap| {
+                                eprintln!(
+                                    "namzu: {} bytes of output were dropped (log full) from offset {}",
+                                    g.lost_bytes, g.from_offset
+                                )
+                            })),
+                            ..Default::default()
+                        };
+                        let stream = sb.attach_execution_stream(&session, opts).await?;
+                        let code = print_events(stream).await?;
+                        return Ok(code.unwrap_or(ExitCode::SUCCESS));
+                    }
+                    other => other?,
+                };
                 if c.dropped_bytes > 0 {
                     eprintln!(
                         "namzu: {} bytes of output were dropped (ring full) before offset {}",
@@ -454,6 +476,17 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                     s.output_bytes
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Cancel { id, name } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            let outcome = match sb.cancel_execution(&name).await? {
+                namzu::CancelOutcome::Killed => "killed",
+                namzu::CancelOutcome::NotStarted => "never started",
+                namzu::CancelOutcome::AlreadyExited => "had already exited",
+            };
+            println!("{name} {outcome}");
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Kill { id, session, signal } => {
@@ -573,7 +606,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
 
 /// Runs one command, streaming its output; Ctrl-C cancels it (and
 /// everything it started). Returns the command's exit code.
-async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
+async fn run_command(sb: &dyn Sandbox, a: ExecArgs, name: Option<String>) -> Result<ExitCode, Fail> {
     let mut args = a.command.into_iter();
     let Some(cmd) = args.next() else {
         return Err(Fail("no command given".into()));
@@ -590,6 +623,9 @@ async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
             return Err(Fail(format!("--timeout must be a positive number of seconds, got {t}")));
         }
         req = req.timeout(Duration::from_secs_f64(t));
+    }
+    if let Some(name) = name {
+        req = req.execution_id(name);
     }
     // Piped input is forwarded; a terminal is not (no PTY yet), so an
     // interactive shell does not wait on keystrokes it cannot see.
@@ -608,10 +644,18 @@ async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
             }
         })
     };
-    let mut stream = sb.exec_stream(req.cancel_token(token)).await?;
+    let stream = sb.exec_stream(req.cancel_token(token)).await?;
+    let code = print_events(stream).await;
+    ctrl_c.abort();
+    Ok(code?.unwrap_or(ExitCode::from(EXIT_NAMZU)))
+}
+
+/// Copies a command's output to ours; the command's exit code, if the
+/// stream got that far.
+async fn print_events(mut stream: namzu::ExecStream) -> Result<Option<ExitCode>, Fail> {
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
-    let mut code = ExitCode::from(EXIT_NAMZU);
+    let mut code = None;
     while let Some(ev) = stream.next().await {
         match ev? {
             ExecEvent::Stdout { data, .. } => {
@@ -626,13 +670,14 @@ async fn run_command(sb: &dyn Sandbox, a: ExecArgs) -> Result<ExitCode, Fail> {
                     eprintln!("namzu: command timed out and was killed");
                 }
                 if x.stdout_truncated || x.stderr_truncated {
-                    eprintln!("namzu: output beyond the sandbox's max_output_bytes was dropped");
+                    eprintln!("namzu: some output was dropped (beyond max_output_bytes, or evicted from the log)");
                 }
-                code = ExitCode::from(u8::try_from(x.status.shell_code().clamp(0, 255)).unwrap_or(255));
+                code = Some(ExitCode::from(
+                    u8::try_from(x.status.shell_code().clamp(0, 255)).unwrap_or(255),
+                ));
             }
         }
     }
-    ctrl_c.abort();
     Ok(code)
 }
 

@@ -388,3 +388,64 @@ fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
     drop(stdin_a);
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+#[test]
+fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
+    use std::io::Read;
+    let st = tempfile::tempdir().unwrap();
+    for tier in ["local", "host"] {
+        let id = String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", tier]).stdout)
+            .trim()
+            .to_owned();
+        let script = "i=1; while [ $i -le 400 ]; do echo line$i; i=$((i+1)); sleep 0.002; done; exit 4";
+        // Host process A runs the named command in the foreground and is
+        // killed mid-command.
+        let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
+            .args(["exec", &id, "--id", "job", "--", "sh", "-c", script])
+            .env("NAMZU_STATE_DIR", st.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut first = vec![0u8; 600];
+        a.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+        a.kill().unwrap();
+        let mut rest_of_a = Vec::new();
+        let _ = a.stdout.take().unwrap().read_to_end(&mut rest_of_a);
+        let _ = a.wait();
+        first.extend_from_slice(&rest_of_a);
+        let want: String = (1..=400).map(|i| format!("line{i}\n")).collect();
+        assert!(
+            first.len() < want.len(),
+            "{tier}: A saw the whole run; the test proves nothing"
+        );
+
+        // Host process B resumes from the byte A reached: the command went
+        // on without A, and nothing is lost or repeated.
+        let b = namzu(
+            st.path(),
+            &["logs", &id, "job", "--follow", "--from", &first.len().to_string()],
+        );
+        assert_eq!(
+            b.status.code(),
+            Some(4),
+            "{tier}: {}",
+            String::from_utf8_lossy(&b.stderr)
+        );
+        let mut all = first;
+        all.extend_from_slice(&b.stdout);
+        assert_eq!(String::from_utf8_lossy(&all), want, "{tier}: bytes lost or repeated");
+        // Host process C reads it all again, and gets the same result.
+        let c = namzu(st.path(), &["logs", &id, "job", "--follow"]);
+        assert_eq!(c.status.code(), Some(4), "{tier}");
+        assert_eq!(String::from_utf8_lossy(&c.stdout), want, "{tier}");
+        let o = namzu(st.path(), &["cancel", &id, "job"]);
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "job had already exited",
+            "{tier}"
+        );
+        assert!(namzu(st.path(), &["rm", &id]).status.success());
+    }
+}

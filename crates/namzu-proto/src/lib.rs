@@ -76,6 +76,15 @@ pub mod limits {
     /// Bound on the agent's whole SIGTERM shutdown (stop accepting,
     /// quiesce, flush, exit).
     pub const AGENT_SHUTDOWN_DEADLINE_MS: &str = "agent_shutdown_deadline_ms";
+    /// Detachable executions whose logs are held at once, running or
+    /// exited; the oldest exited one makes room, a full set of running ones
+    /// refuses the next.
+    pub const MAX_RETAINED_LOGS: &str = "max_retained_logs";
+    /// Bytes one detachable execution's log holds (stdout and stderr
+    /// interleaved); older bytes are dropped, and reported as a gap.
+    pub const EXECUTION_LOG_BYTES: &str = "execution_log_bytes";
+    /// How long an exited detachable execution's record and log are kept.
+    pub const EXECUTION_RETAINED_TTL_MS: &str = "execution_retained_ttl_ms";
 
     /// Every limit name, for validating overrides.
     pub const ALL: &[&str] = &[
@@ -99,6 +108,9 @@ pub mod limits {
         MAX_SESSIONS,
         SESSION_RING_BYTES,
         SESSION_TTL_MS,
+        MAX_RETAINED_LOGS,
+        EXECUTION_LOG_BYTES,
+        EXECUTION_RETAINED_TTL_MS,
     ];
 }
 
@@ -107,6 +119,8 @@ pub mod features {
     pub const EXEC: &str = "exec";
     pub const EXEC_STDIN_STREAM: &str = "exec.stdin-stream";
     pub const EXEC_CANCEL: &str = "exec.cancel";
+    /// Detachable executions: `detach`, named reservations, AttachExec.
+    pub const EXEC_ATTACH: &str = "exec.attach";
     pub const FILES_WRITE: &str = "files.write";
     pub const FILES_READ: &str = "files.read";
     pub const FILES_READ_STREAM: &str = "files.read-stream";
@@ -127,6 +141,7 @@ pub mod features {
         EXEC,
         EXEC_STDIN_STREAM,
         EXEC_CANCEL,
+        EXEC_ATTACH,
         FILES_WRITE,
         FILES_READ,
         FILES_READ_STREAM,

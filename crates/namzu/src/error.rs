@@ -63,6 +63,17 @@ pub enum Error {
     AgentRetiring { op: String },
     #[error("{op}: unknown execution {exec_id}")]
     UnknownExecution { op: String, exec_id: String },
+    #[error("lost the link to execution {execution_id} and could not get back within the reattach window; it may still run: attach again from offset {offset}")]
+    ExecutionDetached { execution_id: String, offset: u64 },
+    #[error("execution {execution_id} cannot be attached: {reason}")]
+    ExecutionNotAttachable {
+        execution_id: String,
+        /// `Reserved` when the command never started (nothing runs).
+        state: AttachRefusal,
+        reason: String,
+    },
+    #[error("cancellation of execution {execution_id} could not be confirmed; nothing was retired, it may still run and the cancel may be retried")]
+    ExecutionCancelUnconfirmed { execution_id: String },
 
     // ---- sessions
     #[error("no session {id:?}")]
@@ -209,9 +220,30 @@ impl Error {
             Kind::ConnectionRefused => Error::ConnectionRefused {
                 port: u16::try_from(e.port).unwrap_or(0),
             },
+            Kind::NotAttachable => Error::ExecutionNotAttachable {
+                execution_id: e.exec_id,
+                state: if e.exec_state == "reserved" {
+                    AttachRefusal::Reserved
+                } else {
+                    AttachRefusal::NotDetachable
+                },
+                reason: e.message,
+            },
             Kind::ExecState | Kind::Protocol | Kind::Unspecified => Error::Protocol { op, message: e.message },
         }
     }
+}
+
+/// Why an execution could not be attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachRefusal {
+    /// Reserved, never started: nothing runs under this id.
+    Reserved,
+    /// It runs, but was not started detachable, so nothing retains its output.
+    NotDetachable,
+    /// The agent holds no record: never started, past retention, or the
+    /// agent restarted.
+    Unknown,
 }
 
 pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {

@@ -25,7 +25,7 @@ pub mod sandbox;
 pub mod types;
 
 pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream, Terminal};
-pub use error::{Error, Result};
+pub use error::{AttachRefusal, Error, Result};
 pub use namzu_proto::{features, limits};
 pub use sandbox::{Bind, Provider, Resources, Sandbox, SandboxInfo, SandboxSpec, Tier};
 pub use tokio_util::sync::CancellationToken;

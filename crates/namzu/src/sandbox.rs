@@ -135,6 +135,19 @@ pub trait Sandbox: Send + Sync {
     async fn cancel(&self, exec_id: &str) -> Result<CancelOutcome> {
         self.agent().cancel(exec_id).await
     }
+    /// Reads a detachable execution (started with [`ExecRequest::execution_id`]
+    /// or [`ExecRequest::detach`]) by id, from any process; never signals it.
+    async fn attach_execution(&self, execution_id: &str, opts: AttachOptions) -> Result<ExecOutput> {
+        self.agent().attach_execution(execution_id, opts).await
+    }
+    async fn attach_execution_stream(&self, execution_id: &str, opts: AttachOptions) -> Result<ExecStream> {
+        self.agent().attach_execution_stream(execution_id, opts).await
+    }
+    /// Kills a detachable execution by id and confirms it; an unconfirmed
+    /// kill retires nothing.
+    async fn cancel_execution(&self, execution_id: &str) -> Result<CancelOutcome> {
+        self.agent().cancel_execution(execution_id).await
+    }
     async fn write_file(&self, path: &Path, data: Bytes, opts: WriteOptions) -> Result<u64> {
         self.agent().write_file(path, data, opts).await
     }

@@ -51,6 +51,90 @@ pub struct ExecRequest {
     /// Cancelling it kills the command's whole process group and waits for
     /// the kill to be confirmed.
     pub cancel: Option<CancellationToken>,
+    /// Makes the command detachable: it outlives this call and this host
+    /// process, and a lost link is followed by a reattach from the last
+    /// byte received.
+    pub detach: Option<Detach>,
+}
+
+/// Called when output asked for had already been evicted from an
+/// execution's retained log.
+pub type GapCallback = std::sync::Arc<dyn Fn(OutputGap) + Send + Sync>;
+
+/// Output of a detachable execution that is lost for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputGap {
+    /// Log offsets: `[from_offset, from_offset + lost_bytes)` was evicted.
+    pub from_offset: u64,
+    pub lost_bytes: u64,
+}
+
+/// Default time a detachable execution's host keeps trying to reattach
+/// after its link fails.
+pub const DEFAULT_REATTACH_WINDOW: Duration = Duration::from_secs(30);
+
+/// How a detachable execution is named and followed.
+#[derive(Clone)]
+pub struct Detach {
+    /// `None`: the host picks a fresh id (read it from the stream).
+    pub execution_id: Option<String>,
+    /// How long the host tries to get back after its link fails; once an
+    /// attach succeeds the window starts again at the next failure.
+    pub reattach_window: Duration,
+    pub on_gap: Option<GapCallback>,
+}
+
+impl Default for Detach {
+    fn default() -> Self {
+        Self {
+            execution_id: None,
+            reattach_window: DEFAULT_REATTACH_WINDOW,
+            on_gap: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Detach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detach")
+            .field("execution_id", &self.execution_id)
+            .field("reattach_window", &self.reattach_window)
+            .field("on_gap", &self.on_gap.is_some())
+            .finish()
+    }
+}
+
+/// How [`crate::Sandbox::attach_execution`] reads.
+#[derive(Clone)]
+pub struct AttachOptions {
+    /// Log offset to start from (0: everything still held).
+    pub from_offset: u64,
+    /// False: what is held now, and the exit if there is one; no waiting.
+    pub follow: bool,
+    pub reattach_window: Duration,
+    pub on_gap: Option<GapCallback>,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        Self {
+            from_offset: 0,
+            follow: true,
+            reattach_window: DEFAULT_REATTACH_WINDOW,
+            on_gap: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for AttachOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachOptions")
+            .field("from_offset", &self.from_offset)
+            .field("follow", &self.follow)
+            .field("reattach_window", &self.reattach_window)
+            .field("on_gap", &self.on_gap.is_some())
+            .finish()
+    }
 }
 
 impl ExecRequest {
@@ -107,6 +191,29 @@ impl ExecRequest {
 
     pub fn cancel_token(mut self, t: CancellationToken) -> Self {
         self.cancel = Some(t);
+        self
+    }
+
+    /// Detachable under this id: starting it again while the agent retains
+    /// it runs nothing and attaches.
+    pub fn execution_id(mut self, id: impl Into<String>) -> Self {
+        self.detach.get_or_insert_with(Detach::default).execution_id = Some(id.into());
+        self
+    }
+
+    /// Detachable under an id the host picks.
+    pub fn detach(mut self) -> Self {
+        self.detach.get_or_insert_with(Detach::default);
+        self
+    }
+
+    pub fn reattach_window(mut self, d: Duration) -> Self {
+        self.detach.get_or_insert_with(Detach::default).reattach_window = d;
+        self
+    }
+
+    pub fn on_gap(mut self, f: impl Fn(OutputGap) + Send + Sync + 'static) -> Self {
+        self.detach.get_or_insert_with(Detach::default).on_gap = Some(std::sync::Arc::new(f));
         self
     }
 }

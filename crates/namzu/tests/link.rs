@@ -323,6 +323,7 @@ async fn unknown_op_is_unimplemented_and_harmless() {
             namzu_proto::v1::OutputChunk {
                 offset: 1,
                 data: Bytes::from_static(b"\xff\xff"),
+                log_offset: 0,
             },
         )),
     };
@@ -503,4 +504,212 @@ async fn a_black_holed_link_is_noticed_by_both_ends() {
     }
     let agent_took = t0.elapsed();
     println!("black hole noticed: host after {host_took:?}, agent cleaned up after {agent_took:?} (heartbeat 200 ms)");
+}
+
+/// What [`Relay`] does with the link.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RelayMode {
+    Pass,
+    /// Existing connections are closed; new ones are closed at accept.
+    Refuse,
+    /// Everything is accepted, held open, and dropped on the floor.
+    BlackHole,
+}
+
+/// A unix-socket relay in front of an agent whose behaviour the test
+/// switches: the link failing the ways real ones do.
+struct Relay {
+    path: PathBuf,
+    mode: std::sync::Arc<std::sync::Mutex<RelayMode>>,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Relay {
+    fn start(dir: &Path, target: PathBuf) -> Relay {
+        use std::sync::atomic::Ordering;
+        let path = dir.join("relay.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(RelayMode::Pass));
+        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (m, g) = (mode.clone(), generation.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let now = *m.lock().unwrap();
+                if now == RelayMode::Refuse {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = tokio::net::UnixStream::connect(&target).await else {
+                    continue;
+                };
+                let (m, g) = (m.clone(), g.clone());
+                let born = g.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let mut a = vec![0u8; 64 * 1024];
+                    let mut b = vec![0u8; 64 * 1024];
+                    loop {
+                        // A switch to Refuse cuts connections made before it.
+                        let cut = async {
+                            while g.load(Ordering::SeqCst) == born {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                        };
+                        let (n, up) = tokio::select! {
+                            r = cr.read(&mut a) => (r.unwrap_or(0), true),
+                            r = sr.read(&mut b) => (r.unwrap_or(0), false),
+                            _ = cut, if *m.lock().unwrap() == RelayMode::Refuse => return,
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        if *m.lock().unwrap() == RelayMode::BlackHole {
+                            continue;
+                        }
+                        let w = if up {
+                            sw.write_all(&a[..n]).await
+                        } else {
+                            cw.write_all(&b[..n]).await
+                        };
+                        if w.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Relay { path, mode, generation }
+    }
+
+    fn set(&self, mode: RelayMode) {
+        *self.mode.lock().unwrap() = mode;
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+const TALKER: &str = "i=0; while [ $i -lt 150 ]; do echo out$i; echo err$i >&2; i=$((i+1)); sleep 0.01; done; exit 4";
+
+fn talker_output() -> (Vec<u8>, Vec<u8>) {
+    (
+        (0..150).map(|i| format!("out{i}\n")).collect::<String>().into_bytes(),
+        (0..150).map(|i| format!("err{i}\n")).collect::<String>().into_bytes(),
+    )
+}
+
+/// Reads `n` stdout chunks (or to the exit), collecting both streams.
+async fn read_some(s: &mut namzu::ExecStream, out: &mut Vec<u8>, err: &mut Vec<u8>, n: usize) {
+    let mut got = 0;
+    while got < n {
+        match s.next().await.unwrap().unwrap() {
+            ExecEvent::Stdout { data, .. } => {
+                out.extend_from_slice(&data);
+                got += 1;
+            }
+            ExecEvent::Stderr { data, .. } => err.extend_from_slice(&data),
+            ExecEvent::Exit(x) => panic!("exited early: {x:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_detachable_execution_reattaches_after_the_link_drops_and_loses_nothing() {
+    let a = spawn_unix(&[]).await;
+    let relay = Relay::start(a.dir.path(), a.sock());
+    let c = AgentClient::connect_unix("t", &relay.path, TOKEN.to_vec(), ClientOptions::default())
+        .await
+        .unwrap();
+    let mut s = c
+        .exec_stream(ExecRequest::shell(TALKER).execution_id("talker"))
+        .await
+        .unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    read_some(&mut s, &mut out, &mut err, 10).await;
+    // The link drops and stays down for half a second.
+    relay.set(RelayMode::Refuse);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.set(RelayMode::Pass);
+    let exit = loop {
+        match s.next().await.unwrap() {
+            Ok(ExecEvent::Stdout { data, .. }) => out.extend_from_slice(&data),
+            Ok(ExecEvent::Stderr { data, .. }) => err.extend_from_slice(&data),
+            Ok(ExecEvent::Exit(x)) => break x,
+            Err(e) => panic!("the stream did not survive the drop: {e}"),
+        }
+    };
+    let (want_out, want_err) = talker_output();
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want_out));
+    assert_eq!(String::from_utf8_lossy(&err), String::from_utf8_lossy(&want_err));
+    assert_eq!(exit.status.code, Some(4));
+    assert!(!exit.stdout_truncated && !exit.stderr_truncated);
+}
+
+#[tokio::test]
+async fn past_the_reattach_window_the_error_names_the_id_and_offset_to_resume_from() {
+    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "200")]).await;
+    let relay = Relay::start(a.dir.path(), a.sock());
+    let opts = ClientOptions {
+        keepalive: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let c = AgentClient::connect_unix("t", &relay.path, TOKEN.to_vec(), opts)
+        .await
+        .unwrap();
+    let mut s = c
+        .exec_stream(
+            ExecRequest::shell(TALKER)
+                .execution_id("talker")
+                .reattach_window(Duration::from_millis(1500)),
+        )
+        .await
+        .unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    read_some(&mut s, &mut out, &mut err, 10).await;
+    // A black hole: no FIN, no RST, nothing arrives. Heartbeats notice it;
+    // reattaching cannot succeed.
+    relay.set(RelayMode::BlackHole);
+    let t0 = Instant::now();
+    let offset = loop {
+        match tokio::time::timeout(Duration::from_secs(20), s.next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Ok(ExecEvent::Stdout { data, .. }) => out.extend_from_slice(&data),
+            Ok(ExecEvent::Stderr { data, .. }) => err.extend_from_slice(&data),
+            Err(Error::ExecutionDetached { execution_id, offset }) => {
+                assert_eq!(execution_id, "talker");
+                break offset;
+            }
+            other => panic!("expected a detached error, got {other:?}"),
+        }
+    };
+    println!("gave up after {:?} (heartbeat 200 ms, window 1.5 s)", t0.elapsed());
+    assert_eq!(
+        offset,
+        (out.len() + err.len()) as u64,
+        "the offset is not what was received"
+    );
+    // Another host, over a working link, resumes from that offset.
+    relay.set(RelayMode::Pass);
+    let direct = connect(&a).await.unwrap();
+    let rest = direct
+        .attach_execution(
+            "talker",
+            namzu::AttachOptions {
+                from_offset: offset,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    out.extend_from_slice(&rest.stdout);
+    err.extend_from_slice(&rest.stderr);
+    let (want_out, want_err) = talker_output();
+    assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&want_out));
+    assert_eq!(String::from_utf8_lossy(&err), String::from_utf8_lossy(&want_err));
+    assert_eq!(rest.status.code, Some(4));
 }
