@@ -333,15 +333,21 @@ fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
 
 #[test]
 fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
-    use std::io::{Read, Write};
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+    for tier in ["local", "host"] {
+        second_process_attaches_to_a_persistent_terminal(st.path(), tier);
+    }
+}
+
+fn second_process_attaches_to_a_persistent_terminal(st: &Path, tier: &str) {
+    use std::io::{Read, Write};
+    let id = String::from_utf8_lossy(&namzu(st, &["create", "--tier", tier]).stdout)
         .trim()
         .to_owned();
     // Host process A opens the terminal, types, reads, and is killed.
     let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
         .args(["shell", &id, "--session", "pt", "--", "sh"])
-        .env("NAMZU_STATE_DIR", st.path())
+        .env("NAMZU_STATE_DIR", st)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -364,7 +370,7 @@ fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
     // replayed, and the exit code comes through.
     let mut b = Command::new(env!("CARGO_BIN_EXE_namzu"))
         .args(["attach", &id, "pt"])
-        .env("NAMZU_STATE_DIR", st.path())
+        .env("NAMZU_STATE_DIR", st)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -380,13 +386,13 @@ fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
     assert_eq!(
         o.status.code(),
         Some(6),
-        "{text} / {}",
+        "{tier}: {text} / {}",
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(text.contains("first-42"), "A's output was not replayed: {text}");
     assert!(text.contains("second-9"), "{text}");
     drop(stdin_a);
-    assert!(namzu(st.path(), &["rm", &id]).status.success());
+    assert!(namzu(st, &["rm", &id]).status.success());
 }
 
 #[test]
