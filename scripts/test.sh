@@ -3,7 +3,7 @@
 # CLI), then runs every test of the workspace, and ends with one summary line
 # over all test binaries. Safe to run on a fresh machine with the Rust
 # toolchain: protoc comes from a crate, nothing else is needed for the host
-# tier. Idempotent.
+# tier; as root it also brings up Docker for the docker tier. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,14 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && ! command -v newuidmap >/dev/null && command -v apt-get >/dev/null; then
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap >/dev/null
+fi
+
+# The docker tier's tests need dockerd with runc and runsc, and busybox for
+# their image: installed and started here (root), and then required, so a
+# missing daemon fails the run instead of skipping the tier.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    ./scripts/docker-up.sh
+    export NAMZU_REQUIRE_DOCKER=1
 fi
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.

@@ -12,6 +12,14 @@
 //! Operations on a final component that must not be followed (stat, remove,
 //! rename, readlink) open the *parent* beneath the root and then use the
 //! `*at` syscall on a single name, which the kernel does not resolve further.
+//!
+//! A kernel without `openat2` (gVisor's, for one) answers `ENOSYS`; the
+//! jail then resolves the same way by hand ([`open_beneath_by_hand`]): one
+//! component at a time with `O_NOFOLLOW`, following relative symlinks
+//! itself, refusing absolute ones and any `..` above the root with `EXDEV`
+//! as the kernel would, and opening the last component with `O_NOFOLLOW`
+//! once it is known not to be a link, so a link swapped in meanwhile fails
+//! instead of being followed.
 
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
@@ -111,13 +119,10 @@ impl Jail {
         } else {
             &loc.rel
         };
-        Ok(rustix::fs::openat2(
-            &root.fd,
-            rel,
-            flags | OFlags::CLOEXEC,
-            mode,
-            BENEATH,
-        )?)
+        match rustix::fs::openat2(&root.fd, rel, flags | OFlags::CLOEXEC, mode, BENEATH) {
+            Err(Errno::NOSYS) => Ok(open_beneath_by_hand(&root.fd, rel, flags, mode)?),
+            other => Ok(other?),
+        }
     }
 
     /// Opens the parent directory of a located path and returns it with the
@@ -131,6 +136,98 @@ impl Jail {
         let fd = self.open(&parent, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
         Ok((fd, PathBuf::from(name)))
     }
+}
+
+/// Most symlinks one resolution follows, as the kernel's `ELOOP` bound.
+const MAX_LINKS: usize = 40;
+
+/// `openat2(root, rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
+/// done in user space, for kernels without `openat2`.
+pub fn open_beneath_by_hand(root: &OwnedFd, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+    use std::collections::VecDeque;
+    use std::os::fd::AsFd;
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    // Directories from the root down to where we are; `..` pops.
+    let mut stack: Vec<OwnedFd> = vec![rustix::fs::openat(root, ".", dir_flags, Mode::empty())?];
+    let mut todo: VecDeque<std::ffi::OsString> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect();
+    let mut links = 0usize;
+    let top = |stack: &Vec<OwnedFd>| -> Result<OwnedFd, Errno> {
+        let fd = stack.last().ok_or(Errno::XDEV)?;
+        rustix::io::fcntl_dupfd_cloexec(fd, 0)
+    };
+    while let Some(name) = todo.pop_front() {
+        if name == ".." {
+            if stack.len() <= 1 {
+                return Err(Errno::XDEV);
+            }
+            stack.pop();
+            continue;
+        }
+        let last = todo.is_empty();
+        let dir = stack.last().ok_or(Errno::XDEV)?.as_fd();
+        // What is there now, not following it.
+        let before = match rustix::fs::statat(dir, name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Some(st),
+            Err(Errno::NOENT) if last => None,
+            Err(e) => return Err(e),
+        };
+        let is_link = before
+            .as_ref()
+            .is_some_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink);
+        if is_link {
+            if last && flags.contains(OFlags::NOFOLLOW) {
+                return Err(Errno::LOOP);
+            }
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Errno::LOOP);
+            }
+            let target = rustix::fs::readlinkat(dir, name.as_os_str(), Vec::new())?;
+            let target = PathBuf::from(OsStr::from_bytes(target.as_bytes()));
+            if target.is_absolute() {
+                return Err(Errno::XDEV);
+            }
+            for c in target.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push_front(n.to_owned()),
+                    Component::ParentDir => todo.push_front("..".into()),
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        let fd = if last {
+            rustix::fs::openat(dir, name.as_os_str(), flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, mode)?
+        } else {
+            rustix::fs::openat(dir, name.as_os_str(), dir_flags, Mode::empty())?
+        };
+        // The name may have been swapped for a link between the look and
+        // the open, and not every kernel refuses to follow it then (gVisor
+        // 20221219 was seen to): what was opened must be what was looked
+        // at, or, for a name just created, what the name is now.
+        let opened = rustix::fs::fstat(&fd)?;
+        let now = match before {
+            Some(st) => st,
+            None => rustix::fs::statat(dir, name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?,
+        };
+        if (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino) {
+            return Err(Errno::LOOP);
+        }
+        if last {
+            return Ok(fd);
+        }
+        stack.push(fd);
+    }
+    // The path named a directory (or the root itself): open it as asked.
+    let here = top(&stack)?;
+    rustix::fs::openat(&here, ".", flags | OFlags::CLOEXEC, mode)
 }
 
 /// The pure lexical half of [`Jail::locate`], separate so it can be fuzzed
@@ -230,6 +327,58 @@ mod tests {
         assert_eq!(loc("/srv/ws/../ws/a"), Err(JailError::Escape));
         assert_eq!(loc(""), Err(JailError::Empty));
         assert_eq!(loc("a\0b"), Err(JailError::Nul));
+    }
+
+    /// The by-hand resolver answers as openat2 does: links inside the root
+    /// are followed, links out of it and `..` above it are EXDEV, a final
+    /// link is refused under O_NOFOLLOW.
+    #[test]
+    fn by_hand_resolution_matches_openat2() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        std::fs::write(d.join("a/b/f"), b"inside").unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("out")).unwrap();
+        std::os::unix::fs::symlink("../../..", d.join("up")).unwrap();
+        std::os::unix::fs::symlink("a/b", d.join("in")).unwrap();
+        std::os::unix::fs::symlink("b/../../a/b/f", d.join("a/rel")).unwrap();
+        std::os::unix::fs::symlink("loop2", d.join("loop1")).unwrap();
+        std::os::unix::fs::symlink("loop1", d.join("loop2")).unwrap();
+        let root = rustix::fs::open(d, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let read = |p: &str| {
+            let fd = open_beneath_by_hand(&root, Path::new(p), OFlags::RDONLY, Mode::empty())?;
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut s).unwrap();
+            Ok::<_, Errno>(s)
+        };
+        assert_eq!(read("in/f").unwrap(), "inside");
+        assert_eq!(read("a/rel").unwrap(), "inside");
+        for p in ["out/passwd", "up/etc/passwd", "out", "a/../../etc/passwd"] {
+            assert_eq!(read(p), Err(Errno::XDEV), "{p}");
+            // The kernel agrees.
+            let k = rustix::fs::openat2(&root, p, OFlags::RDONLY, Mode::empty(), BENEATH);
+            assert_eq!(k.err(), Some(Errno::XDEV), "openat2 on {p}");
+        }
+        assert_eq!(read("loop1"), Err(Errno::LOOP));
+        assert_eq!(read("missing/x"), Err(Errno::NOENT));
+        let nofollow = open_beneath_by_hand(&root, Path::new("in"), OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty());
+        assert_eq!(nofollow.err(), Some(Errno::LOOP));
+        let created = open_beneath_by_hand(
+            &root,
+            Path::new("in/new"),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            Mode::from_raw_mode(0o600),
+        );
+        assert!(created.is_ok() && d.join("a/b/new").is_file());
+        // A directory, and the root itself, open as directories.
+        assert!(open_beneath_by_hand(
+            &root,
+            Path::new("a/b"),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty()
+        )
+        .is_ok());
+        assert!(open_beneath_by_hand(&root, Path::new(""), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).is_ok());
     }
 
     #[test]

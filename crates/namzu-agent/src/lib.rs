@@ -29,6 +29,7 @@ pub mod files;
 pub mod jail;
 pub mod quiesce;
 pub mod reaper;
+pub mod relay;
 pub mod sandbox;
 pub mod serve;
 pub mod service;

@@ -16,11 +16,36 @@ struct Args {
     #[arg(long, conflicts_with = "listen")]
     launch: Option<PathBuf>,
     /// unix:PATH, tcp:ADDR:PORT, or fd:N (an inherited connected socket).
-    #[arg(long, required_unless_present = "launch")]
+    #[arg(long, required_unless_present_any = ["launch", "relay"])]
     listen: Option<Listen>,
+    /// Join stdin and stdout to the agent listening on unix:PATH, and serve
+    /// nothing (a host link through `docker exec`; see `namzu_agent::relay`).
+    #[arg(long, conflicts_with_all = ["launch", "listen"])]
+    relay: Option<Listen>,
     /// File holding the bind token. Otherwise NAMZU_AGENT_TOKEN is used.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Remove the token file once read, so no command can read it later.
+    #[arg(long, requires = "token_file")]
+    consume_token: bool,
+    /// Make the agent non-dumpable, so commands running as its uid cannot
+    /// ptrace it or read its memory, environment or descriptors (where the
+    /// boundary around it, like a container, does not do it for it).
+    #[arg(long)]
+    non_dumpable: bool,
+    /// Install namzu's own seccomp filters (those of the `local` tier) on
+    /// the agent and so on every command, stacked on the boundary's own;
+    /// needs no_new_privs already set.
+    #[arg(long)]
+    seccomp: bool,
+    /// KEY=VALUE reported in Health's hardening map: what the boundary
+    /// that started the agent applied around it (repeatable).
+    #[arg(long = "report", value_parser = parse_report)]
+    reports: Vec<(String, String)>,
+    /// Mode of the unix socket, octal (default 600). The token still
+    /// guards every link.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    socket_mode: u32,
     /// Directories file operations are confined to (repeatable). The first
     /// is the base of relative paths. Default: the working directory.
     #[arg(long = "root")]
@@ -43,6 +68,19 @@ fn seal_inherited_fds(close: bool) {
     if r < 0 {
         tracing::warn!("close_range failed: {}", std::io::Error::last_os_error());
     }
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode"))
+}
+
+fn parse_report(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 fn main() -> ExitCode {
@@ -72,11 +110,37 @@ fn run() -> Result<(), String> {
         let code = namzu_agent::sandbox::launch(spec).map_err(|e| e.to_string())?;
         std::process::exit(code);
     }
+    if let Some(target) = &args.relay {
+        let Listen::Unix(path) = target else {
+            return Err("--relay takes unix:PATH".into());
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        return rt
+            .block_on(namzu_agent::relay::relay(path))
+            .map_err(|e| format!("relay to {}: {e}", path.display()));
+    }
     let Some(listen) = args.listen else {
         return Err("--listen is required".into());
     };
+    if args.non_dumpable {
+        nix::sys::prctl::set_dumpable(false).map_err(|e| format!("set non-dumpable: {e}"))?;
+    }
+    let mut reports = args.reports;
+    if args.seccomp {
+        let what = namzu_agent::sandbox::harden::apply_seccomp().map_err(|e| e.to_string())?;
+        reports.push(("seccomp.namzu".into(), what));
+    }
     let token = match (&args.token_file, std::env::var_os("NAMZU_AGENT_TOKEN")) {
-        (Some(f), _) => std::fs::read(f).map_err(|e| format!("token file {}: {e}", f.display()))?,
+        (Some(f), _) => {
+            let t = std::fs::read(f).map_err(|e| format!("token file {}: {e}", f.display()))?;
+            if args.consume_token {
+                std::fs::remove_file(f).map_err(|e| format!("token file {}: {e}", f.display()))?;
+            }
+            t
+        }
         (None, Some(t)) => t.into_encoded_bytes(),
         (None, None) => return Err("no bind token: pass --token-file or set NAMZU_AGENT_TOKEN".into()),
     };
@@ -102,12 +166,13 @@ fn run() -> Result<(), String> {
         .map(String::from)
         .collect();
     let cfg = AgentConfig {
+        socket_mode: args.socket_mode,
         roots,
         default_cwd,
         token,
         limits,
         disabled_features,
-        hardening: Vec::new(),
+        hardening: reports,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -126,6 +126,15 @@ pub fn probe_child_status() -> std::io::Result<String> {
                 use std::os::fd::AsRawFd;
                 let _ = libc::write(w.as_raw_fd(), buf.as_ptr().cast(), n);
             }
+            // Some kernels (gVisor's) leave no_new_privs out of the status
+            // file; the prctl answer is appended so it is checked anyway.
+            let line: &[u8] = match libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) {
+                1 => b"PrctlNoNewPrivs:\t1\n",
+                0 => b"PrctlNoNewPrivs:\t0\n",
+                _ => b"PrctlNoNewPrivs:\t?\n",
+            };
+            use std::os::fd::AsRawFd;
+            let _ = libc::write(w.as_raw_fd(), line.as_ptr().cast(), line.len());
             libc::_exit(0);
         }
     }

@@ -217,9 +217,10 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
                 what: path.display().to_string(),
                 source,
             })?;
-            // Owner only: the socket is the way in; the token is the lock.
+            // Owner only by default: the socket is the way in; the token is
+            // the lock.
             use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(cfg.socket_mode));
             tracing::info!(path = %path.display(), "listening");
             unix_path = Some(path);
             tokio::spawn(async move {

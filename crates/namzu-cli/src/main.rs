@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
+use namzu::backend::docker::{DockerOptions, DockerProvider};
 use namzu::backend::host::HostProvider;
 use namzu::backend::local::LocalProvider;
 use namzu::{CancellationToken, ExecEvent, ExecRequest, Provider, Sandbox, SandboxSpec, Tier, WriteOptions};
@@ -53,13 +54,17 @@ struct ExecArgs {
     command: Vec<OsString>,
 }
 
-/// Root filesystem and resource limits of a new sandbox (`local` only).
+/// Root filesystem, runtime and resource limits of a new sandbox.
 #[derive(clap::Args, Clone, Default)]
 struct ResourceArgs {
-    /// Root filesystem: an imported image (name or sha256:id) or a rootfs
-    /// directory. Default: a read-only view of the host's /usr and friends.
+    /// local: an imported image (name or sha256:id) or a rootfs directory;
+    /// default: a read-only view of the host's /usr and friends.
+    /// docker: an image reference (required), pulled if the daemon lacks it.
     #[arg(long)]
     image: Option<String>,
+    /// docker: the OCI runtime, runc (the daemon's default) or runsc (gVisor).
+    #[arg(long)]
+    runtime: Option<String>,
     /// Show a host path inside: SRC:DST, read-only, or SRC:DST:rw (repeatable).
     #[arg(long = "bind", value_parser = parse_bind)]
     binds: Vec<namzu::Bind>,
@@ -78,6 +83,8 @@ impl ResourceArgs {
     fn spec(&self, env: Vec<(String, String)>) -> SandboxSpec {
         SandboxSpec {
             env,
+            image: self.image.clone(),
+            binds: self.binds.clone(),
             resources: namzu::Resources {
                 memory_bytes: self.memory,
                 cpus: self.cpus,
@@ -332,24 +339,66 @@ fn main() -> ExitCode {
     }
 }
 
-fn provider(state_dir: &Option<PathBuf>, tier: Tier) -> Result<Box<dyn Provider>, Fail> {
+/// The provider of `tier`; `runtime` is the docker runtime to create with.
+async fn provider(state_dir: &Option<PathBuf>, tier: Tier, runtime: Option<String>) -> Result<Box<dyn Provider>, Fail> {
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
+    if runtime.is_some() && tier != Tier::Docker {
+        return Err(Fail(format!("--runtime applies to --tier docker, not {tier}")));
+    }
     match tier {
         Tier::Host => Ok(Box::new(HostProvider::new(dir)?)),
         Tier::Local => Ok(Box::new(LocalProvider::new(dir)?)),
-        other => Err(Fail(format!("tier {other} is not available yet; use --tier local"))),
+        Tier::Docker => {
+            let opts = DockerOptions {
+                runtime,
+                on_pull: Some(pull_progress()),
+                ..Default::default()
+            };
+            Ok(Box::new(DockerProvider::new(dir, opts).await?))
+        }
+        other => Err(Fail(format!(
+            "tier {other} is not available yet; use --tier local or docker"
+        ))),
     }
 }
 
-/// The tiers whose sandboxes live in the state directory.
-const STATE_TIERS: [Tier; 2] = [Tier::Local, Tier::Host];
+/// Draws one bar per image pull on stderr.
+fn pull_progress() -> namzu::backend::docker::PullCallback {
+    let bar = std::sync::Arc::new(std::sync::Mutex::new(None::<indicatif::ProgressBar>));
+    std::sync::Arc::new(move |p: &namzu::backend::docker::PullProgress| {
+        let Ok(mut slot) = bar.lock() else { return };
+        let b = slot.get_or_insert_with(|| progress(0, "pull"));
+        if let (Some(cur), Some(total)) = (p.current, p.total) {
+            b.set_length(total);
+            b.set_position(cur);
+        }
+        b.set_message(format!("pull {} {}", p.layer.as_deref().unwrap_or(""), p.status));
+        if p.status.starts_with("Status:") {
+            b.finish_and_clear();
+        }
+    })
+}
+
+/// The tiers whose sandboxes are recorded in the state directory.
+const STATE_TIERS: [Tier; 3] = [Tier::Local, Tier::Host, Tier::Docker];
+
+/// Tiers that have ever made a sandbox in this state directory.
+fn used_tiers(state_dir: &Option<PathBuf>) -> Vec<Tier> {
+    let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
+    STATE_TIERS
+        .into_iter()
+        .filter(|t| *t != Tier::Docker || dir.join(t.name()).is_dir())
+        .collect()
+}
 
 /// The provider that knows sandbox `id`.
 async fn provider_of(state_dir: &Option<PathBuf>, id: &str) -> Result<(Tier, Box<dyn Provider>), Fail> {
+    let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     for tier in STATE_TIERS {
-        let p = provider(state_dir, tier)?;
-        if p.list().await?.iter().any(|s| s.id == id) {
-            return Ok((tier, p));
+        let known = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id))
+            && dir.join(tier.name()).join(id).join("meta.json").is_file();
+        if known {
+            return Ok((tier, provider(state_dir, tier, None).await?));
         }
     }
     Err(Fail(format!("no sandbox with id {id}")))
@@ -364,7 +413,7 @@ fn warn_host(tier: Tier) {
 async fn run(cli: Cli) -> Result<ExitCode, Fail> {
     match cli.cmd {
         Cmd::Run { tier, resources, exec } => {
-            let p = provider(&cli.state_dir, tier)?;
+            let p = provider(&cli.state_dir, tier, resources.runtime.clone()).await?;
             warn_host(tier);
             let sb = p.create(resources.spec(Vec::new())).await?;
             let result = run_command(sb.as_ref(), exec, None).await;
@@ -374,7 +423,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             Ok(code)
         }
         Cmd::Create { tier, env, resources } => {
-            let p = provider(&cli.state_dir, tier)?;
+            let p = provider(&cli.state_dir, tier, resources.runtime.clone()).await?;
             warn_host(tier);
             let sb = p.create(resources.spec(env)).await?;
             println!("{}", sb.id());
@@ -507,8 +556,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         }
         Cmd::Ls => {
             println!("{:<18} {:<8} {:<6} CREATED", "ID", "TIER", "STATE");
-            for tier in STATE_TIERS {
-                for s in provider(&cli.state_dir, tier)?.list().await? {
+            for tier in used_tiers(&cli.state_dir) {
+                for s in provider(&cli.state_dir, tier, None).await?.list().await? {
                     let state = if s.alive { "up" } else { "dead" };
                     println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
                 }
@@ -582,10 +631,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Gc { tier } => {
             let tiers: Vec<Tier> = match tier {
                 Some(t) => vec![t],
-                None => STATE_TIERS.to_vec(),
+                None => used_tiers(&cli.state_dir),
             };
             for t in tiers {
-                for id in provider(&cli.state_dir, t)?.gc().await? {
+                for id in provider(&cli.state_dir, t, None).await?.gc().await? {
                     println!("{id}");
                 }
             }

@@ -455,3 +455,92 @@ fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
         assert!(namzu(st.path(), &["rm", &id]).status.success());
     }
 }
+
+/// The docker tier through the CLI: run with either runtime, create and
+/// exec, --runtime refused elsewhere. Skipped (saying so) without a daemon
+/// unless NAMZU_REQUIRE_DOCKER=1.
+#[test]
+fn docker_tier_runs_commands_with_either_runtime() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let image = rt.block_on(async {
+        let docker = bollard::Docker::connect_with_defaults()
+            .ok()?
+            .negotiate_version()
+            .await
+            .ok()?;
+        namzu_conformance::docker::ensure_test_image(&docker).await.ok()
+    });
+    let Some(image) = image else {
+        assert!(!namzu_conformance::docker::required(), "no docker daemon");
+        eprintln!("no docker daemon: not tested");
+        return;
+    };
+    let st = tempfile::tempdir().unwrap();
+    for runtime in ["runc", "runsc"] {
+        let o = namzu(
+            st.path(),
+            &[
+                "run",
+                "--tier",
+                "docker",
+                "--image",
+                image,
+                "--runtime",
+                runtime,
+                "--memory",
+                "128m",
+                "--",
+                "sh",
+                "-c",
+                "echo out-$((1+1)); echo err >&2; exit 3",
+            ],
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{runtime}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "out-2\n", "{runtime}");
+        assert_eq!(stderr_lines(&o), ["err"], "{runtime}");
+    }
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", "docker", "--image", image]).stdout)
+        .trim()
+        .to_owned();
+    assert!(id.starts_with("sb-"), "{id}");
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "/proc/self/status"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("CapEff:\t0000000000000000"));
+    let ls = String::from_utf8_lossy(&namzu(st.path(), &["ls"]).stdout).into_owned();
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with(&id) && l.contains("docker") && l.contains("up")),
+        "{ls}"
+    );
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+    let o = namzu(
+        st.path(),
+        &["run", "--tier", "local", "--runtime", "runsc", "--", "true"],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--runtime applies to --tier docker"));
+    let o = namzu(
+        st.path(),
+        &[
+            "run",
+            "--tier",
+            "docker",
+            "--image",
+            image,
+            "--runtime",
+            "nope",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("\"nope\" is not registered"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

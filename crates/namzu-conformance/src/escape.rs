@@ -59,19 +59,36 @@ pub async fn run_attempts(factory: &Factory) -> Result<(usize, Vec<String>), Str
     tcp.set_nonblocking(true).ctx("nonblocking")?;
     let unix_path = host.path().join("host.sock");
     let _unix = UnixListener::bind(&unix_path).ctx("unix listener")?;
-    let abstract_name = format!("namzu-escape-{}", std::process::id());
+    static RUN: AtomicUsize = AtomicUsize::new(0);
+    let abstract_name = format!(
+        "namzu-escape-{}-{}",
+        std::process::id(),
+        RUN.fetch_add(1, Ordering::SeqCst)
+    );
     let _abstract = {
         use std::os::linux::net::SocketAddrExt;
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).ctx("abstract")?;
         UnixListener::bind_addr(&addr).ctx("abstract listener")?
     };
     let marker = format!("namzu-escape-marker-{}", std::process::id());
-    let mut sleeper = std::process::Command::new("sleep")
+    let sleeper = std::process::Command::new("sleep")
         .arg0(&marker)
         .arg("300")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .ctx("host sleeper")?;
-    let host_pid = sleeper.id().to_string();
+    // Killed on every way out, so no pipe waits five minutes on it.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut sleeper = Reap(sleeper);
+    let host_pid = sleeper.0.id().to_string();
 
     let accepted = Arc::new(AtomicUsize::new(0));
     let result = crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| {
@@ -120,9 +137,9 @@ pub async fn run_attempts(factory: &Factory) -> Result<(usize, Vec<String>), Str
     while let Ok((_, _)) = tcp.accept() {
         accepted.fetch_add(1, Ordering::SeqCst);
     }
-    let sleeper_alive = sleeper.try_wait().ctx("sleeper")?.is_none();
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    let sleeper_alive = sleeper.0.try_wait().ctx("sleeper")?.is_none();
+    let _ = sleeper.0.kill();
+    let _ = sleeper.0.wait();
     let mut escaped: Vec<String> = text
         .lines()
         .filter(|l| l.contains(": ESCAPED"))

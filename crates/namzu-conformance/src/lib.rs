@@ -16,6 +16,7 @@
 //! feature named in its kind — never a silent pass.
 
 mod cases;
+pub mod docker;
 pub mod escape;
 pub mod util;
 
@@ -50,6 +51,12 @@ pub fn cases() -> Vec<Case> {
 /// code. A probe sandbox is created first to read the features the backend
 /// advertises.
 pub fn run_main(backend: &str, factory: Factory) -> std::process::ExitCode {
+    run_main_except(backend, factory, &[])
+}
+
+/// [`run_main`], with cases this backend cannot meet reported ignored,
+/// each with its reason: `(case name, reason)`.
+pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)]) -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -91,13 +98,31 @@ pub fn run_main(backend: &str, factory: Factory) -> std::process::ExitCode {
                     .map_err(|e| libtest_mimic::Failed::from(format!("runtime: {e}")))?;
                 rt.block_on(run(factory)).map_err(libtest_mimic::Failed::from)
             });
-            if missing.is_empty() {
+            if let Some((_, why)) = cannot.iter().find(|(name, _)| *name == case.name) {
+                trial.with_ignored_flag(true).with_kind(format!("cannot: {why}"))
+            } else if missing.is_empty() {
                 trial
             } else {
                 trial
                     .with_ignored_flag(true)
                     .with_kind(format!("unsupported: {}", missing.join(",")))
             }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Lists every case as ignored with `reason` (a backend that is not
+/// available here), under libtest conventions.
+pub fn ignore_all(backend: &str, reason: &str) -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let kind = format!("unavailable: {reason}");
+    let trials = cases()
+        .into_iter()
+        .map(|case| {
+            libtest_mimic::Trial::test(format!("{backend}::{}", case.name), || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(kind.clone())
         })
         .collect();
     libtest_mimic::run(&args, trials).exit_code()

@@ -110,6 +110,19 @@ pub enum Error {
     ImageNotFound { reference: String },
     #[error("tier {tier} is not available: {reason}")]
     TierUnavailable { tier: String, reason: String },
+    #[error("tier {tier}: option {option} cannot be combined with {conflicts_with}: {reason}")]
+    ConfigConflict {
+        tier: String,
+        option: String,
+        conflicts_with: String,
+        reason: String,
+    },
+    #[error("the container runtime {runtime:?} is not registered with the daemon (it has: {})", available.join(", "))]
+    RuntimeUnavailable { runtime: String, available: Vec<String> },
+    #[error("image {reference:?} is not on the daemon and could not be pulled: {message}")]
+    ImagePull { reference: String, message: String },
+    #[error("{op}: the docker daemon answered: {message}")]
+    Docker { op: String, message: String },
 
     // ---- sandboxes and links
     #[error("sandbox {id} has been destroyed")]

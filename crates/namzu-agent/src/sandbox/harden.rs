@@ -247,20 +247,24 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
     report.push(("landlock".into(), apply_landlock()?));
     drop_all_caps()?;
     report.push(("capabilities".into(), "none (all five sets empty)".into()));
+    report.push(("seccomp".into(), apply_seccomp()?));
+    report.push(("namespaces".into(), "user,mnt,pid,ipc,uts,net,cgroup".into()));
+    Ok(report)
+}
+
+/// Installs namzu's own seccomp filters on this process (and so on every
+/// command it starts), stacked on whatever filter is already there: the
+/// kernel answers with the most restrictive. Needs no_new_privs set.
+pub fn apply_seccomp() -> Result<String, HardenError> {
     let eperm = eperm_filter()?;
     let clone3 = clone3_filter()?;
     let se = |e: seccompiler::Error| HardenError::Seccomp(e.to_string());
     seccompiler::apply_filter(&clone3).map_err(se)?;
     seccompiler::apply_filter(&eperm).map_err(se)?;
-    report.push((
-        "seccomp".into(),
-        format!(
-            "{} syscalls EPERM, clone with namespace flags EPERM, clone3 ENOSYS",
-            denied_syscalls().len()
-        ),
-    ));
-    report.push(("namespaces".into(), "user,mnt,pid,ipc,uts,net,cgroup".into()));
-    Ok(report)
+    Ok(format!(
+        "{} syscalls EPERM, clone with namespace flags EPERM, clone3 ENOSYS",
+        denied_syscalls().len()
+    ))
 }
 
 /// Brings up `lo` in the new network namespace (it starts down).

@@ -79,6 +79,7 @@ impl Provider for HostProvider {
             agent_bin: self.agent_bin.clone(),
             uid_slot: None,
             cgroups: None,
+            container: None,
         };
         self.state.write_meta(&dir, &meta)?;
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;

@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
 
 use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
-use crate::backend::{check_spec, find_agent_binary};
-use crate::client::{AgentClient, ClientOptions};
+use crate::backend::{check_spec, find_agent_binary, privilege_probe};
+use crate::client::ClientOptions;
 use crate::error::{Error, Result};
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
 
@@ -245,6 +245,7 @@ impl LocalProvider {
             agent_bin: self.agent_bin.clone(),
             uid_slot: slot,
             cgroups,
+            container: None,
         };
         self.state.write_meta(dir, &meta)?;
         match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
@@ -266,42 +267,6 @@ impl LocalProvider {
 
 fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::LocalIo { op: op.into(), source }
-}
-
-/// Checks a command's view of its own privileges.
-async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
-    let status = client.probe_child_status().await?;
-    unprivileged(&status).map_err(|(field, value)| Error::PrivilegeProbe {
-        id: id.into(),
-        field,
-        value,
-    })
-}
-
-/// `Err((field, value))` for the first sign of privilege in a
-/// `/proc/<pid>/status`: a non-empty capability set, no_new_privs unset, or
-/// no seccomp filter.
-fn unprivileged(status: &str) -> std::result::Result<(), (String, String)> {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
-    for name in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-        let v = field(name);
-        if v.is_empty() || v.bytes().any(|b| b != b'0') {
-            return Err((name.into(), v));
-        }
-    }
-    for (name, want) in [("NoNewPrivs", "1"), ("Seccomp", "2")] {
-        let v = field(name);
-        if v != want {
-            return Err((name.into(), v));
-        }
-    }
-    Ok(())
 }
 
 #[async_trait]
@@ -446,33 +411,4 @@ fn ordinary_user_maps() -> Maps {
 
 fn path_string(p: &Path) -> String {
     p.to_string_lossy().into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unprivileged;
-
-    const HARDENED: &str = "Name:\tsh\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
-
-    #[test]
-    fn a_hardened_child_passes() {
-        assert_eq!(unprivileged(HARDENED), Ok(()));
-    }
-
-    #[test]
-    fn any_sign_of_privilege_is_refused_naming_it() {
-        let bnd = HARDENED.replace("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff");
-        assert_eq!(unprivileged(&bnd), Err(("CapBnd".into(), "000001ffffffffff".into())));
-        let nnp = HARDENED.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
-        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
-        let sc = HARDENED.replace("Seccomp:\t2", "Seccomp:\t0");
-        assert_eq!(unprivileged(&sc), Err(("Seccomp".into(), "0".into())));
-        assert!(unprivileged("").is_err(), "an unreadable status must not pass");
-    }
-
-    #[test]
-    fn this_unsandboxed_test_process_is_refused() {
-        let me = std::fs::read_to_string("/proc/self/status").unwrap();
-        assert!(unprivileged(&me).is_err());
-    }
 }

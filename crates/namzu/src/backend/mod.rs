@@ -2,12 +2,14 @@
 //! agent binary, the state directory, and validating a spec.
 
 pub mod cgroup;
+pub mod docker;
 pub mod host;
 pub mod local;
 pub(crate) mod state;
 
 use std::path::PathBuf;
 
+use crate::client::AgentClient;
 use crate::error::{Error, Result};
 use crate::sandbox::{SandboxSpec, Tier};
 
@@ -46,6 +48,72 @@ pub fn find_agent_binary() -> Result<PathBuf> {
         }
     }
     Err(Error::AgentBinaryNotFound { searched })
+}
+
+/// Checks a command's view of its own privileges.
+pub(crate) async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
+    probe_with(id, client, true).await
+}
+
+/// The probe, optionally without the seccomp check: under gVisor the
+/// syscall boundary is the Sentry itself (which the runtime confines with
+/// its own host filter), and the OCI profile is not loaded inside it.
+pub(crate) async fn probe_with(id: &str, client: &AgentClient, want_seccomp: bool) -> Result<()> {
+    let status = client.probe_child_status().await?;
+    let status = if want_seccomp {
+        status
+    } else {
+        // Judge everything else; the filter is the runtime's business.
+        status
+            .lines()
+            .filter(|l| !l.starts_with("Seccomp:"))
+            .chain(std::iter::once("Seccomp:\t2"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    unprivileged(&status).map_err(|(field, value)| Error::PrivilegeProbe {
+        id: id.into(),
+        field,
+        value,
+    })
+}
+
+/// `Err((field, value))` for the first sign of privilege in a
+/// `/proc/<pid>/status`: a non-empty capability set, no_new_privs unset, or
+/// no seccomp filter.
+pub(crate) fn unprivileged(status: &str) -> std::result::Result<(), (String, String)> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let zero = |v: &str| !v.is_empty() && v.bytes().all(|b| b == b'0');
+    for name in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        let v = field(name);
+        // A kernel that does not report the ambient set (gVisor) cannot
+        // hold one either when nothing is permitted: ambient is a subset
+        // of permitted.
+        if name == "CapAmb" && v.is_empty() && zero(&field("CapPrm")) {
+            continue;
+        }
+        if !zero(&v) {
+            return Err((name.into(), v));
+        }
+    }
+    let mut nnp = field("NoNewPrivs");
+    if nnp.is_empty() {
+        nnp = field("PrctlNoNewPrivs");
+    }
+    if nnp != "1" {
+        return Err(("NoNewPrivs".into(), nnp));
+    }
+    let seccomp = field("Seccomp");
+    if seccomp != "2" {
+        return Err(("Seccomp".into(), seccomp));
+    }
+    Ok(())
 }
 
 /// Refuses agent-limit overrides whose name the agent does not know.
@@ -130,6 +198,44 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
 mod tests {
     use super::*;
     use crate::sandbox::Resources;
+
+    const HARDENED: &str = "Name:\tsh\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+
+    #[test]
+    fn a_hardened_child_passes() {
+        assert_eq!(unprivileged(HARDENED), Ok(()));
+    }
+
+    #[test]
+    fn any_sign_of_privilege_is_refused_naming_it() {
+        let bnd = HARDENED.replace("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff");
+        assert_eq!(unprivileged(&bnd), Err(("CapBnd".into(), "000001ffffffffff".into())));
+        let nnp = HARDENED.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
+        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
+        let sc = HARDENED.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert_eq!(unprivileged(&sc), Err(("Seccomp".into(), "0".into())));
+        assert!(unprivileged("").is_err(), "an unreadable status must not pass");
+    }
+
+    #[test]
+    fn this_unsandboxed_test_process_is_refused() {
+        let me = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(unprivileged(&me).is_err());
+    }
+
+    /// gVisor's status file has no CapAmb and no NoNewPrivs; the agent
+    /// appends the prctl answer, and an empty permitted set bounds ambient.
+    #[test]
+    fn a_gvisor_child_is_judged_by_what_it_reports() {
+        let gvisor = "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nSeccomp:\t2\nPrctlNoNewPrivs:\t1\n";
+        assert_eq!(unprivileged(gvisor), Ok(()));
+        let nnp = gvisor.replace("PrctlNoNewPrivs:\t1", "PrctlNoNewPrivs:\t0");
+        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
+        let prm = gvisor.replace("CapPrm:\t0000000000000000", "CapPrm:\t0000000000000001");
+        assert_eq!(unprivileged(&prm), Err(("CapPrm".into(), "0000000000000001".into())));
+        let no_filter = gvisor.replace("Seccomp:\t2", "Seccomp:\t0");
+        assert_eq!(unprivileged(&no_filter), Err(("Seccomp".into(), "0".into())));
+    }
 
     #[test]
     fn host_tier_refuses_resource_limits_by_name() {

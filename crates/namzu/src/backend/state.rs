@@ -37,6 +37,9 @@ pub(crate) struct Meta {
     /// `local`: the cgroups made for it, removed with it.
     #[serde(default)]
     pub cgroups: Option<crate::backend::cgroup::Cgroups>,
+    /// `docker`: the container, and how the host reaches its agent.
+    #[serde(default)]
+    pub container: Option<crate::backend::docker::ContainerMeta>,
 }
 
 /// The state directory of one tier.

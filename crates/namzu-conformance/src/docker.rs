@@ -1,0 +1,134 @@
+//! What the docker tier's test targets share: a daemon check, the test
+//! image, and provider factories.
+//!
+//! No registry is needed: the test image is made here from Debian's static
+//! busybox (every applet linked in `/bin`, a passwd file for root) and
+//! imported into the daemon, the same as `docker import` of a rootfs
+//! tarball.
+
+use std::sync::Arc;
+
+use bollard::image::CreateImageOptions;
+use futures::StreamExt;
+use namzu::backend::docker::{DockerOptions, DockerProvider};
+use namzu::Provider;
+
+use crate::util::Ctx;
+use crate::Factory;
+
+/// The image every docker test runs.
+pub const TEST_IMAGE: &str = "namzu-test/busybox:1";
+
+/// True when the docker tests must run rather than be reported ignored
+/// (the test command sets it after starting the daemon).
+pub fn required() -> bool {
+    std::env::var_os("NAMZU_REQUIRE_DOCKER").is_some_and(|v| v == "1")
+}
+
+/// Makes [`TEST_IMAGE`] on the daemon unless it is there.
+pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str, String> {
+    if docker.inspect_image(TEST_IMAGE).await.is_ok() {
+        return Ok(TEST_IMAGE);
+    }
+    let busybox = std::fs::read("/bin/busybox").ctx("read /bin/busybox (Debian's busybox-static)")?;
+    let list = std::process::Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .ctx("busybox --list")?;
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut dir = |path: &str, mode: u32| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(mode);
+        h.set_size(0);
+        tar.append_data(&mut h, path, std::io::empty())
+    };
+    for (d, mode) in [
+        ("bin", 0o755),
+        ("etc", 0o755),
+        ("tmp", 0o1777),
+        ("root", 0o700),
+        ("workspace", 0o755),
+    ] {
+        dir(d, mode).ctx("tar dir")?;
+    }
+    let mut file = |path: &str, mode: u32, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_size(data.len() as u64);
+        tar.append_data(&mut h, path, data)
+    };
+    file("bin/busybox", 0o755, &busybox).ctx("tar busybox")?;
+    file(
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
+    )
+    .ctx("tar passwd")?;
+    file("etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n").ctx("tar group")?;
+    for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
+        if applet == "busybox" {
+            continue;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_mode(0o777);
+        h.set_size(0);
+        tar.append_link(&mut h, format!("bin/{applet}"), "busybox")
+            .ctx("tar link")?;
+    }
+    let body = tar.into_inner().ctx("tar")?;
+    let (repo, tag) = TEST_IMAGE.split_once(':').unwrap_or((TEST_IMAGE, "latest"));
+    let mut import = docker.create_image(
+        Some(CreateImageOptions {
+            from_src: "-",
+            repo,
+            tag,
+            ..Default::default()
+        }),
+        Some(body.into()),
+        None,
+    );
+    while let Some(step) = import.next().await {
+        step.ctx("import the test image")?;
+    }
+    Ok(TEST_IMAGE)
+}
+
+/// A provider on a fresh state directory, or why there is none.
+pub async fn provider(name: &str, opts: DockerOptions) -> Result<DockerProvider, String> {
+    let state = std::env::temp_dir().join(format!("namzu-{name}-{}", std::process::id()));
+    let p = DockerProvider::new(state, opts).await.ctx("docker provider")?;
+    ensure_test_image(p.docker()).await?;
+    Ok(p)
+}
+
+/// A factory creating sandboxes of [`TEST_IMAGE`] (unless the spec names
+/// another image) on `provider`.
+pub fn factory(provider: DockerProvider) -> Factory {
+    let provider = Arc::new(provider);
+    Arc::new(move |mut spec| {
+        let provider = provider.clone();
+        Box::pin(async move {
+            spec.image.get_or_insert_with(|| TEST_IMAGE.to_owned());
+            provider.create(spec).await
+        })
+    })
+}
+
+/// The `main` of a docker conformance target: the whole suite on
+/// `opts`, or every case reported ignored with the reason the daemon is
+/// missing (a failure instead when [`required`]).
+pub fn conformance_main(backend: &str, opts: DockerOptions, cannot: &[(&str, &str)]) -> std::process::ExitCode {
+    let made = tokio::runtime::Runtime::new()
+        .ctx("runtime")
+        .and_then(|rt| rt.block_on(provider(backend, opts)));
+    match made {
+        Ok(p) => crate::run_main_except(backend, factory(p), cannot),
+        Err(why) if !required() => crate::ignore_all(backend, &why),
+        Err(why) => {
+            eprintln!("conformance[{backend}]: {why}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

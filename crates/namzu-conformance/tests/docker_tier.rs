@@ -1,0 +1,297 @@
+//! What only the `docker` tier promises: the hardening on every container
+//! (read off the daemon and tried from inside), both transports, typed
+//! refusals of bad configuration, and no leaked containers — after failed
+//! creates, and from a host whose state is gone. Needs a daemon
+//! (`scripts/docker-up.sh`); without one each test says so and passes,
+//! unless `NAMZU_REQUIRE_DOCKER=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+
+use bollard::container::ListContainersOptions;
+use namzu::backend::docker::{labels, DockerOptions, DockerProvider, Transport};
+use namzu::{Error, ExecRequest, Provider, SandboxSpec};
+use namzu_conformance::docker::{self, TEST_IMAGE};
+
+async fn provider(name: &str, opts: DockerOptions) -> Option<DockerProvider> {
+    match docker::provider(name, opts).await {
+        Ok(p) => Some(p),
+        Err(e) if !docker::required() => {
+            eprintln!("no docker daemon, not tested: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        image: Some(TEST_IMAGE.into()),
+        ..Default::default()
+    }
+}
+
+/// Containers carrying a namzu sandbox label, by sandbox id.
+async fn namzu_containers(p: &DockerProvider) -> Vec<String> {
+    let filters = HashMap::from([("label".to_owned(), vec![labels::SANDBOX.to_owned()])]);
+    p.docker()
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.labels.and_then(|l| l.get(labels::SANDBOX).cloned()))
+        .collect()
+}
+
+async fn sh(sb: &dyn namzu::Sandbox, script: &str) -> namzu::ExecOutput {
+    sb.exec(ExecRequest::shell(script)).await.unwrap()
+}
+
+#[tokio::test]
+async fn every_container_is_hardened_as_documented() {
+    let Some(p) = provider("tier-hardening", DockerOptions::default()).await else {
+        return;
+    };
+    let mut s = spec();
+    s.resources = namzu::Resources {
+        memory_bytes: Some(256 << 20),
+        cpus: Some(0.5),
+        pids: Some(100),
+    };
+    let sb = p.create(s).await.unwrap();
+    let c = p
+        .docker()
+        .inspect_container(&format!("namzu-{}", sb.id()), None)
+        .await
+        .unwrap();
+    let host = c.host_config.unwrap();
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+    assert!(host
+        .security_opt
+        .unwrap()
+        .iter()
+        .any(|o| o.starts_with("no-new-privileges")));
+    assert_eq!(host.ipc_mode.as_deref(), Some("private"));
+    assert_eq!(host.readonly_rootfs, Some(true));
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(host.pids_limit, Some(100));
+    assert_eq!(host.memory, Some(256 << 20));
+    assert_eq!(host.nano_cpus, Some(500_000_000));
+    let tmpfs: Vec<String> = host.tmpfs.unwrap().into_keys().collect();
+    for p in namzu::backend::docker::DEFAULT_WRITABLE_PATHS {
+        assert!(tmpfs.iter().any(|t| t == p), "{p} not writable: {tmpfs:?}");
+    }
+    let l = c.config.unwrap().labels.unwrap();
+    assert_eq!(l.get(labels::SANDBOX).map(String::as_str), Some(sb.id()));
+    assert_eq!(l.get(labels::INSTANCE).map(String::as_str), Some(p.instance()));
+    // And from inside: the root is read-only, the named set and the
+    // workspace are writable, only loopback exists, nothing is privileged.
+    let o = sh(sb.as_ref(), "touch /etc/x 2>&1; echo rc=$?").await;
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("Read-only file system"),
+        "{o:?}"
+    );
+    let o = sh(sb.as_ref(), "touch /tmp/x /root/x /workspace/x && echo ok").await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{o:?}");
+    let o = sh(
+        sb.as_ref(),
+        "ls /sys/class/net 2>/dev/null; cat /proc/net/dev | tail -n +3 | cut -d: -f1",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["lo"]
+    );
+    let o = sh(sb.as_ref(), "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("CapEff:\t0000000000000000") && text.contains("NoNewPrivs:\t1") && text.contains("Seccomp:\t2"),
+        "{text}"
+    );
+    let h = sb.agent().info().hardening.clone();
+    assert!(h.get("rootfs").is_some_and(|v| v == "read-only"), "{h:?}");
+    assert!(h.contains_key("seccomp.namzu"), "{h:?}");
+    sb.destroy().await.unwrap();
+    sb.destroy().await.unwrap();
+    assert!(!namzu_containers(&p).await.contains(&sb.id().to_owned()));
+}
+
+#[tokio::test]
+async fn writable_paths_extend_the_set_and_contradictions_are_refused() {
+    let conflict = DockerOptions {
+        read_only_rootfs: Some(false),
+        writable_rootfs_paths: Some(vec!["/opt".into()]),
+        ..Default::default()
+    };
+    match conflict.validate() {
+        Err(Error::ConfigConflict {
+            option, conflicts_with, ..
+        }) => {
+            assert_eq!(option, "writable_rootfs_paths");
+            assert_eq!(conflicts_with, "read_only_rootfs: false");
+        }
+        other => panic!("{other:?}"),
+    }
+    let bad = DockerOptions {
+        writable_rootfs_paths: Some(vec!["/proc/x".into()]),
+        ..Default::default()
+    };
+    assert!(matches!(bad.validate(), Err(Error::OptionRefused { .. })));
+    let opts = DockerOptions {
+        writable_rootfs_paths: Some(vec!["/opt/data".into()]),
+        ..Default::default()
+    };
+    let Some(p) = provider("tier-writable", opts).await else {
+        return;
+    };
+    let sb = p.create(spec()).await.unwrap();
+    let o = sh(
+        sb.as_ref(),
+        "touch /opt/data/x && echo ok; touch /bin/x 2>/dev/null || echo refused",
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\nrefused\n");
+    sb.destroy().await.unwrap();
+    let Some(p) = provider(
+        "tier-rw",
+        DockerOptions {
+            read_only_rootfs: Some(false),
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let sb = p.create(spec()).await.unwrap();
+    let o = sh(sb.as_ref(), "touch /bin/x && echo ok").await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_runtime_the_daemon_lacks_is_refused_by_name() {
+    let opts = DockerOptions {
+        runtime: Some("no-such-runtime".into()),
+        ..Default::default()
+    };
+    match DockerProvider::new(std::env::temp_dir().join("namzu-tier-rt"), opts).await {
+        Err(Error::RuntimeUnavailable { runtime, available }) => {
+            assert_eq!(runtime, "no-such-runtime");
+            assert!(available.iter().any(|r| r == "runc"), "{available:?}");
+        }
+        Err(Error::TierUnavailable { .. }) if !docker::required() => {}
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn both_transports_serve_and_are_chosen_by_runtime() {
+    for (name, opts, want) in [
+        ("tier-socket", DockerOptions::default(), "socket"),
+        (
+            "tier-exec",
+            DockerOptions {
+                transport: Transport::Exec,
+                ..Default::default()
+            },
+            "exec",
+        ),
+        (
+            "tier-runsc",
+            DockerOptions {
+                runtime: Some("runsc".into()),
+                ..Default::default()
+            },
+            "exec",
+        ),
+    ] {
+        let Some(p) = provider(name, opts).await else { return };
+        let sb = p.create(spec()).await.unwrap();
+        let meta = std::fs::read_to_string(
+            std::env::temp_dir()
+                .join(format!("namzu-{name}-{}", std::process::id()))
+                .join("docker")
+                .join(sb.id())
+                .join("meta.json"),
+        )
+        .unwrap();
+        assert!(meta.contains(&format!("\"transport\": \"{want}\"")), "{name}: {meta}");
+        let o = sh(sb.as_ref(), "echo $((6*7))").await;
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n", "{name}");
+        // A second host process connects the same way.
+        let again = p.connect(sb.id()).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&sh(again.as_ref(), "echo again").await.stdout),
+            "again\n"
+        );
+        sb.destroy().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn failed_creates_leave_no_container_and_no_state() {
+    let Some(p) = provider("tier-fail", DockerOptions::default()).await else {
+        return;
+    };
+    let before = namzu_containers(&p).await.len();
+    // No image on the daemon and no registry to pull from.
+    let mut s = spec();
+    s.image = Some("namzu-test/no-such-image:1".into());
+    assert!(matches!(p.create(s).await, Err(Error::ImagePull { .. })));
+    // No image at all.
+    assert!(
+        matches!(p.create(SandboxSpec::default()).await, Err(Error::OptionRefused { option, .. }) if option == "image")
+    );
+    // A container that starts but whose "agent" exits at once: made, then
+    // removed again.
+    let state = std::env::temp_dir().join(format!("namzu-tier-fail2-{}", std::process::id()));
+    let broken = DockerProvider::with_agent(&state, "/bin/busybox", DockerOptions::default())
+        .await
+        .unwrap();
+    match broken.create(spec()).await {
+        Err(Error::AgentStart { reason, .. }) => assert!(reason.contains("stopped"), "{reason}"),
+        other => panic!("{:?}", other.map(|s| s.id().to_owned())),
+    }
+    assert_eq!(
+        namzu_containers(&p).await.len(),
+        before,
+        "a failed create left a container"
+    );
+    assert!(broken.list().await.unwrap().is_empty(), "a failed create left state");
+    assert!(p.list().await.unwrap().is_empty(), "a failed create left state");
+}
+
+#[tokio::test]
+async fn gc_removes_stopped_sandboxes_and_containers_whose_host_is_gone() {
+    let Some(a) = provider("tier-gc-a", DockerOptions::default()).await else {
+        return;
+    };
+    let Some(b) = provider("tier-gc-b", DockerOptions::default()).await else {
+        return;
+    };
+    let alive = a.create(spec()).await.unwrap();
+    let stopped = a.create(spec()).await.unwrap();
+    a.docker()
+        .kill_container::<String>(&format!("namzu-{}", stopped.id()), None)
+        .await
+        .unwrap();
+    let listed = a.list().await.unwrap();
+    assert!(listed.iter().any(|s| s.id == stopped.id() && !s.alive), "{listed:?}");
+    assert_eq!(a.gc().await.unwrap(), vec![stopped.id().to_owned()]);
+    // B leaves A's live sandbox alone while A's state exists...
+    assert!(b.gc().await.unwrap().is_empty());
+    assert!(namzu_containers(&b).await.contains(&alive.id().to_owned()));
+    // ...and removes it once A's state directory is gone.
+    let a_state = std::env::temp_dir().join(format!("namzu-tier-gc-a-{}", std::process::id()));
+    std::fs::remove_dir_all(&a_state).unwrap();
+    assert_eq!(b.gc().await.unwrap(), vec![alive.id().to_owned()]);
+    assert!(!namzu_containers(&b).await.contains(&alive.id().to_owned()));
+}
