@@ -211,14 +211,22 @@ pub fn open_beneath_by_hand(root: &OwnedFd, rel: &Path, flags: OFlags, mode: Mod
         // The name may have been swapped for a link between the look and
         // the open, and not every kernel refuses to follow it then (gVisor
         // 20221219 was seen to): what was opened must be what was looked
-        // at, or, for a name just created, what the name is now.
+        // at, or, for a name just created, what the name is now. Otherwise
+        // the opened object is dropped unused and the name looked at again.
         let opened = rustix::fs::fstat(&fd)?;
         let now = match before {
             Some(st) => st,
             None => rustix::fs::statat(dir, name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?,
         };
         if (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino) {
-            return Err(Errno::LOOP);
+            // Replaced meanwhile (an atomic rename, or a link): look again,
+            // a bounded number of times.
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Errno::LOOP);
+            }
+            todo.push_front(name);
+            continue;
         }
         if last {
             return Ok(fd);
