@@ -331,19 +331,43 @@ fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
 
+/// The tiers the long-lived-work tests run on, with the `create` flags
+/// each needs: local and host always, docker (runc and runsc) when a
+/// daemon answers (always under NAMZU_REQUIRE_DOCKER=1).
+fn lived_tiers() -> Vec<Vec<&'static str>> {
+    let mut v = vec![vec!["--tier", "local"], vec!["--tier", "host"]];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let image = rt.block_on(async {
+        let docker = bollard::Docker::connect_with_defaults()
+            .ok()?
+            .negotiate_version()
+            .await
+            .ok()?;
+        namzu_conformance::docker::ensure_test_image(&docker).await.ok()
+    });
+    match image {
+        Some(img) => {
+            v.push(vec!["--tier", "docker", "--image", img]);
+            v.push(vec!["--tier", "docker", "--image", img, "--runtime", "runsc"]);
+        }
+        None => assert!(!namzu_conformance::docker::required(), "no docker daemon"),
+    }
+    v
+}
+
 #[test]
 fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
     let st = tempfile::tempdir().unwrap();
-    for tier in ["local", "host"] {
-        second_process_attaches_to_a_persistent_terminal(st.path(), tier);
+    for tier in lived_tiers() {
+        second_process_attaches_to_a_persistent_terminal(st.path(), &tier);
     }
 }
 
-fn second_process_attaches_to_a_persistent_terminal(st: &Path, tier: &str) {
+fn second_process_attaches_to_a_persistent_terminal(st: &Path, tier: &[&str]) {
     use std::io::{Read, Write};
-    let id = String::from_utf8_lossy(&namzu(st, &["create", "--tier", tier]).stdout)
-        .trim()
-        .to_owned();
+    let create: Vec<&str> = std::iter::once("create").chain(tier.iter().copied()).collect();
+    let tier = tier.join(" ");
+    let id = String::from_utf8_lossy(&namzu(st, &create).stdout).trim().to_owned();
     // Host process A opens the terminal, types, reads, and is killed.
     let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
         .args(["shell", &id, "--session", "pt", "--", "sh"])
@@ -399,8 +423,10 @@ fn second_process_attaches_to_a_persistent_terminal(st: &Path, tier: &str) {
 fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
     use std::io::Read;
     let st = tempfile::tempdir().unwrap();
-    for tier in ["local", "host"] {
-        let id = String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", tier]).stdout)
+    for tier in lived_tiers() {
+        let create: Vec<&str> = std::iter::once("create").chain(tier.iter().copied()).collect();
+        let tier = tier.join(" ");
+        let id = String::from_utf8_lossy(&namzu(st.path(), &create).stdout)
             .trim()
             .to_owned();
         let script = "i=1; while [ $i -le 400 ]; do echo line$i; i=$((i+1)); sleep 0.002; done; exit 4";
