@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The docker tier next to the docker CLI, in one run, on the same image and
+# runtime: create + first exec (+ destroy) vs `docker run --rm IMG true`,
+# exec round trip vs `docker exec`, a 1 GiB copy in vs `docker cp`. Both
+# sides are whole CLI invocations, so both pay process start and connect.
+# Not a test: nothing here gates anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/docker-up.sh
+cargo build --release --locked --bins >/dev/null
+N=./target/x86_64-unknown-linux-gnu/release/namzu
+export NAMZU_STATE_DIR; NAMZU_STATE_DIR=$(mktemp -d)
+IMG=namzu-bench/busybox:1
+if ! docker image inspect "$IMG" >/dev/null 2>&1; then
+    root=$(mktemp -d); mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/workspace"
+    cp /bin/busybox "$root/bin/"
+    for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$root/bin/$a"; done
+    echo 'root:x:0:0:root:/root:/bin/sh' > "$root/etc/passwd"
+    tar -C "$root" -c . | docker import - "$IMG" >/dev/null
+    rm -rf "$root"
+fi
+now() { date +%s%N; }
+per() { echo $(( ($2 - $1) / $3 / 1000 )); } # microseconds per iteration
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+big=$(mktemp); head -c $((1 << 30)) /dev/zero > "$big"
+trap 'rm -f "$big"; rm -rf "$NAMZU_STATE_DIR"' EXIT
+printf '%-8s %-34s %12s %12s %8s\n' runtime operation namzu_us docker_us ratio
+for rt in runc runsc; do
+    R=10
+    t0=$(now); for _ in $(seq $R); do $N run --tier docker --runtime "$rt" --image "$IMG" -- true; done; t1=$(now)
+    a=$(per "$t0" "$t1" $R)
+    t0=$(now); for _ in $(seq $R); do docker run --rm --runtime "$rt" --network none "$IMG" true; done; t1=$(now)
+    b=$(per "$t0" "$t1" $R)
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "create+exec+destroy / run --rm" "$a" "$b" "$(ratio "$a" "$b")"
+
+    id=$($N create --tier docker --runtime "$rt" --image "$IMG")
+    c="namzu-$id"
+    R=20
+    t0=$(now); for _ in $(seq $R); do $N exec "$id" -- true; done; t1=$(now)
+    a=$(per "$t0" "$t1" $R)
+    t0=$(now); for _ in $(seq $R); do docker exec "$c" true; done; t1=$(now)
+    b=$(per "$t0" "$t1" $R)
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "exec true (CLI) / docker exec" "$a" "$b" "$(ratio "$a" "$b")"
+
+    t0=$(now); $N cp "$big" "$id:/workspace/big"; t1=$(now)
+    a=$(per "$t0" "$t1" 1)
+    t0=$(now); docker cp "$big" "$c:/workspace/big2"; t1=$(now)
+    b=$(per "$t0" "$t1" 1)
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "1 GiB copy in / docker cp" "$a" "$b" "$(ratio "$a" "$b")"
+    $N rm "$id" >/dev/null
+done
