@@ -14,6 +14,9 @@ use std::path::Path;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+/// Bytes one relay read may move.
+const RELAY_BUF: usize = 1 << 20;
+
 type Reader = Box<dyn AsyncRead + Unpin + Send>;
 type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
@@ -46,13 +49,18 @@ pub async fn relay(path: &Path) -> std::io::Result<()> {
     let sock = tokio::net::UnixStream::connect(path).await?;
     let (mut from_agent, mut to_agent) = sock.into_split();
     let (mut input, mut output) = (stdin(), stdout());
+    // Big reads: under gVisor's ptrace platform every syscall is costly,
+    // and the default 8 KiB copy made a 1 GiB upload 14x slower than
+    // `docker cp`.
+    let mut input = tokio::io::BufReader::with_capacity(RELAY_BUF, &mut input);
+    let mut from_agent = tokio::io::BufReader::with_capacity(RELAY_BUF, &mut from_agent);
     let up = async {
-        let r = tokio::io::copy(&mut input, &mut to_agent).await;
+        let r = tokio::io::copy_buf(&mut input, &mut to_agent).await;
         let _ = to_agent.shutdown().await;
         r
     };
     let down = async {
-        let r = tokio::io::copy(&mut from_agent, &mut output).await;
+        let r = tokio::io::copy_buf(&mut from_agent, &mut output).await;
         let _ = output.flush().await;
         r
     };
