@@ -3,24 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn namzu(state: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args(args)
-        .env("NAMZU_STATE_DIR", state)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stderr_lines(o: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&o.stderr)
-        .lines()
-        .filter(|l| !l.contains("isolates NOTHING"))
-        .map(String::from)
-        .collect()
-}
+mod common;
+use common::*;
 
 #[test]
 fn run_streams_output_and_exits_with_the_command_code() {
@@ -331,242 +317,18 @@ fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
 
-/// The tiers the long-lived-work tests run on, with the `create` flags
-/// each needs: local and host always, docker (runc and runsc) when a
-/// daemon answers (always under NAMZU_REQUIRE_DOCKER=1).
-fn lived_tiers() -> Vec<Vec<&'static str>> {
-    let mut v = vec![vec!["--tier", "local"], vec!["--tier", "host"]];
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let image = rt.block_on(async {
-        let docker = bollard::Docker::connect_with_defaults()
-            .ok()?
-            .negotiate_version()
-            .await
-            .ok()?;
-        namzu_conformance::docker::ensure_test_image(&docker).await.ok()
-    });
-    match image {
-        Some(img) => {
-            v.push(vec!["--tier", "docker", "--image", img]);
-            v.push(vec!["--tier", "docker", "--image", img, "--runtime", "runsc"]);
-        }
-        None => assert!(!namzu_conformance::docker::required(), "no docker daemon"),
-    }
-    v
-}
-
 #[test]
 fn a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left() {
     let st = tempfile::tempdir().unwrap();
-    for tier in lived_tiers() {
+    for tier in [["--tier", "local"], ["--tier", "host"]] {
         second_process_attaches_to_a_persistent_terminal(st.path(), &tier);
     }
 }
 
-fn second_process_attaches_to_a_persistent_terminal(st: &Path, tier: &[&str]) {
-    use std::io::{Read, Write};
-    let create: Vec<&str> = std::iter::once("create").chain(tier.iter().copied()).collect();
-    let tier = tier.join(" ");
-    let id = String::from_utf8_lossy(&namzu(st, &create).stdout).trim().to_owned();
-    // Host process A opens the terminal, types, reads, and is killed.
-    let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args(["shell", &id, "--session", "pt", "--", "sh"])
-        .env("NAMZU_STATE_DIR", st)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin_a = a.stdin.take().unwrap();
-    stdin_a.write_all(b"echo first-$((40+2))\n").unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 256];
-    let mut out_a = a.stdout.take().unwrap();
-    while !String::from_utf8_lossy(&seen).contains("first-42") {
-        let n = out_a.read(&mut buf).unwrap();
-        assert!(n > 0, "A's terminal ended early: {:?}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
-    a.kill().unwrap();
-    let _ = a.wait();
-
-    // Host process B attaches: the shell is still there, A's output is
-    // replayed, and the exit code comes through.
-    let mut b = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args(["attach", &id, "pt"])
-        .env("NAMZU_STATE_DIR", st)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    b.stdin
-        .take()
-        .unwrap()
-        .write_all(b"echo second-$((3*3)); exit 6\n")
-        .unwrap();
-    let o = b.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(
-        o.status.code(),
-        Some(6),
-        "{tier}: {text} / {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(text.contains("first-42"), "A's output was not replayed: {text}");
-    assert!(text.contains("second-9"), "{text}");
-    drop(stdin_a);
-    assert!(namzu(st, &["rm", &id]).status.success());
-}
-
 #[test]
 fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
-    use std::io::Read;
     let st = tempfile::tempdir().unwrap();
-    for tier in lived_tiers() {
-        let create: Vec<&str> = std::iter::once("create").chain(tier.iter().copied()).collect();
-        let tier = tier.join(" ");
-        let id = String::from_utf8_lossy(&namzu(st.path(), &create).stdout)
-            .trim()
-            .to_owned();
-        let script = "i=1; while [ $i -le 400 ]; do echo line$i; i=$((i+1)); sleep 0.002; done; exit 4";
-        // Host process A runs the named command in the foreground and is
-        // killed mid-command.
-        let mut a = Command::new(env!("CARGO_BIN_EXE_namzu"))
-            .args(["exec", &id, "--id", "job", "--", "sh", "-c", script])
-            .env("NAMZU_STATE_DIR", st.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut first = vec![0u8; 600];
-        a.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
-        a.kill().unwrap();
-        let mut rest_of_a = Vec::new();
-        let _ = a.stdout.take().unwrap().read_to_end(&mut rest_of_a);
-        let _ = a.wait();
-        first.extend_from_slice(&rest_of_a);
-        let want: String = (1..=400).map(|i| format!("line{i}\n")).collect();
-        assert!(
-            first.len() < want.len(),
-            "{tier}: A saw the whole run; the test proves nothing"
-        );
-
-        // Host process B resumes from the byte A reached: the command went
-        // on without A, and nothing is lost or repeated.
-        let b = namzu(
-            st.path(),
-            &["logs", &id, "job", "--follow", "--from", &first.len().to_string()],
-        );
-        assert_eq!(
-            b.status.code(),
-            Some(4),
-            "{tier}: {}",
-            String::from_utf8_lossy(&b.stderr)
-        );
-        let mut all = first;
-        all.extend_from_slice(&b.stdout);
-        assert_eq!(String::from_utf8_lossy(&all), want, "{tier}: bytes lost or repeated");
-        // Host process C reads it all again, and gets the same result.
-        let c = namzu(st.path(), &["logs", &id, "job", "--follow"]);
-        assert_eq!(c.status.code(), Some(4), "{tier}");
-        assert_eq!(String::from_utf8_lossy(&c.stdout), want, "{tier}");
-        let o = namzu(st.path(), &["cancel", &id, "job"]);
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout).trim(),
-            "job had already exited",
-            "{tier}"
-        );
-        assert!(namzu(st.path(), &["rm", &id]).status.success());
+    for tier in [["--tier", "local"], ["--tier", "host"]] {
+        second_process_reattaches_to_a_named_execution(st.path(), &tier);
     }
-}
-
-/// The docker tier through the CLI: run with either runtime, create and
-/// exec, --runtime refused elsewhere. Skipped (saying so) without a daemon
-/// unless NAMZU_REQUIRE_DOCKER=1.
-#[test]
-fn docker_tier_runs_commands_with_either_runtime() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let image = rt.block_on(async {
-        let docker = bollard::Docker::connect_with_defaults()
-            .ok()?
-            .negotiate_version()
-            .await
-            .ok()?;
-        namzu_conformance::docker::ensure_test_image(&docker).await.ok()
-    });
-    let Some(image) = image else {
-        assert!(!namzu_conformance::docker::required(), "no docker daemon");
-        eprintln!("no docker daemon: not tested");
-        return;
-    };
-    let st = tempfile::tempdir().unwrap();
-    for runtime in ["runc", "runsc"] {
-        let o = namzu(
-            st.path(),
-            &[
-                "run",
-                "--tier",
-                "docker",
-                "--image",
-                image,
-                "--runtime",
-                runtime,
-                "--memory",
-                "128m",
-                "--",
-                "sh",
-                "-c",
-                "echo out-$((1+1)); echo err >&2; exit 3",
-            ],
-        );
-        assert_eq!(
-            o.status.code(),
-            Some(3),
-            "{runtime}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "out-2\n", "{runtime}");
-        assert_eq!(stderr_lines(&o), ["err"], "{runtime}");
-    }
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", "docker", "--image", image]).stdout)
-        .trim()
-        .to_owned();
-    assert!(id.starts_with("sb-"), "{id}");
-    let o = namzu(st.path(), &["exec", &id, "--", "cat", "/proc/self/status"]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("CapEff:\t0000000000000000"));
-    let ls = String::from_utf8_lossy(&namzu(st.path(), &["ls"]).stdout).into_owned();
-    assert!(
-        ls.lines()
-            .any(|l| l.starts_with(&id) && l.contains("docker") && l.contains("up")),
-        "{ls}"
-    );
-    assert!(namzu(st.path(), &["rm", &id]).status.success());
-    let o = namzu(
-        st.path(),
-        &["run", "--tier", "local", "--runtime", "runsc", "--", "true"],
-    );
-    assert_eq!(o.status.code(), Some(125));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--runtime applies to --tier docker"));
-    let o = namzu(
-        st.path(),
-        &[
-            "run",
-            "--tier",
-            "docker",
-            "--image",
-            image,
-            "--runtime",
-            "nope",
-            "--",
-            "true",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(125));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("\"nope\" is not registered"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }

@@ -553,23 +553,30 @@ impl AgentClient {
     pub async fn cancel_execution(&self, execution_id: &str) -> Result<CancelOutcome> {
         const OP: &str = "cancel_execution";
         self.require(OP, feat::EXEC_CANCEL)?;
+        self.cancel_rpc(OP, execution_id)
+            .await?
+            .ok_or_else(|| Error::ExecutionCancelUnconfirmed {
+                execution_id: execution_id.into(),
+            })
+    }
+
+    /// One Cancel call; `None` when the agent could not confirm the kill.
+    async fn cancel_rpc(&self, op: &str, exec_id: &str) -> Result<Option<CancelOutcome>> {
         let r = self
             .rpc()
             .cancel(v1::CancelRequest {
-                exec_id: execution_id.into(),
+                exec_id: exec_id.into(),
             })
             .await
-            .map_err(|s| self.status(OP, s))?
+            .map_err(|s| self.status(op, s))?
             .into_inner();
         match r.outcome() {
-            Outcome::Confirmed => Ok(CancelOutcome::Killed),
-            Outcome::NotStarted => Ok(CancelOutcome::NotStarted),
-            Outcome::AlreadyExited => Ok(CancelOutcome::AlreadyExited),
-            Outcome::Unconfirmed => Err(Error::ExecutionCancelUnconfirmed {
-                execution_id: execution_id.into(),
-            }),
+            Outcome::Confirmed => Ok(Some(CancelOutcome::Killed)),
+            Outcome::NotStarted => Ok(Some(CancelOutcome::NotStarted)),
+            Outcome::AlreadyExited => Ok(Some(CancelOutcome::AlreadyExited)),
+            Outcome::Unconfirmed => Ok(None),
             Outcome::Unspecified => Err(Error::Protocol {
-                op: OP.into(),
+                op: op.into(),
                 message: "no outcome".into(),
             }),
         }
@@ -648,28 +655,14 @@ impl AgentClient {
     pub async fn cancel(&self, exec_id: &str) -> Result<CancelOutcome> {
         const OP: &str = "cancel";
         self.open(OP)?;
-        let r = self
-            .rpc()
-            .cancel(v1::CancelRequest {
-                exec_id: exec_id.into(),
-            })
-            .await
-            .map_err(|s| self.status(OP, s))?
-            .into_inner();
-        match r.outcome() {
-            Outcome::Confirmed => Ok(CancelOutcome::Killed),
-            Outcome::NotStarted => Ok(CancelOutcome::NotStarted),
-            Outcome::AlreadyExited => Ok(CancelOutcome::AlreadyExited),
-            Outcome::Unconfirmed => {
+        match self.cancel_rpc(OP, exec_id).await? {
+            Some(outcome) => Ok(outcome),
+            None => {
                 self.inner.retired.store(true, Ordering::SeqCst);
                 Err(Error::RemoteCancellationUnknown {
                     exec_id: exec_id.into(),
                 })
             }
-            Outcome::Unspecified => Err(Error::Protocol {
-                op: OP.into(),
-                message: "no outcome".into(),
-            }),
         }
     }
 

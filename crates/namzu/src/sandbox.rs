@@ -231,6 +231,11 @@ pub trait Provider: Send + Sync {
     /// Removes every sandbox whose agent is gone, with its leftovers.
     /// Returns the ids removed.
     async fn gc(&self) -> Result<Vec<String>> {
+        self.remove_dead().await
+    }
+
+    /// Destroys every listed sandbox that is not alive; returns their ids.
+    async fn remove_dead(&self) -> Result<Vec<String>> {
         let mut removed = Vec::new();
         for s in self.list().await? {
             if !s.alive {

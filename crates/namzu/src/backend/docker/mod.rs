@@ -813,13 +813,7 @@ impl Provider for DockerProvider {
     /// Removes sandboxes whose container stopped, and containers whose host
     /// instance is gone (or whose sandbox this instance no longer knows).
     async fn gc(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
-        for s in self.list().await? {
-            if !s.alive {
-                self.destroy(&s.id).await?;
-                removed.push(s.id);
-            }
-        }
+        let mut removed = self.remove_dead().await?;
         for c in self.namzu_containers().await? {
             let labels = c.labels.unwrap_or_default();
             let Some(sandbox) = labels.get(labels::SANDBOX).cloned() else {

@@ -1,0 +1,141 @@
+//! The `namzu` binary on the docker tier, runc and runsc. Needs a daemon
+//! (`scripts/docker-up.sh`); without one every trial is reported ignored,
+//! unless `NAMZU_REQUIRE_DOCKER=1` makes that a failure.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use libtest_mimic::{Arguments, Trial};
+
+mod common;
+use common::*;
+
+/// run with either runtime, create and exec, --runtime refused elsewhere.
+fn runs_commands_with_either_runtime(image: &str) {
+    let st = tempfile::tempdir().unwrap();
+    for runtime in ["runc", "runsc"] {
+        let o = namzu(
+            st.path(),
+            &[
+                "run",
+                "--tier",
+                "docker",
+                "--image",
+                image,
+                "--runtime",
+                runtime,
+                "--memory",
+                "128m",
+                "--",
+                "sh",
+                "-c",
+                "echo out-$((1+1)); echo err >&2; exit 3",
+            ],
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{runtime}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "out-2\n", "{runtime}");
+        assert_eq!(stderr_lines(&o), ["err"], "{runtime}");
+    }
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create", "--tier", "docker", "--image", image]).stdout)
+        .trim()
+        .to_owned();
+    assert!(id.starts_with("sb-"), "{id}");
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "/proc/self/status"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("CapEff:\t0000000000000000"));
+    let ls = String::from_utf8_lossy(&namzu(st.path(), &["ls"]).stdout).into_owned();
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with(&id) && l.contains("docker") && l.contains("up")),
+        "{ls}"
+    );
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+    let o = namzu(
+        st.path(),
+        &["run", "--tier", "local", "--runtime", "runsc", "--", "true"],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--runtime applies to --tier docker"));
+    let o = namzu(
+        st.path(),
+        &[
+            "run",
+            "--tier",
+            "docker",
+            "--image",
+            image,
+            "--runtime",
+            "nope",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("\"nope\" is not registered"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let image: Result<&'static str, String> = rt.block_on(async {
+        let docker = bollard::Docker::connect_with_defaults()
+            .map_err(|e| e.to_string())?
+            .negotiate_version()
+            .await
+            .map_err(|e| e.to_string())?;
+        namzu_conformance::docker::ensure_test_image(&docker).await
+    });
+    drop(rt);
+    if let Err(why) = &image {
+        if namzu_conformance::docker::required() {
+            eprintln!("docker_cli: {why}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let mut trials = Vec::new();
+    let mut add = |name: String, run: Box<dyn FnOnce(&'static str) + Send>| {
+        let trial = match &image {
+            Ok(img) => {
+                let img: &'static str = img;
+                Trial::test(name, move || {
+                    run(img);
+                    Ok(())
+                })
+            }
+            Err(why) => Trial::test(name, || Ok(()))
+                .with_ignored_flag(true)
+                .with_kind(format!("unavailable: {why}")),
+        };
+        trials.push(trial);
+    };
+    add(
+        "runs_commands_with_either_runtime".into(),
+        Box::new(runs_commands_with_either_runtime),
+    );
+    for runtime in ["runc", "runsc"] {
+        add(
+            format!("{runtime}::a_second_process_attaches_to_a_persistent_terminal_a_killed_one_left"),
+            Box::new(move |img| {
+                let st = tempfile::tempdir().unwrap();
+                let tier = ["--tier", "docker", "--image", img, "--runtime", runtime];
+                second_process_attaches_to_a_persistent_terminal(st.path(), &tier);
+            }),
+        );
+        add(
+            format!("{runtime}::a_second_process_reattaches_to_a_named_execution_a_killed_one_left"),
+            Box::new(move |img| {
+                let st = tempfile::tempdir().unwrap();
+                let tier = ["--tier", "docker", "--image", img, "--runtime", runtime];
+                second_process_reattaches_to_a_named_execution(st.path(), &tier);
+            }),
+        );
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
