@@ -703,6 +703,7 @@ impl Execs {
             return Err(agent_err(Kind::InvalidArgument, OP, "command is empty"));
         }
         let mut cmd = std::process::Command::new(OsStr::from_bytes(&start.command));
+        crate::identity::prepare(&mut cmd);
         cmd.args(start.args.iter().map(|a| OsStr::from_bytes(a)));
         let cwd = if start.cwd.is_empty() {
             self.default_cwd.clone()

@@ -114,6 +114,7 @@ impl PendingWrite {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| os_err(OP, path, e))?;
+        crate::identity::give_to_user(&dir, &tmp).map_err(|e| os_err(OP, path, e))?;
         Ok(Self {
             dir,
             name,
@@ -186,7 +187,7 @@ fn mkdir_all(jail: &Jail, root: usize, rel: &Path) -> Result<(), ResolveError> {
         let loc = Located { root, rel: cur.clone() };
         let (dir, name) = jail.parent(&loc)?;
         match rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755)) {
-            Ok(()) => {}
+            Ok(()) => crate::identity::give_to_user(&dir, &name)?,
             Err(Errno::EXIST) => {
                 let st = rustix::fs::statat(&dir, &name, AtFlags::empty())?;
                 if RxFileType::from_raw_mode(st.st_mode) != RxFileType::Directory {
@@ -464,6 +465,7 @@ pub fn mkdir(jail: &Jail, path: &[u8], parents: bool, mode: Option<u32>) -> Resu
     }
     let (dir, name) = jail.parent(&loc).map_err(|e| os_err(OP, path, e))?;
     rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(mode.unwrap_or(0o755) & 0o7777))
+        .and_then(|()| crate::identity::give_to_user(&dir, &name))
         .map_err(|e| os_err(OP, path, e))
 }
 

@@ -9,6 +9,8 @@
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
+//! * [`identity`]: the agent's own uid and its commands' user, where no
+//!   user namespace separates them (containers);
 //! * [`jail`]: confinement of every path beneath the configured roots;
 //! * [`terminal`]: commands on a pty, and the session sweep on close;
 //! * [`sessions`]: named sessions outliving any link (detached commands,
@@ -26,6 +28,7 @@ pub mod config;
 pub mod exec;
 pub mod exec_log;
 pub mod files;
+pub mod identity;
 pub mod jail;
 pub mod quiesce;
 pub mod reaper;

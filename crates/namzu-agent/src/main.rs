@@ -2,7 +2,7 @@
 //! hand in production; the token comes from a file or `NAMZU_AGENT_TOKEN`
 //! (which is removed from the environment before any command can inherit it).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -31,8 +31,23 @@ struct Args {
     /// Make the agent non-dumpable, so commands running as its uid cannot
     /// ptrace it or read its memory, environment or descriptors (where the
     /// boundary around it, like a container, does not do it for it).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "command_user")]
     non_dumpable: bool,
+    /// Run commands as this user (a container's `User`: name, uid,
+    /// name:group or uid:gid, resolved in /etc/passwd and /etc/group), and
+    /// the agent as a uid of its own, keeping only what it needs to start
+    /// and signal them (see `namzu_agent::identity`). Needs to start as
+    /// root with CAP_SETUID, CAP_SETGID, CAP_SETPCAP and CAP_KILL.
+    #[arg(long)]
+    command_user: Option<String>,
+    /// Before anything else (with CAP_SYS_ADMIN, dropped after): make every
+    /// mount nosuid,nodev and detach /sys (see `namzu_agent::identity`).
+    #[arg(long, requires = "command_user")]
+    tighten_mounts: bool,
+    /// Detach this mount once the socket is bound (repeatable): the host's
+    /// run directory and the agent binary, where the link needs neither.
+    #[arg(long = "hide", requires = "command_user")]
+    hide: Vec<PathBuf>,
     /// Install namzu's own seccomp filters (those of the `local` tier) on
     /// the agent and so on every command, stacked on the boundary's own;
     /// needs no_new_privs already set.
@@ -125,13 +140,16 @@ fn run() -> Result<(), String> {
     let Some(listen) = args.listen else {
         return Err("--listen is required".into());
     };
-    if args.non_dumpable {
-        nix::sys::prctl::set_dumpable(false).map_err(|e| format!("set non-dumpable: {e}"))?;
-    }
     let mut reports = args.reports;
-    if args.seccomp {
-        let what = namzu_agent::sandbox::harden::apply_seccomp().map_err(|e| e.to_string())?;
-        reports.push(("seccomp.namzu".into(), what));
+    if args.tighten_mounts {
+        reports.push(("mounts".into(), namzu_agent::identity::tighten_mounts()));
+    }
+    let user = match &args.command_user {
+        Some(spec) => Some(namzu_agent::identity::resolve_user(spec, Path::new("/")).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    if let Some(user) = &user {
+        namzu_agent::identity::take_agent_ids(user).map_err(|e| e.to_string())?;
     }
     let token = match (&args.token_file, std::env::var_os("NAMZU_AGENT_TOKEN")) {
         (Some(f), _) => {
@@ -145,8 +163,40 @@ fn run() -> Result<(), String> {
         (None, None) => return Err("no bind token: pass --token-file or set NAMZU_AGENT_TOKEN".into()),
     };
     // Still single-threaded here: no other thread can be reading the
-    // environment while it changes.
+    // environment while it changes, and ids set now are every thread's.
     std::env::remove_var("NAMZU_AGENT_TOKEN");
+    let mut prebound = None;
+    if let Some(user) = user {
+        // Bound now, as the agent's own uid, so the run directory can be
+        // the agent's alone and then hidden.
+        if let Listen::Unix(path) = &listen {
+            let l = namzu_agent::serve::bind_unix(path, args.socket_mode)
+                .map_err(|e| format!("listen on {}: {e}", path.display()))?;
+            prebound = Some(l);
+        }
+        if !args.hide.is_empty() {
+            reports.push(("hidden".into(), namzu_agent::identity::hide_mounts(&args.hide)));
+        }
+        // The container runs as root (to grant the agent its few
+        // capabilities), so its HOME is root's; the user's own is the one
+        // a command expects.
+        if let (Some(home), Ok("/root")) = (&user.home, std::env::var("HOME").as_deref()) {
+            if user.uid != 0 {
+                std::env::set_var("HOME", home);
+            }
+        }
+        reports.push((
+            "identity".into(),
+            namzu_agent::identity::finish(user).map_err(|e| e.to_string())?,
+        ));
+    }
+    if args.non_dumpable {
+        nix::sys::prctl::set_dumpable(false).map_err(|e| format!("set non-dumpable: {e}"))?;
+    }
+    if args.seccomp {
+        let what = namzu_agent::sandbox::harden::apply_seccomp().map_err(|e| e.to_string())?;
+        reports.push(("seccomp.namzu".into(), what));
+    }
     let token = token.trim_ascii().to_vec();
     if token.is_empty() {
         return Err("the bind token is empty".into());
@@ -180,5 +230,9 @@ fn run() -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    rt.block_on(namzu_agent::serve(cfg, listen)).map_err(|e| e.to_string())
+    match prebound {
+        Some(l) => rt.block_on(namzu_agent::serve_listener(cfg, l)),
+        None => rt.block_on(namzu_agent::serve(cfg, listen)),
+    }
+    .map_err(|e| e.to_string())
 }

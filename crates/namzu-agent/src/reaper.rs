@@ -112,6 +112,9 @@ pub fn probe_child_status() -> std::io::Result<String> {
         #[allow(unsafe_code)]
         // SAFETY: see above; all arguments are valid for the calls.
         unsafe {
+            // A command's own first step; should it fail, the caps it
+            // leaves show in the status and the probe refuses.
+            let _ = crate::identity::enter_command_identity();
             let mut buf = [0u8; 8192];
             let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             if fd >= 0 {

@@ -170,6 +170,18 @@ pub async fn serve_listener(cfg: AgentConfig, listener: std::os::unix::net::Unix
     serve_source(cfg, Source::Inherited(listener)).await
 }
 
+/// Binds a unix socket at `path` (a stale file is replaced) with `mode`,
+/// non-blocking, ready for [`serve_listener`]. Owner only by default: the
+/// socket is the way in; the token is the lock.
+pub fn bind_unix(path: &std::path::Path, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let l = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
 enum Source {
     Listen(Listen),
     Inherited(std::os::unix::net::UnixListener),
@@ -212,15 +224,12 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             })
         }
         Source::Listen(Listen::Unix(path)) => {
-            let _ = std::fs::remove_file(&path);
-            let l = UnixListener::bind(&path).map_err(|source| ServeError::Listen {
-                what: path.display().to_string(),
-                source,
-            })?;
-            // Owner only by default: the socket is the way in; the token is
-            // the lock.
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(cfg.socket_mode));
+            let l = bind_unix(&path, cfg.socket_mode)
+                .and_then(UnixListener::from_std)
+                .map_err(|source| ServeError::Listen {
+                    what: path.display().to_string(),
+                    source,
+                })?;
             tracing::info!(path = %path.display(), "listening");
             unix_path = Some(path);
             tokio::spawn(async move {

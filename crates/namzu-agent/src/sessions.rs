@@ -165,6 +165,7 @@ impl Sessions {
         let io = |e: std::io::Error| agent_err(Kind::Io, OP, &e.to_string());
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()))?;
         let mut cmd = std::process::Command::new(OsStr::from_bytes(&req.command));
+        crate::identity::prepare(&mut cmd);
         cmd.args(req.args.iter().map(|a| OsStr::from_bytes(a)));
         cmd.current_dir(if req.cwd.is_empty() {
             self.default_cwd.clone()

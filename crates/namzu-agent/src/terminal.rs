@@ -143,6 +143,7 @@ pub(crate) fn start(
         c.args(open.args.iter().map(|a| OsStr::from_bytes(a)));
         c
     };
+    crate::identity::prepare(&mut cmd);
     cmd.current_dir(if open.cwd.is_empty() {
         default_cwd.to_path_buf()
     } else {

@@ -25,10 +25,29 @@ pub fn required() -> bool {
     std::env::var_os("NAMZU_REQUIRE_DOCKER").is_some_and(|v| v == "1")
 }
 
+/// [`TEST_IMAGE`] with a user `app` (1000:1000, also in group `staff`, 50)
+/// as its `USER`: an image that does not run as root.
+pub const TEST_USER_IMAGE: &str = "namzu-test/busybox-app:1";
+
 /// Makes [`TEST_IMAGE`] on the daemon unless it is there.
 pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str, String> {
-    if docker.inspect_image(TEST_IMAGE).await.is_ok() {
-        return Ok(TEST_IMAGE);
+    build_busybox_image(docker, TEST_IMAGE, None).await
+}
+
+/// Makes [`TEST_USER_IMAGE`] on the daemon unless it is there.
+pub async fn ensure_test_user_image(docker: &bollard::Docker) -> Result<&'static str, String> {
+    build_busybox_image(docker, TEST_USER_IMAGE, Some("app")).await
+}
+
+/// FROM scratch: Debian's static busybox with its applets, a passwd and a
+/// group file (with `app` when `user` is set), imported as `name`.
+async fn build_busybox_image(
+    docker: &bollard::Docker,
+    name: &'static str,
+    user: Option<&str>,
+) -> Result<&'static str, String> {
+    if docker.inspect_image(name).await.is_ok() {
+        return Ok(name);
     }
     let busybox = std::fs::read("/bin/busybox").ctx("read /bin/busybox (Debian's busybox-static)")?;
     let list = std::process::Command::new("/bin/busybox")
@@ -59,13 +78,16 @@ pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str,
         tar.append_data(&mut h, path, data)
     };
     file("bin/busybox", 0o755, &busybox).ctx("tar busybox")?;
-    file(
-        "etc/passwd",
-        0o644,
-        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
-    )
-    .ctx("tar passwd")?;
-    file("etc/group", 0o644, b"root:x:0:\nnogroup:x:65534:\n").ctx("tar group")?;
+    let (mut passwd, mut group) = (
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n".to_owned(),
+        "root:x:0:\nnogroup:x:65534:\n".to_owned(),
+    );
+    if user.is_some() {
+        passwd.push_str("app:x:1000:1000:app:/home/app:/bin/sh\n");
+        group.push_str("app:x:1000:\nstaff:x:50:app\n");
+    }
+    file("etc/passwd", 0o644, passwd.as_bytes()).ctx("tar passwd")?;
+    file("etc/group", 0o644, group.as_bytes()).ctx("tar group")?;
     for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
         if applet == "busybox" {
             continue;
@@ -78,12 +100,14 @@ pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str,
             .ctx("tar link")?;
     }
     let body = tar.into_inner().ctx("tar")?;
-    let (repo, tag) = TEST_IMAGE.split_once(':').unwrap_or((TEST_IMAGE, "latest"));
+    let (repo, tag) = name.split_once(':').unwrap_or((name, "latest"));
+    let change = user.map(|u| format!("USER {u}"));
     let mut import = docker.create_image(
         Some(CreateImageOptions {
             from_src: "-",
             repo,
             tag,
+            changes: change.iter().map(String::as_str).collect(),
             ..Default::default()
         }),
         Some(body.into()),
@@ -92,7 +116,7 @@ pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str,
     while let Some(step) = import.next().await {
         step.ctx("import the test image")?;
     }
-    Ok(TEST_IMAGE)
+    Ok(name)
 }
 
 /// A provider on a fresh state directory, or why there is none.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use bollard::container::ListContainersOptions;
 use namzu::backend::docker::{labels, DockerOptions, DockerProvider, Transport};
 use namzu::{Error, ExecRequest, Provider, SandboxSpec};
-use namzu_conformance::docker::{self, TEST_IMAGE};
+use namzu_conformance::docker::{self, TEST_IMAGE, TEST_USER_IMAGE};
 
 /// A provider on a fresh state directory; `main` checked the daemon answers.
 async fn provider(name: &str, opts: DockerOptions) -> DockerProvider {
@@ -62,6 +62,11 @@ async fn every_container_is_hardened_as_documented() {
         .unwrap();
     let host = c.host_config.unwrap();
     assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
+    let added: Vec<String> = namzu::backend::docker::AGENT_CAPS
+        .iter()
+        .map(|c| (*c).to_owned())
+        .collect();
+    assert_eq!(host.cap_add, Some(added));
     assert!(host
         .security_opt
         .unwrap()
@@ -89,6 +94,9 @@ async fn every_container_is_hardened_as_documented() {
     );
     let o = sh(sb.as_ref(), "touch /tmp/x /root/x /workspace/x && echo ok").await;
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{o:?}");
+    // Writable and executable: programs build and run things in /tmp.
+    let o = sh(sb.as_ref(), "cp /bin/busybox /tmp/true && /tmp/true && echo ran").await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{o:?}");
     let o = sh(
         sb.as_ref(),
         "ls /sys/class/net 2>/dev/null; cat /proc/net/dev | tail -n +3 | cut -d: -f1",
@@ -112,6 +120,89 @@ async fn every_container_is_hardened_as_documented() {
     sb.destroy().await.unwrap();
     sb.destroy().await.unwrap();
     assert!(!namzu_containers(&p).await.contains(&sb.id().to_owned()));
+}
+
+/// Commands run as the image's user, the agent as a uid of its own: a
+/// command can neither open the agent's /proc entries nor signal it, and
+/// what the agent writes for the caller belongs to the command's user (by
+/// setfsuid on runc; by chown under gVisor, which has no setfsuid).
+async fn commands_run_as_the_images_user_and_never_as_the_agent() {
+    let p0 = provider("tier-identity-probe", DockerOptions::default()).await;
+    docker::ensure_test_user_image(p0.docker()).await.unwrap();
+    let agent = namzu::CONTAINER_AGENT_UID;
+    for runtime in ["runc", "runsc"] {
+        let p = provider(
+            &format!("tier-identity-{runtime}"),
+            DockerOptions {
+                runtime: Some(runtime.into()),
+                ..Default::default()
+            },
+        )
+        .await;
+        for (image, ids, home) in [
+            (TEST_IMAGE, "0 0 0", "/root"),
+            (TEST_USER_IMAGE, "1000 1000 1000 50", "/home/app"),
+        ] {
+            let what = format!("{runtime} {image}");
+            let sb = p
+                .create(SandboxSpec {
+                    image: Some(image.into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let o = sh(
+                sb.as_ref(),
+                "echo $(id -u) $(id -g) $(id -G); echo $HOME; grep ^Uid: /proc/1/status | cut -f2; \
+                 kill -0 1 2>/dev/null && echo signalled || echo refused; \
+                 echo 1000 > /proc/1/oom_score_adj 2>/dev/null && echo raised || echo refused; \
+                 ls /proc/1/fd >/dev/null 2>&1 && echo listed || echo refused",
+            )
+            .await;
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            let lines: Vec<&str> = out.lines().collect();
+            assert_eq!(
+                lines[..5],
+                [ids, home, &agent.to_string(), "refused", "refused"],
+                "{what}: {o:?}"
+            );
+            // gVisor's /proc/<pid>/fd is listable by anyone (a known gap in
+            // escape_docker); Linux keeps it the owner's.
+            if runtime == "runc" {
+                assert_eq!(lines[5], "refused", "{what}: {o:?}");
+            }
+            let h = sb.agent().info().hardening.clone();
+            assert!(
+                h.get("identity")
+                    .is_some_and(|v| v.contains(&format!("agent uid {agent}"))),
+                "{what}: {h:?}"
+            );
+            // What the agent makes for the caller is the command user's,
+            // who can then change it.
+            sb.write_file(
+                std::path::Path::new("/workspace/d/by-agent"),
+                bytes::Bytes::from_static(b"one\n"),
+                namzu::WriteOptions {
+                    create_parents: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+            let o = sh(
+                sb.as_ref(),
+                "stat -c '%u %g' /workspace/d /workspace/d/by-agent; echo two >> /workspace/d/by-agent && cat /workspace/d/by-agent",
+            )
+            .await;
+            let owner = ids.split(' ').take(2).collect::<Vec<_>>().join(" ");
+            assert_eq!(
+                String::from_utf8_lossy(&o.stdout),
+                format!("{owner}\n{owner}\none\ntwo\n"),
+                "{what}: {o:?}"
+            );
+            sb.destroy().await.unwrap();
+        }
+    }
 }
 
 async fn writable_paths_extend_the_set_and_contradictions_are_refused() {
@@ -288,6 +379,9 @@ fn main() -> std::process::ExitCode {
     let tests: Vec<(&str, Test)> = vec![
         ("every_container_is_hardened_as_documented", || {
             Box::pin(every_container_is_hardened_as_documented())
+        }),
+        ("commands_run_as_the_images_user_and_never_as_the_agent", || {
+            Box::pin(commands_run_as_the_images_user_and_never_as_the_agent())
         }),
         ("writable_paths_extend_the_set_and_contradictions_are_refused", || {
             Box::pin(writable_paths_extend_the_set_and_contradictions_are_refused())

@@ -530,13 +530,21 @@ fn attempts(a: &Args) -> Vec<(&'static str, Outcome)> {
             "/dev",
             "/proc",
         ];
+        // A tmpfs is the sandbox's own memory, wherever it is mounted (the
+        // docker tier's writable set, /var/tmp among them); every other
+        // filesystem outside the sandbox's own layout is the host's.
         let foreign: Vec<String> = info
             .lines()
-            .filter_map(|l| l.split_whitespace().nth(4).map(String::from))
+            .filter_map(|l| {
+                let point = l.split_whitespace().nth(4)?;
+                let fstype = l.split(" - ").nth(1)?.split_whitespace().next()?;
+                (fstype != "tmpfs").then(|| format!("{point} ({fstype})"))
+            })
             .filter(|p| {
+                let p = p.split(' ').next().unwrap_or_default();
                 !ours
                     .iter()
-                    .any(|o| p == o || (o.len() > 1 && p.starts_with(&format!("{o}/"))))
+                    .any(|o| p == *o || (o.len() > 1 && p.starts_with(&format!("{o}/"))))
             })
             .collect();
         if foreign.is_empty() {

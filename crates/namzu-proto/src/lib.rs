@@ -25,6 +25,12 @@ use prost::Message;
 /// features instead, so a newer host keeps working with an older agent.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The uid (and gid) the agent takes in a container, where no user
+/// namespace separates it from its commands: high enough that no image's
+/// /etc/passwd uses it, inside every 32-bit id range a runtime maps. The
+/// host makes the agent's run directory this uid's alone.
+pub const CONTAINER_AGENT_UID: u32 = 2_147_480_000;
+
 /// Default bound on one gRPC message, either direction. Streams carry larger
 /// payloads as many messages; see [`limits`].
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;

@@ -26,7 +26,7 @@ pub mod types;
 
 pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream, Terminal};
 pub use error::{AttachRefusal, Error, Result};
-pub use namzu_proto::{features, limits};
+pub use namzu_proto::{features, limits, CONTAINER_AGENT_UID};
 pub use sandbox::{Bind, Provider, Resources, Sandbox, SandboxInfo, SandboxSpec, Tier};
 pub use tokio_util::sync::CancellationToken;
 pub use types::*;

@@ -144,6 +144,24 @@ pub fn eperm_filter() -> Result<BpfProgram, HardenError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
+    // Device nodes: Linux already wants CAP_MKNOD, gVisor does not; a
+    // command has no business making one either way.
+    for (nr, mode_arg) in [(libc::SYS_mknod, 1), (libc::SYS_mknodat, 2)] {
+        let device_rules = [libc::S_IFCHR, libc::S_IFBLK]
+            .iter()
+            .map(|&kind| {
+                SeccompRule::new(vec![SeccompCondition::new(
+                    mode_arg,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(u64::from(libc::S_IFMT)),
+                    u64::from(kind),
+                )
+                .map_err(se)?])
+                .map_err(se)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(nr, device_rules);
+    }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,

@@ -52,15 +52,8 @@ pub fn find_agent_binary() -> Result<PathBuf> {
 
 /// Checks a command's view of its own privileges.
 pub(crate) async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
-    probe_with(id, client, true).await
-}
-
-/// The probe, optionally without the seccomp check: under gVisor the
-/// syscall boundary is the Sentry itself (which the runtime confines with
-/// its own host filter), and the OCI profile is not loaded inside it.
-pub(crate) async fn probe_with(id: &str, client: &AgentClient, want_seccomp: bool) -> Result<()> {
     let status = client.probe_child_status().await?;
-    unprivileged(&status, want_seccomp).map_err(|(field, value)| Error::PrivilegeProbe {
+    unprivileged(&status).map_err(|(field, value)| Error::PrivilegeProbe {
         id: id.into(),
         field,
         value,
@@ -70,7 +63,7 @@ pub(crate) async fn probe_with(id: &str, client: &AgentClient, want_seccomp: boo
 /// `Err((field, value))` for the first sign of privilege in a
 /// `/proc/<pid>/status`: a non-empty capability set, no_new_privs unset, or
 /// no seccomp filter.
-pub(crate) fn unprivileged(status: &str, want_seccomp: bool) -> std::result::Result<(), (String, String)> {
+pub(crate) fn unprivileged(status: &str) -> std::result::Result<(), (String, String)> {
     let field = |name: &str| {
         status
             .lines()
@@ -99,7 +92,7 @@ pub(crate) fn unprivileged(status: &str, want_seccomp: bool) -> std::result::Res
         return Err(("NoNewPrivs".into(), nnp));
     }
     let seccomp = field("Seccomp");
-    if want_seccomp && seccomp != "2" {
+    if seccomp != "2" {
         return Err(("Seccomp".into(), seccomp));
     }
     Ok(())
@@ -192,27 +185,24 @@ mod tests {
 
     #[test]
     fn a_hardened_child_passes() {
-        assert_eq!(unprivileged(HARDENED, true), Ok(()));
+        assert_eq!(unprivileged(HARDENED), Ok(()));
     }
 
     #[test]
     fn any_sign_of_privilege_is_refused_naming_it() {
         let bnd = HARDENED.replace("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff");
-        assert_eq!(
-            unprivileged(&bnd, true),
-            Err(("CapBnd".into(), "000001ffffffffff".into()))
-        );
+        assert_eq!(unprivileged(&bnd), Err(("CapBnd".into(), "000001ffffffffff".into())));
         let nnp = HARDENED.replace("NoNewPrivs:\t1", "NoNewPrivs:\t0");
-        assert_eq!(unprivileged(&nnp, true), Err(("NoNewPrivs".into(), "0".into())));
+        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
         let sc = HARDENED.replace("Seccomp:\t2", "Seccomp:\t0");
-        assert_eq!(unprivileged(&sc, true), Err(("Seccomp".into(), "0".into())));
-        assert!(unprivileged("", true).is_err(), "an unreadable status must not pass");
+        assert_eq!(unprivileged(&sc), Err(("Seccomp".into(), "0".into())));
+        assert!(unprivileged("").is_err(), "an unreadable status must not pass");
     }
 
     #[test]
     fn this_unsandboxed_test_process_is_refused() {
         let me = std::fs::read_to_string("/proc/self/status").unwrap();
-        assert!(unprivileged(&me, true).is_err());
+        assert!(unprivileged(&me).is_err());
     }
 
     /// gVisor's status file has no CapAmb and no NoNewPrivs; the agent
@@ -220,16 +210,13 @@ mod tests {
     #[test]
     fn a_gvisor_child_is_judged_by_what_it_reports() {
         let gvisor = "CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nSeccomp:\t2\nPrctlNoNewPrivs:\t1\n";
-        assert_eq!(unprivileged(gvisor, true), Ok(()));
+        assert_eq!(unprivileged(gvisor), Ok(()));
         let nnp = gvisor.replace("PrctlNoNewPrivs:\t1", "PrctlNoNewPrivs:\t0");
-        assert_eq!(unprivileged(&nnp, true), Err(("NoNewPrivs".into(), "0".into())));
+        assert_eq!(unprivileged(&nnp), Err(("NoNewPrivs".into(), "0".into())));
         let prm = gvisor.replace("CapPrm:\t0000000000000000", "CapPrm:\t0000000000000001");
-        assert_eq!(
-            unprivileged(&prm, true),
-            Err(("CapPrm".into(), "0000000000000001".into()))
-        );
+        assert_eq!(unprivileged(&prm), Err(("CapPrm".into(), "0000000000000001".into())));
         let no_filter = gvisor.replace("Seccomp:\t2", "Seccomp:\t0");
-        assert_eq!(unprivileged(&no_filter, true), Err(("Seccomp".into(), "0".into())));
+        assert_eq!(unprivileged(&no_filter), Err(("Seccomp".into(), "0".into())));
     }
 
     #[test]

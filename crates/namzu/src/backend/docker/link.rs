@@ -19,8 +19,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Where the agent listens inside every container.
 pub const AGENT_SOCKET: &str = "/.namzu/run/agent.sock";
-/// The uid:gid relays run as.
-pub const RELAY_USER: &str = "65534:65534";
+/// The uid:gid relays run as: the agent's own (its run directory and socket
+/// are that uid's alone), never the commands'.
+pub fn relay_user() -> String {
+    let id = namzu_proto::CONTAINER_AGENT_UID;
+    format!("{id}:{id}")
+}
 /// Where the agent binary is bind-mounted, read-only.
 pub const AGENT_PATH: &str = "/.namzu/bin/namzu-agent";
 
@@ -36,6 +40,7 @@ pub struct ExecLink {
 /// Starts a relay exec in `container` and returns its stdio as a stream.
 pub async fn dial(docker: &Docker, container: &str) -> std::io::Result<ExecLink> {
     let io = |e: bollard::errors::Error| std::io::Error::other(e.to_string());
+    let user = relay_user();
     let exec = docker
         .create_exec(
             container,
@@ -47,7 +52,7 @@ pub async fn dial(docker: &Docker, container: &str) -> std::io::Result<ExecLink>
                 cmd: Some(vec![AGENT_PATH, "--relay", &format!("unix:{AGENT_SOCKET}")]),
                 // Not the commands' uid: a command cannot signal (kill) the
                 // process carrying the host's link without CAP_KILL.
-                user: Some(RELAY_USER),
+                user: Some(&user),
                 ..Default::default()
             },
         )

@@ -16,7 +16,14 @@
 //!
 //! Hardening, applied to every container here in [`DockerProvider::create`]
 //! and nowhere else:
-//! * every capability dropped (`CapDrop: ALL`) and `no-new-privileges`;
+//! * every capability dropped (`CapDrop: ALL`) but the five the agent needs
+//!   at start ([`AGENT_CAPS`]), and `no-new-privileges`. The container runs
+//!   as root so that the agent gets those; it first makes every mount
+//!   nosuid,nodev and detaches /sys (CAP_SYS_ADMIN, then dropped), then
+//!   takes a uid of its own and runs commands as the image's `User` with no
+//!   capability at all (`namzu_agent::identity`): a command and the agent
+//!   never share a uid, so a command cannot open the agent's /proc entries,
+//!   signal it or trace it;
 //! * a private IPC namespace (`IpcMode: private`);
 //! * a read-only root filesystem with a named writable tmpfs set
 //!   ([`DEFAULT_WRITABLE_PATHS`], extended by
@@ -25,12 +32,17 @@
 //! * a pids limit (always), a file-size limit (RLIMIT_FSIZE, always),
 //!   memory and CPU limits from the spec;
 //! * network `none`;
-//! * the daemon's default seccomp profile (runc), or gVisor's own kernel
-//!   (runsc): gVisor does not load OCI seccomp profiles inside its Sentry
-//!   unless given `--oci-seccomp`, and with that flag Debian's runsc
-//!   (20221219) answers the profile's clone3 rule with EPERM, so glibc
-//!   cannot start threads. The probe therefore skips the seccomp check on
-//!   runsc only.
+//! * seccomp: namzu's own filter (the `local` tier's), installed by the
+//!   agent on itself and so on every command, stacked on the daemon's
+//!   default profile under runc. Under gVisor it is the only one inside
+//!   the Sentry: gVisor loads OCI profiles only with `--oci-seccomp`, and
+//!   with that flag Debian's runsc (20221219) answers the profile's clone3
+//!   rule with EPERM, so glibc cannot start threads; without any filter a
+//!   command could make a user namespace and hold every capability in it;
+//! * `/.namzu/run` (token, socket) belongs to the agent's uid, mode 0700,
+//!   and under runc it and the agent binary are detached from the
+//!   container once the agent serves (`--hide`): the host reaches the
+//!   socket through its own path.
 //!
 //! Then the privilege probe of the `local` tier runs before the sandbox is
 //! handed out. Every container carries `io.namzu.*` labels naming its
@@ -55,7 +67,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::state::{now_unix, Meta, StateDir, StateSandbox, START_TIMEOUT};
-use crate::backend::{check_spec, find_agent_binary, probe_with};
+use crate::backend::{check_spec, find_agent_binary, privilege_probe};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
@@ -77,6 +89,26 @@ const MASKED_PATHS: &[&str] = &[
     "/proc/scsi",
     "/sys",
 ];
+
+/// Capabilities the container starts with, all for the agent: SYS_ADMIN to
+/// tighten mounts (dropped before it serves), SETUID, SETGID and SETPCAP to
+/// start commands as the image's user with an empty bounding set, KILL to
+/// signal them from another uid. Commands get none.
+pub const AGENT_CAPS: &[&str] = &["SYS_ADMIN", "SETUID", "SETGID", "SETPCAP", "KILL"];
+
+/// gVisor's Sentry (Debian's 20221219) has no setfsuid, so its agent
+/// cannot take the command user's file-system ids; it gets these instead,
+/// works on files as itself and gives each file it creates to the user.
+pub const GVISOR_FILE_CAPS: &[&str] = &["DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "CHOWN"];
+
+fn agent_caps(runtime: Option<&str>) -> Vec<String> {
+    let extra = if runtime == Some("runsc") {
+        GVISOR_FILE_CAPS
+    } else {
+        &[]
+    };
+    AGENT_CAPS.iter().chain(extra).map(|c| (*c).to_owned()).collect()
+}
 
 /// Bound on one container removal.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -355,7 +387,7 @@ impl DockerProvider {
         Ok(img.config.and_then(|c| c.user).unwrap_or_default())
     }
 
-    fn container_config(&self, id: &str, dir: &Path, spec: &SandboxSpec, image: &str) -> Config<String> {
+    fn container_config(&self, id: &str, dir: &Path, spec: &SandboxSpec, image: &str, user: &str) -> Config<String> {
         let mut labels = HashMap::from([
             (labels::SANDBOX.to_owned(), id.to_owned()),
             (labels::INSTANCE.to_owned(), self.instance.clone()),
@@ -375,7 +407,9 @@ impl DockerProvider {
                     "/root" => "700",
                     _ => "755",
                 };
-                (p, format!("rw,nosuid,nodev,size={tmpfs_size},mode={mode}"))
+                // Docker makes a tmpfs noexec unless told: programs build and
+                // run things in /tmp, as they do outside a sandbox.
+                (p, format!("rw,exec,nosuid,nodev,size={tmpfs_size},mode={mode}"))
             })
             .collect();
         let mut binds = vec![
@@ -399,6 +433,7 @@ impl DockerProvider {
             binds: Some(binds),
             // Hardening; see the module docs.
             cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(agent_caps(self.opts.runtime.as_deref())),
             security_opt: Some(vec!["no-new-privileges:true".into()]),
             ipc_mode: Some("private".into()),
             readonly_rootfs: Some(self.opts.read_only_rootfs != Some(false)),
@@ -424,7 +459,7 @@ impl DockerProvider {
         let runtime = self.opts.runtime.clone().unwrap_or_else(|| "default".into());
         let mut reports = vec![
             format!("runtime={runtime}"),
-            "capabilities=none (CapDrop ALL), no-new-privileges".into(),
+            "capabilities=commands none; agent CapDrop ALL + SYS_ADMIN (start only), SETUID, SETGID, SETPCAP, KILL; no-new-privileges".into(),
             "ipc=private".into(),
             "network=none".into(),
             format!(
@@ -442,9 +477,9 @@ impl DockerProvider {
             ),
         ];
         reports.push(if runtime == "runsc" {
-            "seccomp=gvisor sentry (OCI profile not loaded inside)".into()
+            "seccomp=namzu filter only (gVisor loads no OCI profile inside)".into()
         } else {
-            "seccomp=daemon default profile".into()
+            "seccomp=daemon default profile + namzu filter".into()
         });
         let mut entrypoint: Vec<String> = vec![
             link::AGENT_PATH.into(),
@@ -457,24 +492,32 @@ impl DockerProvider {
             "/workspace".into(),
             "--root".into(),
             "/".into(),
-            "--non-dumpable".into(),
+            "--command-user".into(),
+            user.to_owned(),
+            "--tighten-mounts".into(),
         ];
         for r in reports {
             entrypoint.push("--report".into());
             entrypoint.push(r);
         }
-        if runtime != "runsc" {
-            // Stacked on the daemon's profile: what it leaves open (like
-            // io_uring) the local tier's filter closes.
-            entrypoint.push("--seccomp".into());
-        }
-        if self.transport() == Transport::Exec {
-            // The relay runs as another uid (see `link`) and must reach
-            // the socket; the token still guards every link.
-            entrypoint.extend(["--socket-mode".into(), "666".into()]);
+        // Stacked on the daemon's profile (runc): what it leaves open (like
+        // io_uring) the local tier's filter closes. Under gVisor, which
+        // loads no OCI profile, it is the only filter, and what keeps a
+        // command from making a user namespace and holding every
+        // capability in it.
+        entrypoint.push("--seccomp".into());
+        if self.transport() == Transport::Socket {
+            // The host connects to the socket's inode through its own path,
+            // and the agent already runs: commands need see neither mount.
+            for p in ["/.namzu/run", link::AGENT_PATH] {
+                entrypoint.extend(["--hide".into(), p.into()]);
+            }
         }
         Config {
             image: Some(image.to_owned()),
+            // Root, for the agent's few capabilities; commands run as the
+            // image's own user (`--command-user`).
+            user: Some("0:0".into()),
             entrypoint: Some(entrypoint),
             cmd: Some(Vec::new()),
             working_dir: Some("/workspace".into()),
@@ -604,17 +647,30 @@ impl DockerProvider {
         let run = dir.join("run");
         std::fs::create_dir(&run).map_err(io)?;
         std::fs::copy(dir.join("token"), run.join("token")).map_err(io)?;
-        // An image that runs as someone else must still reach its
-        // workspace and make its socket; nothing but the container sees
-        // these directories.
+        // The run directory (token, socket) is the agent's uid's alone: a
+        // command, whoever it runs as, can neither read nor replace them.
+        // A host that is not root cannot give files away; the directory is
+        // then open to the agent by mode (the token is gone before any
+        // command runs, and on runc the directory is hidden from them).
+        let agent = Some(namzu_proto::CONTAINER_AGENT_UID);
+        let modes = match std::os::unix::fs::chown(&run, agent, agent) {
+            Ok(()) => {
+                std::os::unix::fs::chown(run.join("token"), agent, agent).map_err(io)?;
+                [0o700, 0o600]
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => [0o777, 0o644],
+            Err(e) => return Err(io(e)),
+        };
+        for (p, mode) in [(run.clone(), modes[0]), (run.join("token"), modes[1])] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+        }
+        // An image that runs as someone else must still write its
+        // workspace.
         let as_root = matches!(user.split(':').next().unwrap_or(""), "" | "0" | "root");
         if !as_root {
-            for d in [run.clone(), dir.join("workspace")] {
-                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).map_err(io)?;
-            }
-            std::fs::set_permissions(run.join("token"), std::fs::Permissions::from_mode(0o644)).map_err(io)?;
+            std::fs::set_permissions(dir.join("workspace"), std::fs::Permissions::from_mode(0o777)).map_err(io)?;
         }
-        let config = self.container_config(id, dir, spec, image);
+        let config = self.container_config(id, dir, spec, image, &user);
         let created = self
             .docker
             .create_container(
@@ -651,10 +707,7 @@ impl DockerProvider {
             .map_err(daemon_err("start container"))?;
         let token = std::fs::read(dir.join("token")).map_err(io)?;
         let client = self.wait_for_agent(id, dir, &meta, &token).await?;
-        // gVisor does not load the OCI seccomp profile inside its kernel
-        // (the Sentry is the syscall boundary); every other runtime must.
-        let gvisor = self.opts.runtime.as_deref() == Some("runsc");
-        probe_with(id, &client, !gvisor).await?;
+        privilege_probe(id, &client).await?;
         Ok(client)
     }
 
