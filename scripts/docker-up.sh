@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Brings up what the docker tier's tests need, idempotently: Debian's
 # docker.io and runsc (gVisor) plus busybox-static (the tests build their
-# own image from it), runsc registered with the daemon, and dockerd running.
+# own image from it), runsc registered with the daemon, and dockerd running;
+# and Debian's docker-registry on 127.0.0.1:5000 (no auth, loopback only),
+# which the pull test pushes to and pulls from.
 #
 # runsc is registered with `--network=none`: the sandboxes it runs have no
 # network anyway, and gVisor's own netstack setup is what fails on hosts
@@ -16,6 +18,7 @@ command -v runsc >/dev/null || need+=(runsc)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && file -L /bin/busybox 2>/dev/null | grep -q static \
     || need+=(busybox-static)
 command -v file >/dev/null || need+=(file)
+command -v docker-registry >/dev/null || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         echo "docker-up: need ${need[*]} (root and apt-get to install them)" >&2
@@ -53,4 +56,27 @@ fi
 if ! docker info 2>/dev/null | grep -q runsc; then
     echo "docker-up: dockerd is not answering with runsc registered; see /var/log/namzu-dockerd.log" >&2
     exit 1
+fi
+
+# The registry: loopback only, no auth (the package's own config asks for
+# htpasswd), storage of its own. The daemon trusts 127.0.0.0/8 over HTTP.
+registry_up() { (exec 3<>/dev/tcp/127.0.0.1/5000) 2>/dev/null; }
+if ! registry_up; then
+    mkdir -p /etc/namzu /var/lib/namzu-registry
+    cat > /etc/namzu/registry.yml <<'YAML'
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: /var/lib/namzu-registry
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:5000
+YAML
+    setsid docker-registry serve /etc/namzu/registry.yml >/var/log/namzu-registry.log 2>&1 < /dev/null &
+    for _ in $(seq 1 50); do
+        registry_up && break
+        sleep 0.1
+    done
+    registry_up || { echo "docker-up: the registry did not start; see /var/log/namzu-registry.log" >&2; exit 1; }
 fi

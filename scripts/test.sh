@@ -20,6 +20,7 @@ fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     ./scripts/docker-up.sh
     export NAMZU_REQUIRE_DOCKER=1
+    export NAMZU_TEST_REGISTRY=localhost:5000
 fi
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
