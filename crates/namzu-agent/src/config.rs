@@ -168,10 +168,27 @@ pub struct AgentConfig {
     /// What the sandbox applied around the agent (landlock ABI, seccomp,
     /// capabilities …), reported in Health. Empty on the host tier.
     pub hardening: Vec<(String, String)>,
+    /// The loopback proxy and resolver's sockets, where the boundary gives
+    /// the sandbox a network namespace of its own; `None`: no egress
+    /// feature (the host tier shares the host's network).
+    pub egress: Option<crate::egress::Listeners>,
 }
 
 impl AgentConfig {
     pub fn feature_enabled(&self, feature: &str) -> bool {
+        if feature == namzu_proto::features::EGRESS && self.egress.is_none() {
+            return false;
+        }
         !self.disabled_features.iter().any(|f| f == feature)
+    }
+
+    /// Every feature this agent serves.
+    pub fn features(&self) -> Vec<String> {
+        namzu_proto::features::ALL
+            .iter()
+            .chain([&namzu_proto::features::EGRESS])
+            .filter(|f| self.feature_enabled(f))
+            .map(|f| (*f).to_owned())
+            .collect()
     }
 }

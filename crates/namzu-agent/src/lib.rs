@@ -16,6 +16,7 @@
 //! * [`sessions`]: named sessions outliving any link (detached commands,
 //!   persistent terminals), output in offset-addressed rings;
 //! * [`tcp`]: TCP connections into the sandbox, relayed;
+//! * [`egress`]: the loopback proxy and resolver, every decision the host's;
 //! * [`quiesce`]: stopping every process but the agent; flush;
 //! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent.
 
@@ -25,6 +26,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod config;
+pub mod egress;
 pub mod exec;
 pub mod exec_log;
 pub mod files;

@@ -223,6 +223,7 @@ fn run() -> Result<(), String> {
         limits,
         disabled_features,
         hardening: reports,
+        egress: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -197,7 +197,14 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
     let limits = cfg.limits.clone();
     let token = Arc::new(cfg.token.clone());
     let cfg = Arc::new(cfg);
-    let service = AgentService::new(cfg.clone(), jail, execs.clone());
+    let egress = Arc::new(crate::egress::Broker::default());
+    if let Some(listeners) = &cfg.egress {
+        crate::egress::start(egress.clone(), listeners).map_err(|source| ServeError::Listen {
+            what: "egress proxy and resolver".into(),
+            source,
+        })?;
+    }
+    let service = AgentService::new(cfg.clone(), jail, execs.clone(), egress);
     let msg_max = Limits::usize(limits.max_message_bytes);
 
     let (links_tx, links_rx) = mpsc::channel(16);

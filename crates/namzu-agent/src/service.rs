@@ -73,11 +73,13 @@ pub struct AgentService {
     boot_id: String,
     ops_served: std::sync::atomic::AtomicU64,
     sessions: Arc<crate::sessions::Sessions>,
+    egress: Arc<crate::egress::Broker>,
 }
 
 impl AgentService {
-    pub fn new(cfg: Arc<AgentConfig>, jail: Arc<Jail>, execs: Arc<Execs>) -> Self {
+    pub fn new(cfg: Arc<AgentConfig>, jail: Arc<Jail>, execs: Arc<Execs>, egress: Arc<crate::egress::Broker>) -> Self {
         Self {
+            egress,
             jail,
             boot_id: format!("{:032x}", rand::random::<u128>()),
             ops_served: Default::default(),
@@ -169,11 +171,7 @@ impl Agent for AgentService {
             protocol_version: namzu_proto::PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
             boot_id: self.boot_id.clone(),
-            features: namzu_proto::features::ALL
-                .iter()
-                .filter(|f| self.cfg.feature_enabled(f))
-                .map(|f| (*f).into())
-                .collect(),
+            features: self.cfg.features(),
             ops_served: self.ops_served.load(std::sync::atomic::Ordering::Relaxed),
             hardening: self.cfg.hardening.iter().cloned().collect(),
             child_status,
@@ -535,6 +533,26 @@ impl Agent for AgentService {
             }
             _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open or attach").into_status()),
         }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    type EgressStream = ReceiverStream<Result<v1::EgressAsk, Status>>;
+
+    async fn egress(&self, req: Request<Streaming<v1::EgressVerdict>>) -> Result<Response<Self::EgressStream>, Status> {
+        self.admit("egress", namzu_proto::features::EGRESS)?;
+        self.gate("egress")?;
+        Ok(Response::new(ReceiverStream::new(self.egress.attach(req.into_inner()))))
+    }
+
+    type EgressSpliceStream = ReceiverStream<Result<v1::TcpOutput, Status>>;
+
+    async fn egress_splice(
+        &self,
+        req: Request<Streaming<v1::EgressSpliceInput>>,
+    ) -> Result<Response<Self::EgressSpliceStream>, Status> {
+        self.admit("egress_splice", namzu_proto::features::EGRESS)?;
+        self.gate("egress_splice")?;
+        let rx = self.egress.splice(req.into_inner()).await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -141,6 +141,8 @@ pub mod features {
     pub const QUIESCE: &str = "quiesce";
     pub const FLUSH: &str = "flush";
     pub const SESSIONS: &str = "sessions";
+    /// The loopback proxy and resolver, decided by the host (`Egress`).
+    pub const EGRESS: &str = "egress";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[

@@ -19,6 +19,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod egress;
 pub mod error;
 pub mod image;
 pub mod sandbox;

@@ -341,6 +341,8 @@ fn init_g(
     drop((workspace, image, binds));
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
+    // Bound now, while G may still bind port 53.
+    let egress = crate::egress::Listeners::bind().map_err(io("bind the egress proxy and resolver"))?;
 
     // The environment every command inherits, and nothing of the host's.
     let keep: Vec<(String, String)> = std::env::vars()
@@ -355,6 +357,9 @@ fn init_g(
     std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     std::env::set_var("HOME", "/root");
     std::env::set_var("LANG", "C.UTF-8");
+    for (k, v) in crate::egress::proxy_env() {
+        std::env::set_var(k, v);
+    }
     for (k, v) in &spec.env {
         std::env::set_var(k, v);
     }
@@ -373,6 +378,7 @@ fn init_g(
         limits,
         disabled_features: Vec::new(),
         hardening: report,
+        egress: Some(egress),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

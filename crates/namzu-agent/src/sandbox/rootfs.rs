@@ -73,7 +73,6 @@ const ETC_FILES: &[&str] = &[
     "passwd",
     "group",
     "hosts",
-    "resolv.conf",
     "nsswitch.conf",
     "host.conf",
     "gai.conf",
@@ -94,6 +93,9 @@ const ETC_FILES: &[&str] = &[
     "mime.types",
     "issue",
 ];
+
+/// The sandbox's resolver is the agent's, on loopback (`crate::egress`).
+const RESOLV_CONF: &[u8] = b"# namzu: every query is decided by the host\nnameserver 127.0.0.1\n";
 
 /// Directories of the host's /etc shown read-only.
 const ETC_DIRS: &[&str] = &[
@@ -162,6 +164,20 @@ pub fn build(
     let size = format!("size={}", spec.tmpfs_bytes);
     for (d, mode) in [("tmp", "1777"), ("run", "0755"), ("home", "0755"), ("root", "0700")] {
         tmpfs(&root.join(d), &format!("mode={mode},{size}"), MsFlags::empty())?;
+    }
+
+    // An image's own /etc/resolv.conf would name resolvers the sandbox
+    // cannot reach; the agent's goes over it. (Without the file, libc
+    // resolvers default to loopback anyway.)
+    let image_resolv = root.join("etc/resolv.conf");
+    if image.is_some() && image_resolv.is_file() {
+        let ours = root.join("run/namzu-resolv.conf");
+        fs::write(&ours, RESOLV_CONF).map_err(fsio("write", &ours))?;
+        mount(Some(&ours), &image_resolv, NONE, MsFlags::MS_BIND, NONE).map_err(m("bind", &image_resolv))?;
+        remount(
+            &image_resolv,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        )?;
     }
 
     let ws = root.join("workspace");
@@ -294,6 +310,7 @@ fn build_etc(root: &Path) -> Result<(), RootfsError> {
         show_host_path(&Path::new("/etc").join(d), &etc.join(d))?;
     }
     fs::write(etc.join("hostname"), b"namzu\n").map_err(fsio("write", &etc))?;
+    fs::write(etc.join("resolv.conf"), RESOLV_CONF).map_err(fsio("write", &etc))?;
     // A fresh identity, so nothing keyed on the host's machine-id leaks in.
     fs::write(etc.join("machine-id"), format!("{:032x}\n", rand::random::<u128>())).map_err(fsio("write", &etc))?;
     Ok(())

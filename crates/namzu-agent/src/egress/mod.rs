@@ -1,0 +1,236 @@
+//! Egress from inside the sandbox: a loopback HTTP CONNECT and SOCKS5
+//! proxy ([`proxy`]) and a DNS resolver ([`dns`]), none of which decides
+//! anything. Every connection and query becomes an [`EgressAsk`] sent to
+//! the host over its `Egress` call ([`Broker`]); the host answers with a
+//! verdict, or accepts a connection by opening `EgressSplice` for it, having
+//! already connected. Without a host on the `Egress` call every ask is
+//! refused at once: the sandbox fails closed.
+//!
+//! Commands find the proxy through the environment ([`proxy_env`]); a
+//! program that ignores it has no route anywhere (the sandbox's network
+//! namespace holds only loopback).
+
+pub mod dns;
+pub mod proxy;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use namzu_proto::v1::{self, egress_ask, EgressAsk, EgressSpliceInput, EgressVerdict, TcpOutput};
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Status, Streaming};
+
+/// Where the proxy and resolver listen inside the sandbox.
+pub const HTTP_PROXY_PORT: u16 = 3128;
+pub const SOCKS_PROXY_PORT: u16 = 1080;
+pub const DNS_PORT: u16 = 53;
+
+/// How long an ask waits for the host's answer.
+const DECISION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Asks waiting for an answer at once; more are refused.
+const MAX_PENDING: usize = 1024;
+
+/// The sockets the proxy and the resolver serve, bound before the agent
+/// gave up the privilege to bind port 53.
+#[derive(Debug, Clone)]
+pub struct Listeners {
+    pub http: Arc<std::net::TcpListener>,
+    pub socks: Arc<std::net::TcpListener>,
+    pub dns: Arc<std::net::UdpSocket>,
+}
+
+impl Listeners {
+    /// Binds all three on 127.0.0.1 at the standard ports.
+    pub fn bind() -> std::io::Result<Self> {
+        let tcp = |port| {
+            let l = std::net::TcpListener::bind(("127.0.0.1", port))?;
+            l.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(Arc::new(l))
+        };
+        let dns = std::net::UdpSocket::bind(("127.0.0.1", DNS_PORT))?;
+        dns.set_nonblocking(true)?;
+        Ok(Self {
+            http: tcp(HTTP_PROXY_PORT)?,
+            socks: tcp(SOCKS_PROXY_PORT)?,
+            dns: Arc::new(dns),
+        })
+    }
+}
+
+/// The environment every command gets: both spellings, since tools differ
+/// on which they read.
+pub fn proxy_env() -> Vec<(&'static str, String)> {
+    let http = format!("http://127.0.0.1:{HTTP_PROXY_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{SOCKS_PROXY_PORT}");
+    let none = "localhost,127.0.0.1,::1".to_owned();
+    vec![
+        ("HTTP_PROXY", http.clone()),
+        ("http_proxy", http.clone()),
+        ("HTTPS_PROXY", http.clone()),
+        ("https_proxy", http),
+        ("ALL_PROXY", socks.clone()),
+        ("all_proxy", socks),
+        ("NO_PROXY", none.clone()),
+        ("no_proxy", none),
+    ]
+}
+
+/// What the host said about one ask.
+pub enum Answer {
+    /// Resolved (possibly to nothing).
+    Addresses(Vec<IpAddr>),
+    /// Connected; the two halves of the host's end.
+    Spliced(Box<Splice>),
+    /// The policy said no.
+    Refused(String),
+    /// Permitted, but the host could not do it (or no host is there).
+    Failed(String),
+}
+
+/// The host's end of an accepted connection: bytes from the destination,
+/// and a sender for bytes to it.
+pub struct Splice {
+    pub from_host: Streaming<EgressSpliceInput>,
+    pub to_host: mpsc::Sender<Result<TcpOutput, Status>>,
+}
+
+/// Routes asks to the host's `Egress` call and answers back to the asker.
+#[derive(Default)]
+pub struct Broker {
+    next: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The current `Egress` call's sender, and its generation.
+    host: Option<(u64, mpsc::Sender<Result<EgressAsk, Status>>)>,
+    pending: HashMap<u64, oneshot::Sender<Answer>>,
+}
+
+impl Broker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a new `Egress` call from the host; an older one is dropped
+    /// and what it left unanswered fails.
+    pub fn attach(
+        self: &Arc<Self>,
+        mut verdicts: Streaming<EgressVerdict>,
+    ) -> mpsc::Receiver<Result<EgressAsk, Status>> {
+        let (tx, rx) = mpsc::channel(64);
+        let generation = self.next.fetch_add(1, Ordering::Relaxed);
+        let stale: Vec<_> = {
+            let mut inner = self.lock();
+            inner.host = Some((generation, tx));
+            inner.pending.drain().collect()
+        };
+        for (_, waiter) in stale {
+            let _ = waiter.send(Answer::Failed("the host's egress service was replaced".into()));
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(v)) = verdicts.next().await {
+                me.answer(v);
+            }
+            let mut inner = me.lock();
+            if inner.host.as_ref().is_some_and(|(g, _)| *g == generation) {
+                inner.host = None;
+                for (_, waiter) in inner.pending.drain() {
+                    let _ = waiter.send(Answer::Failed("the host's egress service went away".into()));
+                }
+            }
+        });
+        rx
+    }
+
+    fn answer(&self, v: EgressVerdict) {
+        let Some(waiter) = self.lock().pending.remove(&v.id) else {
+            return;
+        };
+        let answer = if !v.refusal.is_empty() {
+            Answer::Refused(v.refusal)
+        } else if !v.error.is_empty() {
+            Answer::Failed(v.error)
+        } else {
+            Answer::Addresses(
+                v.addresses
+                    .iter()
+                    .filter_map(|a| match a.len() {
+                        4 => <[u8; 4]>::try_from(&a[..]).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(&a[..]).ok().map(IpAddr::from),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        };
+        let _ = waiter.send(answer);
+    }
+
+    /// The host accepted ask `id` and opened its splice.
+    pub async fn splice(
+        &self,
+        mut from_host: Streaming<EgressSpliceInput>,
+    ) -> Result<mpsc::Receiver<Result<TcpOutput, Status>>, Status> {
+        let id = match from_host.next().await {
+            Some(Ok(EgressSpliceInput {
+                msg: Some(v1::egress_splice_input::Msg::Accept(id)),
+            })) => id,
+            Some(Err(e)) => return Err(e),
+            _ => return Err(Status::invalid_argument("the first splice message must be accept")),
+        };
+        let waiter = self
+            .lock()
+            .pending
+            .remove(&id)
+            .ok_or_else(|| Status::not_found(format!("no egress ask {id} is waiting")))?;
+        let (to_host, rx) = mpsc::channel(8);
+        waiter
+            .send(Answer::Spliced(Box::new(Splice { from_host, to_host })))
+            .map_err(|_| Status::cancelled(format!("egress ask {id} gave up")))?;
+        Ok(rx)
+    }
+
+    /// Sends `what` to the host and waits for its answer.
+    pub async fn ask(&self, what: egress_ask::What) -> Answer {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let host = {
+            let mut inner = self.lock();
+            let Some((_, host)) = inner.host.clone() else {
+                return Answer::Refused("no egress service is attached: nothing leaves this sandbox".into());
+            };
+            if inner.pending.len() >= MAX_PENDING {
+                return Answer::Failed(format!("{MAX_PENDING} egress asks already wait for the host"));
+            }
+            inner.pending.insert(id, tx);
+            host
+        };
+        if host.send(Ok(EgressAsk { id, what: Some(what) })).await.is_err() {
+            self.lock().pending.remove(&id);
+            return Answer::Failed("the host's egress service went away".into());
+        }
+        match tokio::time::timeout(DECISION_TIMEOUT, rx).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(_)) => Answer::Failed("the host's egress service went away".into()),
+            Err(_) => {
+                self.lock().pending.remove(&id);
+                Answer::Failed(format!("no answer from the host within {DECISION_TIMEOUT:?}"))
+            }
+        }
+    }
+}
+
+/// Starts the proxy and the resolver on `listeners`.
+pub fn start(broker: Arc<Broker>, listeners: &Listeners) -> std::io::Result<()> {
+    let dup_tcp = |l: &std::net::TcpListener| tokio::net::TcpListener::from_std(l.try_clone()?);
+    proxy::spawn_http(broker.clone(), dup_tcp(&listeners.http)?);
+    proxy::spawn_socks(broker.clone(), dup_tcp(&listeners.socks)?);
+    dns::spawn(broker, tokio::net::UdpSocket::from_std(listeners.dns.try_clone()?)?);
+    Ok(())
+}
