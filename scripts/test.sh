@@ -14,13 +14,16 @@ if [ "$(id -u)" = 0 ] && ! command -v newuidmap >/dev/null && command -v apt-get
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq uidmap >/dev/null
 fi
 
-# The docker tier's tests need dockerd with runc and runsc, and busybox for
-# their image: installed and started here (root), and then required, so a
-# missing daemon fails the run instead of skipping the tier.
+# The docker tier's tests need dockerd with runc and runsc, busybox for
+# their image and a registry to pull from; the egress tests need iproute2,
+# curl and openssl. Installed and started here (root), and then required, so
+# a missing piece fails the run instead of skipping the tests.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     ./scripts/docker-up.sh
     export NAMZU_REQUIRE_DOCKER=1
     export NAMZU_TEST_REGISTRY=localhost:5000
+    ./scripts/net-up.sh
+    export NAMZU_REQUIRE_NET=1
 fi
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.

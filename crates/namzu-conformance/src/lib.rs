@@ -18,6 +18,7 @@
 mod cases;
 pub mod docker;
 pub mod escape;
+pub mod netlab;
 pub mod util;
 
 use std::future::Future;

@@ -98,6 +98,10 @@ pub enum Error {
     // ---- capabilities
     #[error("{op}: the agent does not offer feature {feature:?}")]
     Unsupported { op: String, feature: String },
+    #[error(transparent)]
+    EgressPolicy(#[from] crate::egress::PolicyError),
+    #[error("sandbox {id}: its egress supervisor is unavailable: {reason}")]
+    EgressUnavailable { id: String, reason: String },
     #[error("tier {tier} cannot honour option {option}: {reason}")]
     OptionRefused {
         tier: String,

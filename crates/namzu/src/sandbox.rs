@@ -104,6 +104,9 @@ pub struct SandboxSpec {
     /// Agent limits to override, by their names in
     /// [`namzu_proto::limits`] (e.g. `sandbox_max_timeout_ms`).
     pub limits: Vec<(String, u64)>,
+    /// What may leave the sandbox (default: nothing, names included), and
+    /// names the host resolves itself. See [`crate::egress`].
+    pub egress: crate::egress::EgressConfig,
 }
 
 /// A summary of a sandbox a provider knows about.
@@ -195,6 +198,26 @@ pub trait Sandbox: Send + Sync {
     }
     async fn kill_session(&self, id: &str, signal: SessionSignal) -> Result<SessionInfo> {
         self.agent().kill_session(id, signal).await
+    }
+    /// Replaces the whole egress policy of the running sandbox, atomically:
+    /// new connections follow it at once, and open connections to
+    /// destinations it refuses are closed before this returns. Tiers
+    /// without an egress boundary refuse it by name.
+    async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
+        let _ = policy;
+        Err(Error::OptionRefused {
+            tier: self.tier().name().into(),
+            option: "network policy".into(),
+            reason: "this tier has no egress boundary".into(),
+        })
+    }
+    /// The egress configuration in force, and how many connections are open.
+    async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
+        Err(Error::OptionRefused {
+            tier: self.tier().name().into(),
+            option: "network policy".into(),
+            reason: "this tier has no egress boundary".into(),
+        })
     }
     /// Stops every process in the sandbox but the agent.
     async fn quiesce(&self, grace: std::time::Duration) -> Result<QuiesceReport> {

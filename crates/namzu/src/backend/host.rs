@@ -91,6 +91,7 @@ impl Provider for HostProvider {
             provider: std::sync::Arc::new(self.clone()),
             client,
             _child: Some(child),
+            egress_dir: None,
         }))
     }
 
@@ -102,6 +103,7 @@ impl Provider for HostProvider {
             provider: std::sync::Arc::new(self.clone()),
             client,
             _child: None,
+            egress_dir: None,
         }))
     }
 

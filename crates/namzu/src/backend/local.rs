@@ -255,6 +255,7 @@ impl LocalProvider {
                 provider: std::sync::Arc::new(self.clone()),
                 client,
                 _child: Some(child),
+                egress_dir: Some(dir.to_path_buf()),
             }),
             Err(e) => {
                 let _ = child.start_kill();
@@ -295,6 +296,17 @@ impl Provider for LocalProvider {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
+        // Nor one whose egress nobody decides: the policy is in force
+        // before the caller gets the handle.
+        let supervised = async {
+            crate::egress::supervisor::write_config(&dir, &spec.egress).map_err(io("create"))?;
+            let root = self.state.root().parent().unwrap_or(self.state.root());
+            crate::egress::supervisor::spawn(&id, Tier::Local, root, &dir, &self.agent_bin).await
+        };
+        if let Err(e) = supervised.await {
+            let _ = sandbox.destroy().await;
+            return Err(e);
+        }
         Ok(Box::new(sandbox))
     }
 
@@ -306,6 +318,7 @@ impl Provider for LocalProvider {
             provider: std::sync::Arc::new(self.clone()),
             client,
             _child: None,
+            egress_dir: Some(self.state.dir(id)?),
         }))
     }
 

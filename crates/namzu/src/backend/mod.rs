@@ -109,6 +109,19 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             });
         }
     }
+    spec.egress.policy.validate()?;
+    let egress_boundary = matches!(tier, Tier::Local);
+    if !egress_boundary && spec.egress != crate::egress::EgressConfig::default() {
+        return Err(Error::OptionRefused {
+            tier: tier.name().into(),
+            option: "egress".into(),
+            reason: if tier == Tier::Host {
+                "the host tier shares the host's network; it has no egress boundary".into()
+            } else {
+                "this tier enforces no-network only (no egress supervisor yet)".into()
+            },
+        });
+    }
     if tier == Tier::Host && !spec.binds.is_empty() {
         return Err(Error::OptionRefused {
             tier: tier.name().into(),

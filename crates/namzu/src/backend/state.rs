@@ -180,6 +180,7 @@ impl StateDir {
             Err(Error::SandboxNotFound { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
+        crate::egress::supervisor::stop(&dir);
         if alive(meta.pid, &dir) {
             let pid = Pid::from_raw(i32::try_from(meta.pid).unwrap_or(0));
             // SIGTERM lets the agent kill its commands' process groups first.
@@ -306,6 +307,9 @@ pub(crate) struct StateSandbox {
     pub client: AgentClient,
     /// Held so tokio reaps the anchor process when it exits while we live.
     pub _child: Option<tokio::process::Child>,
+    /// The sandbox's state directory, where its egress supervisor listens;
+    /// `None` on tiers without one.
+    pub egress_dir: Option<PathBuf>,
 }
 
 #[async_trait::async_trait]
@@ -322,5 +326,39 @@ impl Sandbox for StateSandbox {
     async fn destroy(&self) -> Result<()> {
         self.client.close();
         self.provider.destroy(&self.id).await
+    }
+    async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
+        use crate::egress::supervisor::{request, Request};
+        let Some(dir) = &self.egress_dir else {
+            return Err(Error::OptionRefused {
+                tier: self.tier.name().into(),
+                option: "network policy".into(),
+                reason: "this tier has no egress boundary".into(),
+            });
+        };
+        policy.validate()?;
+        let current = request(&self.id, dir, &Request::Show).await?;
+        let mut config = current.config.unwrap_or_default();
+        config.policy = policy;
+        let reply = request(&self.id, dir, &Request::Set { config }).await?;
+        match reply.error {
+            None => Ok(()),
+            Some(reason) => Err(Error::EgressUnavailable {
+                id: self.id.clone(),
+                reason,
+            }),
+        }
+    }
+    async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
+        use crate::egress::supervisor::{request, Request};
+        let Some(dir) = &self.egress_dir else {
+            return Err(Error::OptionRefused {
+                tier: self.tier.name().into(),
+                option: "network policy".into(),
+                reason: "this tier has no egress boundary".into(),
+            });
+        };
+        let reply = request(&self.id, dir, &Request::Show).await?;
+        Ok((reply.config.unwrap_or_default(), reply.open))
     }
 }

@@ -10,9 +10,16 @@
 //! splices.
 //!
 //! * [`policy`]: the policy type, entry validation, decisions;
-//! * [`addr`]: which addresses are public.
+//! * [`addr`]: which addresses are public;
+//! * [`service`]: the host's answers: resolve, check, connect, splice;
+//!   live policy changes;
+//! * [`supervisor`]: the per-sandbox host process running the service,
+//!   and its control socket.
 
 pub mod addr;
 pub mod policy;
+pub mod service;
+pub mod supervisor;
 
 pub use policy::{EgressPolicy, HostPattern, HostRule, PolicyError, Refusal, Target};
+pub use service::EgressConfig;

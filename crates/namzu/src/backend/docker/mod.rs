@@ -718,6 +718,7 @@ impl DockerProvider {
             provider: Arc::new(self.clone()),
             client,
             _child: None,
+            egress_dir: None,
         })
     }
 

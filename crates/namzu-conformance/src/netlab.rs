@@ -1,0 +1,236 @@
+//! A real network for the egress tests: a network namespace joined to the
+//! host by a veth pair (iproute2), holding test hosts at public-looking
+//! addresses (TEST-NET-3, 203.0.113.0/24) and one at a private address, each
+//! running real servers: HTTP that answers with the name of the address it
+//! was reached at, a stream that ticks until closed, and TLS (`openssl
+//! s_server`, with a certificate made for the run). The names tests use are
+//! mapped to these addresses by the sandbox's egress `hosts`, the resolver
+//! the host's egress service consults first.
+//!
+//! Needs root, `ip` and `openssl`; [`NetLab::available`] says why not.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The first public-looking test host.
+pub const PUB1: &str = "203.0.113.10";
+/// The second.
+pub const PUB2: &str = "203.0.113.11";
+/// A private test host (the DNS-rebinding target).
+pub const PRIVATE: &str = "10.231.0.10";
+/// The port of the ticking stream on [`PUB1`].
+pub const STREAM_PORT: u16 = 9000;
+
+pub struct NetLab {
+    ns: String,
+    pub dir: tempfile::TempDir,
+    /// The TLS server's certificate (self-signed: it is its own CA).
+    pub tls_cert: Vec<u8>,
+    tls: Option<Child>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl NetLab {
+    /// Why the lab cannot be built here, if it cannot.
+    pub fn available() -> Result<(), String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("needs root (network namespaces and veth)".into());
+        }
+        for tool in ["ip", "openssl", "curl"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                return Err(format!("needs {tool} (scripts/net-up.sh installs it)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the namespace, its addresses and its servers.
+    pub fn start() -> Result<Self, String> {
+        Self::available()?;
+        let tag = format!("{:x}", std::process::id() & 0xffff);
+        let ns = format!("nz-egress-{tag}");
+        let (vh, vn) = (format!("nzh{tag}"), format!("nzn{tag}"));
+        let _ = ip(&["netns", "del", &ns]);
+        ip(&["netns", "add", &ns])?;
+        let mut lab = Self {
+            ns: ns.clone(),
+            dir: tempfile::tempdir().map_err(|e| e.to_string())?,
+            tls_cert: Vec::new(),
+            tls: None,
+        };
+        ip(&["link", "add", &vh, "type", "veth", "peer", "name", &vn, "netns", &ns])?;
+        for a in ["203.0.113.1/24", "10.231.0.1/24"] {
+            ip(&["addr", "add", a, "dev", &vh])?;
+        }
+        ip(&["link", "set", &vh, "up"])?;
+        for a in [PUB1, PUB2, PRIVATE] {
+            ip(&["-n", &ns, "addr", "add", &format!("{a}/24"), "dev", &vn])?;
+        }
+        ip(&["-n", &ns, "link", "set", &vn, "up"])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        lab.start_servers()?;
+        lab.start_tls()?;
+        Ok(lab)
+    }
+
+    /// The names tests use, for `EgressConfig::hosts`.
+    pub fn hosts() -> BTreeMap<String, Vec<IpAddr>> {
+        let a = |s: &str| vec![s.parse::<IpAddr>().unwrap_or(IpAddr::from([0, 0, 0, 0]))];
+        BTreeMap::from([
+            ("allowed.test".to_owned(), a(PUB1)),
+            ("api.allowed.test".to_owned(), a(PUB2)),
+            ("tls.allowed.test".to_owned(), a(PUB1)),
+            ("evil-allowed.test".to_owned(), a(PUB2)),
+            ("other.test".to_owned(), a(PUB2)),
+            ("internal.allowed.test".to_owned(), a(PRIVATE)),
+        ])
+    }
+
+    /// Plain servers, on threads that entered the namespace.
+    fn start_servers(&self) -> Result<(), String> {
+        let path = PathBuf::from(format!("/run/netns/{}", self.ns));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let entered = std::fs::File::open(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|f| nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string()));
+            let mut listeners = Vec::new();
+            let bound = entered.and_then(|()| {
+                for (addr, port) in [(PUB1, 80), (PUB1, 8080), (PUB2, 80), (PRIVATE, 80), (PUB1, STREAM_PORT)] {
+                    let l = TcpListener::bind((addr, port)).map_err(|e| format!("bind {addr}:{port}: {e}"))?;
+                    listeners.push((addr, port, l));
+                }
+                Ok(())
+            });
+            let _ = tx.send(bound);
+            for (addr, port, l) in listeners {
+                std::thread::spawn(move || serve(addr, port, l));
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(10)).map_err(|e| e.to_string())?
+    }
+
+    fn start_tls(&mut self) -> Result<(), String> {
+        let (key, cert) = (self.dir.path().join("key.pem"), self.dir.path().join("cert.pem"));
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=tls.allowed.test",
+            ])
+            .args(["-addext", "subjectAltName=DNS:tls.allowed.test", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .map_err(|e| format!("openssl req: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("openssl req: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        self.tls_cert = std::fs::read(&cert).map_err(|e| e.to_string())?;
+        let child = Command::new("ip")
+            .args([
+                "netns", "exec", &self.ns, "openssl", "s_server", "-quiet", "-www", "-accept",
+            ])
+            .arg(format!("{PUB1}:443"))
+            .arg("-cert")
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("openssl s_server: {e}"))?;
+        self.tls = Some(child);
+        // Ready when it accepts.
+        for _ in 0..100 {
+            if std::net::TcpStream::connect_timeout(
+                &format!("{PUB1}:443").parse().map_err(|_| "addr")?,
+                Duration::from_millis(200),
+            )
+            .is_ok()
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err("openssl s_server did not start".into())
+    }
+}
+
+/// HTTP that names the address it was reached at; on the stream port, a
+/// line every 100 ms until the peer goes.
+fn serve(addr: &'static str, port: u16, l: TcpListener) {
+    for conn in l.incoming() {
+        let Ok(mut c) = conn else { continue };
+        std::thread::spawn(move || {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+                if head.len() > 64 * 1024 {
+                    return;
+                }
+            }
+            if port == STREAM_PORT {
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n");
+                for i in 0.. {
+                    if c.write_all(format!("tick {i}\n").as_bytes()).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            let body = format!("served by {addr}:{port}\n");
+            let _ = c.write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        });
+    }
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.tls.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Deleting the namespace takes its end of the veth, and so the pair.
+        let _ = ip(&["netns", "del", &self.ns]);
+    }
+}

@@ -1,0 +1,294 @@
+//! The egress supervisor: one host process per sandbox (`namzu-egress`),
+//! outside every boundary, that holds the agent's `Egress` call for the
+//! sandbox's life and runs its [`Service`]. It outlives the program that
+//! created the sandbox, as the sandbox does.
+//!
+//! Files in the sandbox's state directory, all the host's and 0600:
+//! * [`CONFIG_FILE`]: the current [`EgressConfig`], rewritten atomically on
+//!   every change, so a restarted supervisor resumes the same policy;
+//! * [`CONTROL_SOCKET`]: one JSON request per connection ([`Request`]),
+//!   one JSON [`Reply`]; how `set_network_policy` reaches it;
+//! * [`PID_FILE`], and [`LOG_FILE`] (every decision, through `tracing`).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+use super::service::{EgressConfig, Service};
+use crate::client::AgentClient;
+use crate::error::{Error, Result};
+
+pub const CONFIG_FILE: &str = "egress.json";
+pub const CONTROL_SOCKET: &str = "egress.sock";
+pub const PID_FILE: &str = "egress.pid";
+pub const LOG_FILE: &str = "egress.log";
+/// The supervisor's executable, found next to the agent's.
+pub const BINARY: &str = "namzu-egress";
+/// How long a spawner waits for the supervisor to hold the `Egress` call.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest control request read.
+const MAX_REQUEST: usize = 1 << 20;
+
+/// A control request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// Replace the whole configuration.
+    Set {
+        config: EgressConfig,
+    },
+    Show,
+}
+
+/// A control reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reply {
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub config: Option<EgressConfig>,
+    /// Open connections the change closed.
+    #[serde(default)]
+    pub closed: usize,
+    /// Connections open now.
+    #[serde(default)]
+    pub open: usize,
+}
+
+/// Writes `config` to `dir` atomically (a temporary file renamed over).
+pub fn write_config(dir: &Path, config: &EgressConfig) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!(".{CONFIG_FILE}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(config).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(CONFIG_FILE))
+}
+
+pub fn read_config(dir: &Path) -> std::io::Result<EgressConfig> {
+    let text = std::fs::read(dir.join(CONFIG_FILE))?;
+    serde_json::from_slice(&text).map_err(std::io::Error::other)
+}
+
+/// Runs the supervisor of the sandbox whose state is `dir`: serves the
+/// control socket, and holds the `Egress` call of the agent `connect`
+/// reaches, reconnecting while the sandbox exists. `ready` runs once the
+/// first call is up. Returns when the sandbox is gone.
+pub async fn run<C, F>(id: &str, dir: &Path, connect: C, ready: impl FnOnce()) -> Result<()>
+where
+    C: Fn() -> F,
+    F: Future<Output = Result<AgentClient>>,
+{
+    let io = |source| Error::LocalIo {
+        op: "egress supervisor".into(),
+        source,
+    };
+    let config = read_config(dir).map_err(io)?;
+    config.policy.validate()?;
+    let service = Service::new(id, config);
+    let sock = dir.join(CONTROL_SOCKET);
+    let _ = std::fs::remove_file(&sock);
+    let listener = tokio::net::UnixListener::bind(&sock).map_err(io)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    }
+    std::fs::write(dir.join(PID_FILE), std::process::id().to_string()).map_err(io)?;
+    let control = {
+        let (service, dir) = (service.clone(), dir.to_path_buf());
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (service, dir) = (service.clone(), dir.clone());
+                tokio::spawn(async move { control_conn(&service, &dir, conn).await });
+            }
+        })
+    };
+    let mut ready = Some(ready);
+    let mut failures = 0u32;
+    while dir.join("meta.json").is_file() {
+        match connect().await {
+            Ok(client) => {
+                let served = service
+                    .serve(&client, || {
+                        if let Some(r) = ready.take() {
+                            r();
+                        }
+                    })
+                    .await;
+                failures = 0;
+                if let Err(e) = served {
+                    tracing::warn!(sandbox = %id, "egress: {e}");
+                    failures += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "egress: cannot reach the agent: {e}");
+                failures += 1;
+            }
+        }
+        if failures > 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100 * u64::from(failures.min(10)))).await;
+    }
+    control.abort();
+    let _ = std::fs::remove_file(&sock);
+    tracing::info!(sandbox = %id, "egress: the sandbox is gone; supervisor exits");
+    Ok(())
+}
+
+async fn control_conn(service: &Arc<Service>, dir: &Path, conn: tokio::net::UnixStream) {
+    let (rd, mut wr) = conn.into_split();
+    let mut line = String::new();
+    let mut rd = BufReader::new(rd).take(MAX_REQUEST as u64);
+    if rd.read_line(&mut line).await.is_err() {
+        return;
+    }
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Reply {
+            error: Some(format!("bad request: {e}")),
+            ..Default::default()
+        },
+        Ok(Request::Show) => Reply {
+            config: Some(service.config()),
+            open: service.open_connections(),
+            ..Default::default()
+        },
+        Ok(Request::Set { config }) => match config.policy.validate() {
+            Err(e) => Reply {
+                error: Some(e.to_string()),
+                ..Default::default()
+            },
+            // Persisted first: a supervisor restarted after this reply
+            // must not come back with the old policy.
+            Ok(()) => match write_config(dir, &config) {
+                Err(e) => Reply {
+                    error: Some(format!("save {CONFIG_FILE}: {e}")),
+                    ..Default::default()
+                },
+                Ok(()) => {
+                    tracing::info!(policy = config.policy.kind(), "egress: policy replaced");
+                    let closed = service.set(config.clone());
+                    Reply {
+                        config: Some(config),
+                        closed,
+                        open: service.open_connections(),
+                        ..Default::default()
+                    }
+                }
+            },
+        },
+    };
+    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+    out.push(b'\n');
+    let _ = wr.write_all(&out).await;
+}
+
+/// Sends one control request to the supervisor of the sandbox in `dir`.
+pub async fn request(id: &str, dir: &Path, req: &Request) -> Result<Reply> {
+    let unavailable = |reason: String| Error::EgressUnavailable { id: id.into(), reason };
+    let conn = tokio::net::UnixStream::connect(dir.join(CONTROL_SOCKET))
+        .await
+        .map_err(|e| unavailable(format!("its egress supervisor does not answer: {e}")))?;
+    let (rd, mut wr) = conn.into_split();
+    let mut line = serde_json::to_vec(req).map_err(|e| unavailable(e.to_string()))?;
+    line.push(b'\n');
+    wr.write_all(&line).await.map_err(|e| unavailable(e.to_string()))?;
+    let mut answer = String::new();
+    BufReader::new(rd)
+        .take(MAX_REQUEST as u64)
+        .read_line(&mut answer)
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    serde_json::from_str(&answer).map_err(|e| unavailable(format!("bad reply: {e}")))
+}
+
+/// Starts the supervisor for sandbox `id` of `tier` (state in `dir`, under
+/// the state root `state_root`) and waits until it holds the agent's `Egress` call.
+pub async fn spawn(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, agent_bin: &Path) -> Result<()> {
+    let unavailable = |reason: String| Error::EgressUnavailable { id: id.into(), reason };
+    let bin = find_binary(agent_bin).ok_or_else(|| {
+        unavailable(format!(
+            "no {BINARY} next to {} (or in NAMZU_EGRESS_BIN)",
+            agent_bin.display()
+        ))
+    })?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(LOG_FILE))
+        .map_err(|e| unavailable(format!("{LOG_FILE}: {e}")))?;
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.arg("--state-dir")
+        .arg(state_root)
+        .arg("--tier")
+        .arg(tier.name())
+        .arg("--id")
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(false);
+    #[allow(unsafe_code)]
+    // SAFETY: setsid is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| unavailable(format!("start {}: {e}", bin.display())))?;
+    let mut out = child.stdout.take().ok_or_else(|| unavailable("no stdout".into()))?;
+    let mut buf = [0u8; 6];
+    let got = tokio::time::timeout(START_TIMEOUT, out.read_exact(&mut buf)).await;
+    // tokio reaps it whenever it exits, while this process lives.
+    let waited = tokio::spawn(async move { child.wait().await });
+    match got {
+        Ok(Ok(_)) if &buf == b"ready\n" => Ok(()),
+        _ => {
+            waited.abort();
+            stop(dir);
+            let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            Err(unavailable(format!(
+                "the supervisor did not attach within {START_TIMEOUT:?}: {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )))
+        }
+    }
+}
+
+fn find_binary(agent_bin: &Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("NAMZU_EGRESS_BIN").map(PathBuf::from) {
+        return p.is_file().then_some(p);
+    }
+    let near = agent_bin.parent()?.join(BINARY);
+    near.is_file().then_some(near)
+}
+
+/// Stops the supervisor of the sandbox in `dir`, if its pid file names a
+/// live `namzu-egress` for it.
+pub fn stop(dir: &Path) {
+    let Ok(pid) = std::fs::read_to_string(dir.join(PID_FILE)) else {
+        return;
+    };
+    let Ok(pid) = pid.trim().parse::<i32>() else { return };
+    // The pid might have been reused: only our binary, for this sandbox.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let ours = String::from_utf8_lossy(&cmdline).contains(BINARY)
+        && dir
+            .file_name()
+            .is_some_and(|id| String::from_utf8_lossy(&cmdline).contains(&*id.to_string_lossy()));
+    if ours {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
+}
