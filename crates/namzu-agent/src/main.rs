@@ -44,6 +44,12 @@ struct Args {
     /// mount nosuid,nodev and detach /sys (see `namzu_agent::identity`).
     #[arg(long, requires = "command_user")]
     tighten_mounts: bool,
+    /// Serve the loopback egress proxy and resolver (the boundary gives the
+    /// agent a network namespace of its own): bound first, while the agent
+    /// may still bind port 53; commands get the proxy environment; with
+    /// --tighten-mounts, /etc/resolv.conf is covered with the agent's.
+    #[arg(long)]
+    egress: bool,
     /// Detach this mount once the socket is bound (repeatable): the host's
     /// run directory and the agent binary, where the link needs neither.
     #[arg(long = "hide", requires = "command_user")]
@@ -144,6 +150,18 @@ fn run() -> Result<(), String> {
     if args.tighten_mounts {
         reports.push(("mounts".into(), namzu_agent::identity::tighten_mounts()));
     }
+    let egress = if args.egress {
+        let l = namzu_agent::egress::Listeners::bind().map_err(|e| format!("egress proxy and resolver: {e}"))?;
+        for (k, v) in namzu_agent::egress::proxy_env() {
+            std::env::set_var(k, v);
+        }
+        if args.tighten_mounts {
+            reports.push(("resolver".into(), namzu_agent::egress::cover_resolv_conf()));
+        }
+        Some(l)
+    } else {
+        None
+    };
     let user = match &args.command_user {
         Some(spec) => Some(namzu_agent::identity::resolve_user(spec, Path::new("/")).map_err(|e| e.to_string())?),
         None => None,
@@ -223,7 +241,7 @@ fn run() -> Result<(), String> {
         limits,
         disabled_features,
         hardening: reports,
-        egress: None,
+        egress,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -77,12 +77,104 @@ struct ResourceArgs {
     /// Process limit.
     #[arg(long)]
     pids: Option<u64>,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// What may leave a sandbox (see `namzu::egress`).
+#[derive(clap::Args, Clone, Default)]
+struct NetworkArgs {
+    /// none (the default: nothing leaves, no name resolves), deny (names
+    /// resolve, nothing connects), public (any public address, never a
+    /// private, loopback, link-local, CGNAT, ULA, multicast or metadata one),
+    /// all.
+    #[arg(long, value_parser = ["none", "deny", "public", "all"])]
+    network: Option<String>,
+    /// Allow a host (api.example.com) or a domain with its subdomains
+    /// (.example.com), optionally at some ports only: HOST=443,8443.
+    /// Repeatable; makes the policy an allowlist.
+    #[arg(long = "allow-host", value_name = "HOST[=PORTS]")]
+    allow_hosts: Vec<String>,
+    /// With --network public: never this CIDR either (repeatable).
+    #[arg(long = "except-cidr", value_name = "CIDR")]
+    except_cidrs: Vec<String>,
+    /// Resolve NAME to IP on the host's side, before the system resolver
+    /// (like docker's --add-host): NAME=IP (repeatable; at create only).
+    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    egress_hosts: Vec<String>,
+}
+
+impl NetworkArgs {
+    /// The policy these flags name, or `None` when they name none.
+    fn policy(&self) -> Result<Option<namzu::egress::EgressPolicy>, Fail> {
+        use namzu::egress::{policy::parse_cidrs, EgressPolicy, HostRule};
+        if !self.except_cidrs.is_empty() && self.network.as_deref() != Some("public") {
+            return Err(Fail("--except-cidr goes with --network public".into()));
+        }
+        if !self.allow_hosts.is_empty() {
+            if let Some(n) = &self.network {
+                return Err(Fail(format!("--allow-host makes an allowlist; drop --network {n}")));
+            }
+            let hosts = self
+                .allow_hosts
+                .iter()
+                .map(|h| {
+                    let (host, ports) = match h.split_once('=') {
+                        None => (h.as_str(), None),
+                        Some((host, ports)) => {
+                            let ports = ports
+                                .split(',')
+                                .map(|p| {
+                                    p.trim()
+                                        .parse::<u32>()
+                                        .map_err(|_| Fail(format!("{h:?}: {p:?} is not a port")))
+                                })
+                                .collect::<Result<Vec<u32>, Fail>>()?;
+                            (host, Some(ports))
+                        }
+                    };
+                    HostRule::parse(host, ports).map_err(|e| Fail(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, Fail>>()?;
+            return Ok(Some(EgressPolicy::Allowlist { hosts }));
+        }
+        Ok(match self.network.as_deref() {
+            None => None,
+            Some("none") => Some(EgressPolicy::NoNetwork),
+            Some("deny") => Some(EgressPolicy::DenyAll),
+            Some("all") => Some(EgressPolicy::AllowAll),
+            Some("public") => Some(EgressPolicy::PublicInternet {
+                except_cidrs: parse_cidrs(&self.except_cidrs).map_err(|e| Fail(e.to_string()))?,
+            }),
+            Some(other) => return Err(Fail(format!("unknown --network {other}"))),
+        })
+    }
+
+    fn config(&self) -> Result<namzu::egress::EgressConfig, Fail> {
+        let mut hosts = std::collections::BTreeMap::<String, Vec<std::net::IpAddr>>::new();
+        for e in &self.egress_hosts {
+            let (name, ip) = e
+                .split_once('=')
+                .ok_or_else(|| Fail(format!("--egress-host wants NAME=IP, got {e:?}")))?;
+            let ip = ip
+                .parse()
+                .map_err(|_| Fail(format!("--egress-host {e:?}: {ip:?} is not an IP address")))?;
+            let name = namzu::egress::policy::canonical_name(name)
+                .map_err(|_| Fail(format!("--egress-host {e:?}: {name:?} is not a host name")))?;
+            hosts.entry(name).or_default().push(ip);
+        }
+        Ok(namzu::egress::EgressConfig {
+            policy: self.policy()?.unwrap_or_default(),
+            hosts,
+        })
+    }
 }
 
 impl ResourceArgs {
-    fn spec(&self, env: Vec<(String, String)>) -> SandboxSpec {
-        SandboxSpec {
+    fn spec(&self, env: Vec<(String, String)>) -> Result<SandboxSpec, Fail> {
+        Ok(SandboxSpec {
             env,
+            egress: self.network.config()?,
             image: self.image.clone(),
             binds: self.binds.clone(),
             resources: namzu::Resources {
@@ -91,8 +183,20 @@ impl ResourceArgs {
                 pids: self.pids,
             },
             ..Default::default()
-        }
+        })
     }
+}
+
+#[derive(Subcommand)]
+enum NetworkAction {
+    /// Replace the whole policy: new connections follow it at once, open
+    /// ones it refuses are closed.
+    Set {
+        #[command(flatten)]
+        network: NetworkArgs,
+    },
+    /// Print the policy in force (JSON) and how many connections are open.
+    Show,
 }
 
 fn parse_signal(s: &str) -> Result<namzu::SessionSignal, String> {
@@ -180,6 +284,12 @@ enum Cmd {
         env: Vec<(String, String)>,
         #[command(flatten)]
         resources: ResourceArgs,
+    },
+    /// Show or change what may leave a running sandbox.
+    Network {
+        id: String,
+        #[command(subcommand)]
+        action: NetworkAction,
     },
     /// Run a command in an existing sandbox.
     Exec {
@@ -415,7 +525,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Run { tier, resources, exec } => {
             let p = provider(&cli.state_dir, tier, resources.runtime.clone()).await?;
             warn_host(tier);
-            let sb = p.create(resources.spec(Vec::new())).await?;
+            let sb = p.create(resources.spec(Vec::new())?).await?;
             let result = run_command(sb.as_ref(), exec, None).await;
             let destroyed = sb.destroy().await;
             let code = result?;
@@ -425,8 +535,32 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Create { tier, env, resources } => {
             let p = provider(&cli.state_dir, tier, resources.runtime.clone()).await?;
             warn_host(tier);
-            let sb = p.create(resources.spec(env)).await?;
+            let sb = p.create(resources.spec(env)?).await?;
             println!("{}", sb.id());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Network { id, action } => {
+            let (_, p) = provider_of(&cli.state_dir, &id).await?;
+            let sb = p.connect(&id).await?;
+            match action {
+                NetworkAction::Set { network } => {
+                    if !network.egress_hosts.is_empty() {
+                        return Err(Fail(
+                            "--egress-host is set at create; `network set` changes the policy".into(),
+                        ));
+                    }
+                    let policy = network
+                        .policy()?
+                        .ok_or_else(|| Fail("say what to allow: --network, or --allow-host".into()))?;
+                    sb.set_network_policy(policy).await?;
+                }
+                NetworkAction::Show => {
+                    let (config, open) = sb.network_policy().await?;
+                    let mut v = serde_json::to_value(&config).map_err(|e| Fail(e.to_string()))?;
+                    v["open_connections"] = serde_json::Value::from(open);
+                    println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Fail(e.to_string()))?);
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Exec {

@@ -29,14 +29,39 @@ pub fn required() -> bool {
 /// as its `USER`: an image that does not run as root.
 pub const TEST_USER_IMAGE: &str = "namzu-test/busybox-app:1";
 
+/// [`TEST_IMAGE`] plus the host's curl and getent with the libraries they
+/// load: a client for the egress tests.
+pub const TEST_CURL_IMAGE: &str = "namzu-test/busybox-curl:1";
+
 /// Makes [`TEST_IMAGE`] on the daemon unless it is there.
 pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str, String> {
-    build_busybox_image(docker, TEST_IMAGE, None).await
+    build_busybox_image(docker, TEST_IMAGE, None, &[]).await
 }
 
 /// Makes [`TEST_USER_IMAGE`] on the daemon unless it is there.
 pub async fn ensure_test_user_image(docker: &bollard::Docker) -> Result<&'static str, String> {
-    build_busybox_image(docker, TEST_USER_IMAGE, Some("app")).await
+    build_busybox_image(docker, TEST_USER_IMAGE, Some("app"), &[]).await
+}
+
+/// Makes [`TEST_CURL_IMAGE`] on the daemon unless it is there.
+pub async fn ensure_test_curl_image(docker: &bollard::Docker) -> Result<&'static str, String> {
+    build_busybox_image(docker, TEST_CURL_IMAGE, None, &["/usr/bin/curl", "/usr/bin/getent"]).await
+}
+
+/// `program` and every library `ldd` says it loads (the loader included).
+fn with_libraries(program: &str) -> Result<Vec<String>, String> {
+    let out = std::process::Command::new("ldd").arg(program).output().ctx("ldd")?;
+    let mut files = vec![program.to_owned()];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            files.push(p.to_owned());
+        }
+    }
+    Ok(files)
 }
 
 /// FROM scratch: Debian's static busybox with its applets, a passwd and a
@@ -45,6 +70,7 @@ async fn build_busybox_image(
     docker: &bollard::Docker,
     name: &'static str,
     user: Option<&str>,
+    host_programs: &[&str],
 ) -> Result<&'static str, String> {
     if docker.inspect_image(name).await.is_ok() {
         return Ok(name);
@@ -98,6 +124,19 @@ async fn build_busybox_image(
         h.set_size(0);
         tar.append_link(&mut h, format!("bin/{applet}"), "busybox")
             .ctx("tar link")?;
+    }
+    let mut added = std::collections::BTreeSet::new();
+    for program in host_programs {
+        for f in with_libraries(program)? {
+            if added.insert(f.clone()) {
+                let data = std::fs::read(&f).ctx("read a host program")?;
+                let mut h = tar::Header::new_gnu();
+                h.set_mode(0o755);
+                h.set_size(data.len() as u64);
+                tar.append_data(&mut h, f.trim_start_matches('/'), &data[..])
+                    .ctx("tar program")?;
+            }
+        }
     }
     let body = tar.into_inner().ctx("tar")?;
     let (repo, tag) = name.split_once(':').unwrap_or((name, "latest"));

@@ -17,6 +17,7 @@
 
 mod cases;
 pub mod docker;
+pub mod egress;
 pub mod escape;
 pub mod netlab;
 pub mod util;

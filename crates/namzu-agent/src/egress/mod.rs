@@ -61,6 +61,35 @@ impl Listeners {
     }
 }
 
+/// What `/etc/resolv.conf` says inside a sandbox with egress.
+pub const RESOLV_CONF: &[u8] = b"# namzu: every query is decided by the host\nnameserver 127.0.0.1\n";
+
+/// Covers the boundary's `/etc/resolv.conf` (a container's names the
+/// host's resolvers, unreachable from here) with [`RESOLV_CONF`]: written
+/// under /run and bind-mounted read-only over it. Needs CAP_SYS_ADMIN;
+/// returns what it did, for Health.
+pub fn cover_resolv_conf() -> String {
+    use nix::mount::{mount, MsFlags};
+    let target = std::path::Path::new("/etc/resolv.conf");
+    let ours = std::path::Path::new("/run/namzu-resolv.conf");
+    let none: Option<&str> = None;
+    let done = std::fs::write(ours, RESOLV_CONF)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            if !target.exists() {
+                return Err("no /etc/resolv.conf to cover (libc then asks loopback anyway)".into());
+            }
+            mount(Some(ours), target, none, MsFlags::MS_BIND, none).map_err(|e| e.to_string())?;
+            let ro =
+                MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+            mount(none, target, none, ro, none).map_err(|e| e.to_string())
+        });
+    match done {
+        Ok(()) => "/etc/resolv.conf: nameserver 127.0.0.1 (the agent's)".into(),
+        Err(e) => format!("/etc/resolv.conf not covered: {e}"),
+    }
+}
+
 /// The environment every command gets: both spellings, since tools differ
 /// on which they read.
 pub fn proxy_env() -> Vec<(&'static str, String)> {

@@ -95,7 +95,7 @@ const ETC_FILES: &[&str] = &[
 ];
 
 /// The sandbox's resolver is the agent's, on loopback (`crate::egress`).
-const RESOLV_CONF: &[u8] = b"# namzu: every query is decided by the host\nnameserver 127.0.0.1\n";
+use crate::egress::RESOLV_CONF;
 
 /// Directories of the host's /etc shown read-only.
 const ETC_DIRS: &[&str] = &[

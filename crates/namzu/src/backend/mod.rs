@@ -110,16 +110,12 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
         }
     }
     spec.egress.policy.validate()?;
-    let egress_boundary = matches!(tier, Tier::Local);
+    let egress_boundary = matches!(tier, Tier::Local | Tier::Docker);
     if !egress_boundary && spec.egress != crate::egress::EgressConfig::default() {
         return Err(Error::OptionRefused {
             tier: tier.name().into(),
             option: "egress".into(),
-            reason: if tier == Tier::Host {
-                "the host tier shares the host's network; it has no egress boundary".into()
-            } else {
-                "this tier enforces no-network only (no egress supervisor yet)".into()
-            },
+            reason: "this tier shares the host's network; it has no egress boundary".into(),
         });
     }
     if tier == Tier::Host && !spec.binds.is_empty() {

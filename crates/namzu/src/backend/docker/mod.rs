@@ -91,10 +91,11 @@ const MASKED_PATHS: &[&str] = &[
 ];
 
 /// Capabilities the container starts with, all for the agent: SYS_ADMIN to
-/// tighten mounts (dropped before it serves), SETUID, SETGID and SETPCAP to
+/// tighten mounts and cover /etc/resolv.conf, NET_BIND_SERVICE to bind its
+/// resolver on port 53 (both dropped before it serves), SETUID, SETGID and SETPCAP to
 /// start commands as the image's user with an empty bounding set, KILL to
 /// signal them from another uid. Commands get none.
-pub const AGENT_CAPS: &[&str] = &["SYS_ADMIN", "SETUID", "SETGID", "SETPCAP", "KILL"];
+pub const AGENT_CAPS: &[&str] = &["SYS_ADMIN", "NET_BIND_SERVICE", "SETUID", "SETGID", "SETPCAP", "KILL"];
 
 /// gVisor's Sentry (Debian's 20221219) has no setfsuid, so its agent
 /// cannot take the command user's file-system ids; it gets these instead,
@@ -492,6 +493,7 @@ impl DockerProvider {
             "/workspace".into(),
             "--root".into(),
             "/".into(),
+            "--egress".into(),
             "--command-user".into(),
             user.to_owned(),
             "--tighten-mounts".into(),
@@ -708,6 +710,11 @@ impl DockerProvider {
         let token = std::fs::read(dir.join("token")).map_err(io)?;
         let client = self.wait_for_agent(id, dir, &meta, &token).await?;
         privilege_probe(id, &client).await?;
+        // Nor one whose egress nobody decides: the policy is in force
+        // before the caller gets the handle.
+        crate::egress::supervisor::write_config(dir, &spec.egress).map_err(io)?;
+        let root = self.state.root().parent().unwrap_or(self.state.root());
+        crate::egress::supervisor::spawn(id, Tier::Docker, root, dir, &self.agent_bin).await?;
         Ok(client)
     }
 
@@ -718,7 +725,7 @@ impl DockerProvider {
             provider: Arc::new(self.clone()),
             client,
             _child: None,
-            egress_dir: None,
+            egress_dir: self.state.dir(id).ok(),
         })
     }
 
@@ -851,6 +858,7 @@ impl Provider for DockerProvider {
             Err(Error::SandboxNotFound { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
+        crate::egress::supervisor::stop(&dir);
         if let Some(c) = meta.container {
             self.remove_container(&c.container_id).await?;
         }

@@ -1,0 +1,368 @@
+//! Egress cases every tier with an egress boundary runs, on a real network
+//! ([`crate::netlab`]): every refusal is shown next to a positive control
+//! through the same path, so a "blocked" result cannot come from a network
+//! that was never there. Sandboxes need `curl` and `getent` (the host view
+//! on `local`; [`crate::docker::TEST_CURL_IMAGE`] on `docker`).
+
+// Test code: a panic here is a failed trial (libtest-mimic catches it).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
+use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
+
+use crate::netlab::{NetLab, PRIVATE, PUB1, PUB2, STREAM_PORT};
+use crate::{Factory, Outcome};
+
+/// What the cases run against.
+#[derive(Clone)]
+pub struct Env {
+    pub factory: Factory,
+    /// The lab's TLS certificate, trusted by curl inside.
+    pub cert: Vec<u8>,
+    /// Where a sandbox's egress decisions are logged, by id.
+    pub log_of: Arc<dyn Fn(&str) -> PathBuf + Send + Sync>,
+}
+
+/// A case, by name.
+pub type Case = fn(&Env) -> futures::future::BoxFuture<'_, Outcome>;
+
+/// Every case.
+pub fn cases() -> Vec<(&'static str, Case)> {
+    vec![
+        ("allowlist_admits_its_names_and_refuses_the_rest", |e| {
+            Box::pin(allowlist_admits_its_names_and_refuses_the_rest(e))
+        }),
+        ("ports_narrow_an_allowlisted_host", |e| {
+            Box::pin(ports_narrow_an_allowlisted_host(e))
+        }),
+        ("public_internet_never_reaches_inside", |e| {
+            Box::pin(public_internet_never_reaches_inside(e))
+        }),
+        ("traffic_that_ignores_the_proxy_has_no_route", |e| {
+            Box::pin(traffic_that_ignores_the_proxy_has_no_route(e))
+        }),
+        ("no_network_resolves_nothing_and_deny_all_only_resolves", |e| {
+            Box::pin(no_network_resolves_nothing_and_deny_all_only_resolves(e))
+        }),
+        ("a_live_change_applies_at_once_and_closes_refused_connections", |e| {
+            Box::pin(a_live_change_applies_at_once_and_closes_refused_connections(e))
+        }),
+        ("bad_policies_are_refused_by_name", |e| {
+            Box::pin(bad_policies_are_refused_by_name(e))
+        }),
+    ]
+}
+
+pub fn allow(entries: &[&str]) -> EgressPolicy {
+    EgressPolicy::Allowlist {
+        hosts: entries.iter().map(|e| HostRule::parse(e, None).unwrap()).collect(),
+    }
+}
+
+async fn sandbox(env: &Env, policy: EgressPolicy) -> Result<Box<dyn Sandbox>, String> {
+    let sb = (env.factory)(SandboxSpec {
+        egress: EgressConfig {
+            policy,
+            hosts: NetLab::hosts(),
+        },
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("create: {e}"))?;
+    sb.write_file(
+        Path::new("/workspace/ca.pem"),
+        env.cert.clone().into(),
+        Default::default(),
+    )
+    .await
+    .map_err(|e| format!("write ca.pem: {e}"))?;
+    Ok(sb)
+}
+
+/// (exit code, stdout, stderr) of a shell script.
+pub async fn sh(sb: &dyn Sandbox, script: &str) -> (i32, String, String) {
+    let o = sb.exec(ExecRequest::shell(script)).await.unwrap();
+    (
+        o.status.code.unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// What curl got: "<http code> <proxy CONNECT code>" and the body.
+pub async fn curl(sb: &dyn Sandbox, args: &str) -> (String, String) {
+    let (_, out, _) = sh(
+        sb,
+        &format!("curl -s -m 10 --cacert /workspace/ca.pem -w '\\n%{{http_code}} %{{http_connect}}' {args}"),
+    )
+    .await;
+    let (body, codes) = out.rsplit_once('\n').unwrap_or(("", &out));
+    (codes.to_owned(), body.to_owned())
+}
+
+fn check(what: &str, ok: bool, detail: impl std::fmt::Debug) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{what}: {detail:?}"))
+    }
+}
+
+pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outcome {
+    let sb = sandbox(env, allow(&[".allowed.test"])).await?;
+    // Positive controls first: the same proxy path reaches the lab.
+    let (codes, body) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check(
+        "allowed name",
+        codes.starts_with("200") && body.trim() == format!("served by {PUB1}:80"),
+        (&codes, &body),
+    )?;
+    let (codes, body) = curl(sb.as_ref(), "http://api.allowed.test/").await;
+    check(
+        "subdomain of .allowed.test",
+        codes.starts_with("200") && body.contains(PUB2),
+        (&codes, &body),
+    )?;
+    let (codes, body) = curl(sb.as_ref(), "https://tls.allowed.test/").await;
+    check(
+        "TLS through CONNECT, name verified",
+        codes == "200 200" && body.contains("s_server"),
+        (&codes, body.len()),
+    )?;
+    let (codes, body) = curl(sb.as_ref(), "--proxy socks5h://127.0.0.1:1080 http://allowed.test/").await;
+    check(
+        "SOCKS5",
+        codes.starts_with("200") && body.contains(PUB1),
+        (&codes, &body),
+    )?;
+    // Then the refusals.
+    for url in [
+        "http://evil-allowed.test/",
+        "http://other.test/",
+        &format!("http://{PUB1}/"),
+    ] {
+        let (codes, body) = curl(sb.as_ref(), url).await;
+        check(
+            url,
+            codes.starts_with("403") && body.contains("refused"),
+            (&codes, &body),
+        )?;
+    }
+    let (codes, _) = curl(sb.as_ref(), "https://other.test/").await;
+    check("CONNECT to other.test", codes == "000 403", &codes)?;
+    // A permitted name that resolves inside: DNS rebinding.
+    let (codes, body) = curl(sb.as_ref(), "http://internal.allowed.test/").await;
+    check(
+        "name resolving to a private address",
+        codes.starts_with("403") && body.contains(PRIVATE),
+        (&codes, &body),
+    )?;
+    let (code, out, err) = sh(
+        sb.as_ref(),
+        "curl -s -m 10 --proxy socks5h://127.0.0.1:1080 http://other.test/",
+    )
+    .await;
+    check("SOCKS5 refusal", code != 0 && out.is_empty(), (code, &out, &err))?;
+    // Every decision is in the supervisor's log, with the sandbox's id.
+    let log = std::fs::read_to_string((env.log_of)(sb.id())).unwrap_or_default();
+    check(
+        "decision log",
+        log.lines()
+            .any(|l| l.contains(sb.id()) && l.contains("other.test") && l.contains("refused"))
+            && log.lines().any(|l| l.contains("allowed.test") && l.contains("allowed")),
+        &log,
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn ports_narrow_an_allowlisted_host(env: &Env) -> Outcome {
+    let policy = EgressPolicy::Allowlist {
+        hosts: vec![HostRule::parse("allowed.test", Some(vec![80])).unwrap()],
+    };
+    let sb = sandbox(env, policy).await?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("port 80", codes.starts_with("200"), &codes)?;
+    let (codes, body) = curl(sb.as_ref(), "http://allowed.test:8080/").await;
+    check(
+        "port 8080",
+        codes.starts_with("403") && body.contains("8080"),
+        (&codes, &body),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn public_internet_never_reaches_inside(env: &Env) -> Outcome {
+    let except = namzu::egress::policy::parse_cidrs(&[format!("{PUB2}/32")]).map_err(|e| e.to_string())?;
+    let sb = sandbox(env, EgressPolicy::PublicInternet { except_cidrs: except }).await?;
+    let (codes, body) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    check(
+        "public IP literal",
+        codes.starts_with("200") && body.contains(PUB1),
+        (&codes, &body),
+    )?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test:8080/").await;
+    check("public name", codes.starts_with("200"), &codes)?;
+    for url in [
+        "http://internal.allowed.test/",
+        &format!("http://{PRIVATE}/"),
+        "http://api.allowed.test/",
+    ] {
+        let (codes, body) = curl(sb.as_ref(), url).await;
+        check(url, codes.starts_with("403"), (&codes, &body))?;
+    }
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
+    let sb = sandbox(env, EgressPolicy::AllowAll).await?;
+    let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    check("through the proxy", codes.starts_with("200"), &codes)?;
+    let (code, out, err) = sh(sb.as_ref(), &format!("curl -sS -m 5 --noproxy '*' http://{PUB1}/")).await;
+    // 7: could not connect (no route), not a timeout and not a response.
+    check("raw TCP", code == 7 && out.is_empty(), (code, &out, &err))?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -> Outcome {
+    let sb = sandbox(env, EgressPolicy::NoNetwork).await?;
+    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    check("no-network resolves nothing", code == 2 && out.is_empty(), (code, &out))?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("no-network connects nowhere", codes.starts_with("403"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())?;
+
+    let sb = sandbox(env, EgressPolicy::DenyAll).await?;
+    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    check("deny-all resolves", code == 0 && out.starts_with(PUB1), (code, &out))?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("deny-all connects nowhere", codes.starts_with("403"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &Env) -> Outcome {
+    let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&[".allowed.test"])).await?);
+    let (codes, _) = curl(sb.as_ref(), "http://other.test/").await;
+    check("other.test before", codes.starts_with("403"), &codes)?;
+    // A connection that stays open: a tick every 100 ms, for up to 60 s.
+    let streaming = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            sh(
+                sb.as_ref(),
+                &format!("curl -sN -m 60 http://allowed.test:{STREAM_PORT}/; echo rc=$?"),
+            )
+            .await
+        })
+    };
+    let mut open = 0;
+    for _ in 0..100 {
+        open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+        if open > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check("the stream is open", open == 1, open)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sb.set_network_policy(allow(&["other.test"]))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (code, out, err) = tokio::time::timeout(Duration::from_secs(50), streaming)
+        .await
+        .map_err(|_| "the refused connection was not closed".to_owned())?
+        .unwrap();
+    // Ticks came, then the connection ended by the change, not by curl's
+    // 60 s limit (exit 28).
+    check(
+        "stream closed by the change",
+        code == 0 && out.contains("tick 1") && !out.contains("rc=28"),
+        (code, &out, &err),
+    )?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("allowed.test after", codes.starts_with("403"), &codes)?;
+    let (codes, body) = curl(sb.as_ref(), "http://other.test/").await;
+    check(
+        "other.test after",
+        codes.starts_with("200") && body.contains(PUB2),
+        (&codes, &body),
+    )?;
+    let (config, open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+    check(
+        "policy shown",
+        config.policy == allow(&["other.test"]) && open == 0,
+        (&config.policy, open),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn bad_policies_are_refused_by_name(env: &Env) -> Outcome {
+    let forged = EgressPolicy::Allowlist {
+        hosts: vec![HostRule {
+            host: HostPattern::Domain("com".into()),
+            ports: None,
+        }],
+    };
+    let err = (env.factory)(SandboxSpec {
+        egress: EgressConfig {
+            policy: forged.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+    .err();
+    check(
+        "create",
+        matches!(&err, Some(Error::EgressPolicy(PolicyError::PublicSuffix { suffix, .. })) if suffix == "com"),
+        &err,
+    )?;
+    let sb = sandbox(env, allow(&["allowed.test"])).await?;
+    let err = sb.set_network_policy(forged).await.err();
+    check(
+        "set_network_policy",
+        matches!(&err, Some(Error::EgressPolicy(PolicyError::PublicSuffix { .. }))),
+        &err,
+    )?;
+    // The old policy still holds.
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("old policy kept", codes.starts_with("200"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+/// Every case as a libtest-mimic trial named `<tier>::<case>`; with no
+/// environment, each is reported ignored with why.
+pub fn trials(tier: &str, env: Result<Env, String>) -> Vec<libtest_mimic::Trial> {
+    cases()
+        .into_iter()
+        .map(|(name, case)| {
+            let env = env.clone();
+            let ignored = env.as_ref().err().cloned();
+            let t = libtest_mimic::Trial::test(format!("{tier}::{name}"), move || {
+                let Ok(env) = env else { return Ok(()) };
+                let rt = tokio::runtime::Runtime::new().map_err(|e| libtest_mimic::Failed::from(e.to_string()))?;
+                rt.block_on(case(&env)).map_err(libtest_mimic::Failed::from)
+            });
+            match ignored {
+                Some(why) => t.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
+                None => t,
+            }
+        })
+        .collect()
+}
+
+/// Runs `trials`; a missing environment (`why`) fails the run instead when
+/// `NAMZU_REQUIRE_NET=1`.
+pub fn run(trials: Vec<libtest_mimic::Trial>, why: Option<&str>) -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    if let Some(why) = why {
+        if std::env::var_os("NAMZU_REQUIRE_NET").is_some() {
+            eprintln!("egress: {why}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
