@@ -32,6 +32,9 @@ pub struct Limits {
     pub max_retained_logs: u64,
     pub execution_log_bytes: u64,
     pub execution_retained_ttl_ms: u64,
+    pub egress_max_pending: u64,
+    pub egress_decision_timeout_ms: u64,
+    pub egress_max_head_bytes: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +63,9 @@ impl Default for Limits {
             max_retained_logs: 32,
             execution_log_bytes: 1 << 20,
             execution_retained_ttl_ms: 10 * 60 * 1000,
+            egress_max_pending: 1024,
+            egress_decision_timeout_ms: 30_000,
+            egress_max_head_bytes: 16 * 1024,
         }
     }
 }
@@ -116,6 +122,9 @@ impl Limits {
             (limits::MAX_RETAINED_LOGS, &mut self.max_retained_logs),
             (limits::EXECUTION_LOG_BYTES, &mut self.execution_log_bytes),
             (limits::EXECUTION_RETAINED_TTL_MS, &mut self.execution_retained_ttl_ms),
+            (limits::EGRESS_MAX_PENDING, &mut self.egress_max_pending),
+            (limits::EGRESS_DECISION_TIMEOUT_MS, &mut self.egress_decision_timeout_ms),
+            (limits::EGRESS_MAX_HEAD_BYTES, &mut self.egress_max_head_bytes),
         ]
     }
 

@@ -197,7 +197,7 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
     let limits = cfg.limits.clone();
     let token = Arc::new(cfg.token.clone());
     let cfg = Arc::new(cfg);
-    let egress = Arc::new(crate::egress::Broker::default());
+    let egress = Arc::new(crate::egress::Broker::new(&cfg.limits));
     if let Some(listeners) = &cfg.egress {
         crate::egress::start(egress.clone(), listeners).map_err(|source| ServeError::Listen {
             what: "egress proxy and resolver".into(),

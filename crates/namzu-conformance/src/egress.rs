@@ -221,6 +221,23 @@ pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
     let sb = sandbox(env, EgressPolicy::AllowAll).await?;
     let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
     check("through the proxy", codes.starts_with("200"), &codes)?;
+    // Allow-all is not the host: its own address and its loopback stay out.
+    let (codes, body) = curl(sb.as_ref(), "http://203.0.113.1:8080/").await;
+    check(
+        "the host's own address",
+        codes.starts_with("403") && body.contains("host's own"),
+        (&codes, &body),
+    )?;
+    let (codes, body) = curl(
+        sb.as_ref(),
+        "--noproxy '' --proxy http://127.0.0.1:3128 http://127.0.0.1:22/",
+    )
+    .await;
+    check(
+        "the host's loopback",
+        codes.starts_with("403") && body.contains("loopback"),
+        (&codes, &body),
+    )?;
     let (code, out, err) = sh(sb.as_ref(), &format!("curl -sS -m 5 --noproxy '*' http://{PUB1}/")).await;
     // 7: could not connect (no route), not a timeout and not a response.
     check("raw TCP", code == 7 && out.is_empty(), (code, &out, &err))?;

@@ -71,7 +71,17 @@ impl NetLab {
         let tag = format!("{:x}", std::process::id() & 0xffff);
         let ns = format!("nz-egress-{tag}");
         let (vh, vn) = (format!("nzh{tag}"), format!("nzn{tag}"));
-        let _ = ip(&["netns", "del", &ns]);
+        // A lab a killed run left behind would hold the same addresses
+        // (and so the routes): ours by name, removed first.
+        let listed = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map_err(|e| format!("ip: {e}"))?;
+        for stale in String::from_utf8_lossy(&listed.stdout).lines() {
+            if let Some(name) = stale.split_whitespace().next().filter(|n| n.starts_with("nz-egress-")) {
+                let _ = ip(&["netns", "del", name]);
+            }
+        }
         ip(&["netns", "add", &ns])?;
         let mut lab = Self {
             ns: ns.clone(),

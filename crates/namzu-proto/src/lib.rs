@@ -91,6 +91,12 @@ pub mod limits {
     pub const EXECUTION_LOG_BYTES: &str = "execution_log_bytes";
     /// How long an exited detachable execution's record and log are kept.
     pub const EXECUTION_RETAINED_TTL_MS: &str = "execution_retained_ttl_ms";
+    /// Egress asks (connections and queries) waiting for the host at once.
+    pub const EGRESS_MAX_PENDING: &str = "egress_max_pending";
+    /// How long an egress ask waits for the host's answer.
+    pub const EGRESS_DECISION_TIMEOUT_MS: &str = "egress_decision_timeout_ms";
+    /// Longest request head the HTTP proxy reads.
+    pub const EGRESS_MAX_HEAD_BYTES: &str = "egress_max_head_bytes";
 
     /// Every limit name, for validating overrides.
     pub const ALL: &[&str] = &[
@@ -117,6 +123,9 @@ pub mod limits {
         MAX_RETAINED_LOGS,
         EXECUTION_LOG_BYTES,
         EXECUTION_RETAINED_TTL_MS,
+        EGRESS_MAX_PENDING,
+        EGRESS_DECISION_TIMEOUT_MS,
+        EGRESS_MAX_HEAD_BYTES,
     ];
 }
 

@@ -29,11 +29,6 @@ pub const HTTP_PROXY_PORT: u16 = 3128;
 pub const SOCKS_PROXY_PORT: u16 = 1080;
 pub const DNS_PORT: u16 = 53;
 
-/// How long an ask waits for the host's answer.
-const DECISION_TIMEOUT: Duration = Duration::from_secs(30);
-/// Asks waiting for an answer at once; more are refused.
-const MAX_PENDING: usize = 1024;
-
 /// The sockets the proxy and the resolver serve, bound before the agent
 /// gave up the privilege to bind port 53.
 #[derive(Debug, Clone)]
@@ -128,10 +123,15 @@ pub struct Splice {
 }
 
 /// Routes asks to the host's `Egress` call and answers back to the asker.
-#[derive(Default)]
 pub struct Broker {
     next: AtomicU64,
     inner: Mutex<Inner>,
+    /// `egress_max_pending`: asks waiting at once; more are refused.
+    max_pending: usize,
+    /// `egress_decision_timeout_ms`.
+    decision_timeout: Duration,
+    /// `egress_max_head_bytes`: the HTTP proxy's request head bound.
+    pub max_head: usize,
 }
 
 #[derive(Default)]
@@ -142,6 +142,16 @@ struct Inner {
 }
 
 impl Broker {
+    pub fn new(limits: &crate::config::Limits) -> Self {
+        Self {
+            next: AtomicU64::new(0),
+            inner: Mutex::default(),
+            max_pending: crate::config::Limits::usize(limits.egress_max_pending),
+            decision_timeout: Duration::from_millis(limits.egress_decision_timeout_ms),
+            max_head: crate::config::Limits::usize(limits.egress_max_head_bytes),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -234,8 +244,11 @@ impl Broker {
             let Some((_, host)) = inner.host.clone() else {
                 return Answer::Refused("no egress service is attached: nothing leaves this sandbox".into());
             };
-            if inner.pending.len() >= MAX_PENDING {
-                return Answer::Failed(format!("{MAX_PENDING} egress asks already wait for the host"));
+            if inner.pending.len() >= self.max_pending {
+                return Answer::Failed(format!(
+                    "{} egress asks already wait for the host (egress_max_pending)",
+                    self.max_pending
+                ));
             }
             inner.pending.insert(id, tx);
             host
@@ -244,12 +257,15 @@ impl Broker {
             self.lock().pending.remove(&id);
             return Answer::Failed("the host's egress service went away".into());
         }
-        match tokio::time::timeout(DECISION_TIMEOUT, rx).await {
+        match tokio::time::timeout(self.decision_timeout, rx).await {
             Ok(Ok(a)) => a,
             Ok(Err(_)) => Answer::Failed("the host's egress service went away".into()),
             Err(_) => {
                 self.lock().pending.remove(&id);
-                Answer::Failed(format!("no answer from the host within {DECISION_TIMEOUT:?}"))
+                Answer::Failed(format!(
+                    "no answer from the host within {:?} (egress_decision_timeout_ms)",
+                    self.decision_timeout
+                ))
             }
         }
     }

@@ -13,8 +13,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::{Answer, Broker, Splice};
 
-/// Longest request head the HTTP proxy reads before refusing.
-const MAX_HEAD: usize = 16 * 1024;
 const CHUNK: usize = 64 * 1024;
 
 pub fn spawn_http(broker: Arc<Broker>, listener: TcpListener) {
@@ -82,7 +80,7 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
         if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        if head.len() > MAX_HEAD {
+        if head.len() > broker.max_head {
             return respond(
                 &mut client,
                 "431 Request Header Fields Too Large",

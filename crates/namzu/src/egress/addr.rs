@@ -75,6 +75,23 @@ pub fn check_public(ip: IpAddr) -> Result<(), Refusal> {
     }
 }
 
+/// `Ok` unless `ip` is the host itself (loopback, unspecified, or one of
+/// its own addresses): even under allow-all a sandbox does not reach the
+/// services of the machine it runs on, as a container on a bridge does not.
+pub fn check_not_host(ip: IpAddr) -> Result<(), Refusal> {
+    let ip = canonical(ip);
+    let class = if ip.is_loopback() {
+        "loopback"
+    } else if ip.is_unspecified() {
+        "unspecified"
+    } else if host_addresses().contains(&ip) {
+        "one of the host's own addresses"
+    } else {
+        return Ok(());
+    };
+    Err(Refusal::Address { address: ip, class })
+}
+
 /// Every address on the host's interfaces, read now (interfaces change).
 fn host_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {

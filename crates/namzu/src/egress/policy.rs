@@ -23,7 +23,8 @@ pub enum EgressPolicy {
     NoNetwork,
     /// Names resolve; no connection leaves.
     DenyAll,
-    /// Every destination.
+    /// Every destination but the host itself (its loopback and its own
+    /// addresses).
     AllowAll,
     /// Only these hosts, each reached only at public addresses.
     Allowlist { hosts: Vec<HostRule> },
@@ -362,12 +363,13 @@ impl EgressPolicy {
 
     /// May this address be reached? Under an allowlist and the public
     /// internet every resolved address must be public (a permitted name
-    /// resolving inside is DNS rebinding); under allow-all, anything.
+    /// resolving inside is DNS rebinding); under allow-all, anything but
+    /// the host itself.
     pub fn may_reach(&self, ip: IpAddr) -> Result<(), Refusal> {
         match self {
             Self::NoNetwork => Err(Refusal::NoNetwork),
             Self::DenyAll => Err(Refusal::DenyAll),
-            Self::AllowAll => Ok(()),
+            Self::AllowAll => addr::check_not_host(ip),
             Self::Allowlist { .. } => addr::check_public(ip),
             Self::PublicInternet { except_cidrs } => {
                 addr::check_public(ip)?;
@@ -565,6 +567,15 @@ mod tests {
         ));
         assert!(EgressPolicy::AllowAll.may_connect("10.1.2.3", 22).is_ok());
         assert!(EgressPolicy::AllowAll.may_reach(private).is_ok());
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(matches!(
+            EgressPolicy::AllowAll.may_reach(loopback),
+            Err(Refusal::Address { class: "loopback", .. })
+        ));
+        assert!(matches!(
+            EgressPolicy::AllowAll.may_connect("::1", 22),
+            Err(Refusal::Address { .. })
+        ));
         let pi = EgressPolicy::PublicInternet {
             except_cidrs: parse_cidrs(&["93.184.0.0/16"]).unwrap(),
         };

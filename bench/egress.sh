@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Egress through the relay next to the host's own network, in one run: a
+# 1 GiB download (throughput) and a small request's time to first byte
+# (connection setup: for the sandbox that is the proxy, the host's decision,
+# its connect and the splice), both with curl on both sides, from a server
+# in a network namespace behind a veth (busybox httpd, sendfile). Tiers:
+# local, and docker runc/runsc when the egress tests' curl image exists.
+# Needs root. Not a test: nothing here gates anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/net-up.sh
+cargo build --release --locked --bins >/dev/null
+N=./target/x86_64-unknown-linux-gnu/release/namzu
+export NAMZU_STATE_DIR; NAMZU_STATE_DIR=$(mktemp -d)
+NS=nz-bench-$$ VH=nzbh$$ VN=nzbn$$ ADDR=203.0.113.20
+www=$(mktemp -d)
+cleanup() { ip netns pids "$NS" 2>/dev/null | xargs -r kill; ip netns del "$NS" 2>/dev/null || true; rm -rf "$www" "$NAMZU_STATE_DIR"; }
+trap cleanup EXIT
+ip netns add "$NS"
+ip link add "$VH" type veth peer name "$VN" netns "$NS"
+ip addr add 203.0.113.1/24 dev "$VH" 2>/dev/null || true
+ip link set "$VH" up
+ip -n "$NS" addr add "$ADDR/24" dev "$VN"
+ip -n "$NS" link set "$VN" up
+ip -n "$NS" link set lo up
+truncate -s 1G "$www/1g"; echo ok > "$www/small"
+ip netns exec "$NS" busybox httpd -f -p "$ADDR:8000" -h "$www" &
+sleep 0.5
+URL=http://bench.test:8000
+median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+direct_big=$(for _ in 1 2 3; do curl -s -o /dev/null -w '%{time_total}\n' "http://$ADDR:8000/1g"; done | median)
+direct_ttfb=$(for _ in $(seq 20); do curl -s -o /dev/null -w '%{time_starttransfer}\n' "http://$ADDR:8000/small"; done | median)
+printf '%-14s %-30s %12s %12s %8s\n' tier measure sandbox host ratio
+run_tier() { # $1 label, rest: create flags
+    local label=$1; shift
+    local id; id=$($N create "$@" --allow-host bench.test --egress-host "bench.test=$ADDR")
+    local big t
+    big=$(for _ in 1 2 3; do $N exec "$id" -- curl -s -o /dev/null -w '%{time_total}\n' "$URL/1g"; done | median)
+    t=$(for _ in $(seq 20); do $N exec "$id" -- curl -s -o /dev/null -w '%{time_starttransfer}\n' "$URL/small"; done | median)
+    $N rm "$id" >/dev/null
+    printf '%-14s %-30s %11.3fs %11.3fs %8s\n' "$label" "1 GiB download" "$big" "$direct_big" "$(ratio "$big" "$direct_big")"
+    printf '%-14s %-30s %10.2fms %10.2fms %8s\n' "$label" "time to first byte (median/20)" \
+        "$(awk -v t="$t" 'BEGIN { print t * 1000 }')" "$(awk -v t="$direct_ttfb" 'BEGIN { print t * 1000 }')" "$(ratio "$t" "$direct_ttfb")"
+}
+run_tier local --tier local
+if docker image inspect namzu-test/busybox-curl:1 >/dev/null 2>&1; then
+    for rt in runc runsc; do
+        run_tier "docker-$rt" --tier docker --runtime "$rt" --image namzu-test/busybox-curl:1
+    done
+fi
