@@ -121,7 +121,8 @@ fn main() -> std::process::ExitCode {
     }
     // One state directory per test: the second counts what is left.
     let st = tempfile::tempdir().unwrap();
-    let tests: Vec<(&str, fn(&std::path::Path))> = vec![
+    type Test = fn(&std::path::Path);
+    let tests: Vec<(&str, Test)> = vec![
         (
             "policy_is_set_at_create_shown_and_replaced_live",
             policy_is_set_at_create_shown_and_replaced_live,
