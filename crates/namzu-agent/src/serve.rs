@@ -316,7 +316,13 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
         let _ = stop_tx.send(());
     });
 
+    // Windows as large as the host's: with HTTP/2's 64 KiB default, every
+    // upload (file writes, egress downloads to the sandbox) would stall a
+    // round trip per 64 KiB. The connection window bounds what one link
+    // can leave buffered here.
     let server = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(8 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(

@@ -109,7 +109,7 @@ fn staged() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let built = Path::new(env!("CARGO_BIN_EXE_namzu"));
-    for name in ["namzu", "namzu-agent"] {
+    for name in ["namzu", "namzu-agent", "namzu-egress"] {
         let dst = dir.path().join(name);
         std::fs::copy(built.with_file_name(name), &dst).unwrap();
         std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
