@@ -100,7 +100,14 @@ pub fn reply(q: &Question, rcode: u8, addrs: &[IpAddr]) -> Vec<u8> {
     out.push(0x80 | u8::from(q.recursion_desired)); // QR, RD echoed
     out.push(0x80 | (rcode & 0x0f)); // RA
     out.extend_from_slice(&1u16.to_be_bytes());
-    let answers: Vec<&IpAddr> = addrs.iter().filter(|a| a.is_ipv6() == (q.qtype == TYPE_AAAA)).collect();
+    // A UDP answer without EDNS must fit 512 bytes: as many records as do.
+    let record = if q.qtype == TYPE_AAAA { 12 + 16 } else { 12 + 4 };
+    let room = 512usize.saturating_sub(12 + q.raw.len()) / record;
+    let answers: Vec<&IpAddr> = addrs
+        .iter()
+        .filter(|a| a.is_ipv6() == (q.qtype == TYPE_AAAA))
+        .take(room)
+        .collect();
     out.extend_from_slice(&u16::try_from(answers.len()).unwrap_or(0).to_be_bytes());
     out.extend_from_slice(&[0, 0, 0, 0]);
     out.extend_from_slice(&q.raw);
@@ -187,6 +194,17 @@ mod tests {
         let refused = reply(&q, RCODE_REFUSED, &[]);
         assert_eq!(refused[3] & 0x0f, RCODE_REFUSED);
         assert_eq!(u16::from_be_bytes([refused[6], refused[7]]), 0);
+    }
+
+    #[test]
+    fn an_answer_fits_a_udp_datagram() {
+        let q = parse(&query(7, "many.example.com", TYPE_AAAA)).unwrap();
+        let addrs: Vec<IpAddr> = (0..100u16)
+            .map(|i| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i]))
+            .collect();
+        let r = reply(&q, 0, &addrs);
+        assert!(r.len() <= 512, "{}", r.len());
+        assert!(u16::from_be_bytes([r[6], r[7]]) >= 10);
     }
 
     #[test]
