@@ -23,9 +23,15 @@ pub struct Env {
     pub factory: Factory,
     /// The lab's TLS certificate, trusted by curl inside.
     pub cert: Vec<u8>,
-    /// Where a sandbox's egress decisions are logged, by id.
+    /// Where a sandbox's egress decisions are logged, by id (its state
+    /// directory holds the supervisor's pid file too).
     pub log_of: Arc<dyn Fn(&str) -> PathBuf + Send + Sync>,
+    /// The provider's `connect`, by id.
+    pub connect: Connect,
 }
+
+/// A provider's `connect`, by id.
+pub type Connect = Arc<dyn Fn(String) -> crate::BoxFut<namzu::Result<Box<dyn Sandbox>>> + Send + Sync>;
 
 /// A case, by name.
 pub type Case = fn(&Env) -> futures::future::BoxFuture<'_, Outcome>;
@@ -53,6 +59,9 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
+        }),
+        ("a_dead_supervisor_fails_closed_and_connect_restarts_it", |e| {
+            Box::pin(a_dead_supervisor_fails_closed_and_connect_restarts_it(e))
         }),
     ]
 }
@@ -307,7 +316,15 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
         codes.starts_with("200") && body.contains(PUB2),
         (&codes, &body),
     )?;
-    let (config, open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+    // The last request's splice is torn down just after curl returns.
+    let (mut config, mut open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+    for _ in 0..100 {
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        (config, open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+    }
     check(
         "policy shown",
         config.policy == allow(&["other.test"]) && open == 0,
@@ -347,6 +364,49 @@ pub async fn bad_policies_are_refused_by_name(env: &Env) -> Outcome {
     // The old policy still holds.
     let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
     check("old policy kept", codes.starts_with("200"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -> Outcome {
+    let sb = sandbox(env, allow(&[".allowed.test"])).await?;
+    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check("before", codes.starts_with("200"), &codes)?;
+    let log = (env.log_of)(sb.id());
+    let dir = log.parent().ok_or("no state directory")?;
+    let pid: i32 = std::fs::read_to_string(dir.join("egress.pid"))
+        .map_err(|e| e.to_string())?
+        .trim()
+        .parse()
+        .map_err(|e| format!("pid: {e}"))?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| e.to_string())?;
+    // Wait until it is gone (it is nobody's child here, or ours: either way
+    // its /proc entry goes or turns zombie).
+    for _ in 0..200 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (codes, body) = curl(sb.as_ref(), "http://allowed.test/").await;
+    check(
+        "no supervisor: refused",
+        codes.starts_with("403") && body.contains("no egress service"),
+        (&codes, &body),
+    )?;
+    let err = sb.network_policy().await.err();
+    check(
+        "no supervisor: typed",
+        matches!(err, Some(Error::EgressUnavailable { .. })),
+        &err,
+    )?;
+    // A connect brings it back, with the policy it had.
+    let again = (env.connect)(sb.id().to_owned()).await.map_err(|e| e.to_string())?;
+    let (codes, _) = curl(again.as_ref(), "http://allowed.test/").await;
+    check("after connect", codes.starts_with("200"), &codes)?;
+    let (codes, _) = curl(again.as_ref(), "http://other.test/").await;
+    check("after connect, same policy", codes.starts_with("403"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
 

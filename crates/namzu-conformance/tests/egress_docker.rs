@@ -30,7 +30,12 @@ async fn env(runtime: &'static str, cert: Vec<u8>) -> Result<Env, String> {
     .map_err(|e| e.to_string())?;
     let image = docker::ensure_test_curl_image(p.docker()).await?;
     let p = Arc::new(p);
+    let q = p.clone();
     Ok(Env {
+        connect: Arc::new(move |id| {
+            let q = q.clone();
+            Box::pin(async move { q.connect(&id).await })
+        }),
         factory: Arc::new(move |mut spec| {
             let p = p.clone();
             spec.image.get_or_insert_with(|| image.to_owned());

@@ -19,10 +19,15 @@ fn main() -> std::process::ExitCode {
     let lab = NetLab::start();
     let env = lab.as_ref().map_err(Clone::clone).and_then(|lab| {
         let p = Arc::new(LocalProvider::new(state_dir()).map_err(|e| e.to_string())?);
+        let q = p.clone();
         Ok(Env {
             factory: Arc::new(move |spec| {
                 let p = p.clone();
                 Box::pin(async move { p.create(spec).await })
+            }),
+            connect: Arc::new(move |id| {
+                let q = q.clone();
+                Box::pin(async move { q.connect(&id).await })
             }),
             cert: lab.tls_cert.clone(),
             log_of: Arc::new(|id| state_dir().join("local").join(id).join("egress.log")),

@@ -312,6 +312,11 @@ impl Provider for LocalProvider {
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
+        let dir = self.state.dir(id)?;
+        if dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
+            let root = self.state.root().parent().unwrap_or(self.state.root());
+            crate::egress::supervisor::ensure(id, Tier::Local, root, &dir, &self.agent_bin).await?;
+        }
         Ok(Box::new(StateSandbox {
             id: id.into(),
             tier: Tier::Local,

@@ -267,6 +267,17 @@ pub async fn spawn(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, a
     }
 }
 
+/// Starts the supervisor of a running sandbox unless one answers: after a
+/// crash of the supervisor, the sandbox's egress stays closed (every ask
+/// refused) until the next connect brings it back with the saved policy.
+pub async fn ensure(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, agent_bin: &Path) -> Result<()> {
+    if request(id, dir, &Request::Show).await.is_ok() {
+        return Ok(());
+    }
+    tracing::warn!(sandbox = %id, "egress supervisor not answering; starting one");
+    spawn(id, tier, state_root, dir, agent_bin).await
+}
+
 fn find_binary(agent_bin: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("NAMZU_EGRESS_BIN").map(PathBuf::from) {
         return p.is_file().then_some(p);

@@ -828,6 +828,10 @@ impl Provider for DockerProvider {
             Err(Error::Connect { .. }) => return Err(Error::SandboxDead { id: id.into() }),
             other => other?,
         };
+        if dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
+            let root = self.state.root().parent().unwrap_or(self.state.root());
+            crate::egress::supervisor::ensure(id, Tier::Docker, root, &dir, &self.agent_bin).await?;
+        }
         Ok(self.sandbox(id, client))
     }
 
