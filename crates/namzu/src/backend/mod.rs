@@ -4,6 +4,7 @@
 pub mod cgroup;
 pub mod docker;
 pub mod host;
+pub mod kubernetes;
 pub mod local;
 pub(crate) mod state;
 

@@ -1,0 +1,230 @@
+//! The objects the backend sends, built from its options: a claim on a warm
+//! pool, or a Sandbox from a template. Both carry the pod labels the backend
+//! finds its pods by, a shutdown time `claim_ttl` ahead (the lease the
+//! handle renews), and `Delete` at that time, so an abandoned sandbox goes
+//! away on its own.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector};
+
+use super::crd::{Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
+use super::{AddressMode, KubernetesOptions};
+
+/// The label naming the namzu sandbox id on a pod (and so its Service).
+pub const SANDBOX_LABEL: &str = "io.namzu/sandbox";
+/// The label marking pods namzu acquired.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "namzu";
+/// The agent container's environment variable holding its bind token: the
+/// pod's own uid, through the downward API.
+pub const TOKEN_ENV: &str = "NAMZU_AGENT_TOKEN";
+/// The agent's container port name.
+pub const AGENT_PORT_NAME: &str = "namzu-agent";
+
+/// The labels the backend puts on the pod of sandbox `id`.
+pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (SANDBOX_LABEL.to_owned(), id.to_owned()),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+    ])
+}
+
+/// `unix` seconds as an RFC 3339 UTC date-time.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// The shutdown time of a lease taken at `now`.
+pub fn shutdown_time(opts: &KubernetesOptions, now: SystemTime) -> String {
+    rfc3339(now + opts.claim_ttl)
+}
+
+/// A claim named `name` on the configured warm pool for sandbox `id`.
+/// `claim_labels` go on the claim's metadata only; the pod's labels go in
+/// `spec.additionalPodMetadata`.
+pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) -> SandboxClaim {
+    let mut c = SandboxClaim::named(&opts.namespace, name);
+    if !opts.claim_labels.is_empty() {
+        c.metadata.labels = Some(opts.claim_labels.clone());
+    }
+    c.spec.warm_pool_ref = NameRef {
+        name: opts.warm_pool_name.clone().unwrap_or_default(),
+    };
+    c.spec.additional_pod_metadata = Some(PodMetadata {
+        labels: pod_labels(id),
+        annotations: BTreeMap::new(),
+    });
+    c.spec.lifecycle = Some(Lifecycle {
+        shutdown_policy: Some("Delete".into()),
+        shutdown_time: Some(shutdown_time(opts, now)),
+        ttl_seconds_after_finished: None,
+    });
+    c
+}
+
+/// A Sandbox named `name` made from `template` for sandbox `id`: the
+/// template's pod, labelled, with the agent container told its bind token
+/// (the pod uid) and given its port.
+pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str, id: &str, now: SystemTime) -> Sandbox {
+    let mut s = Sandbox::named(&opts.namespace, name);
+    let mut pod = template.spec.pod_template.clone();
+    let meta = pod.metadata.get_or_insert_with(Default::default);
+    meta.labels.get_or_insert_with(BTreeMap::new).extend(pod_labels(id));
+    if let Some(spec) = pod.spec.as_mut() {
+        let agent = match &opts.agent_container {
+            Some(n) => spec.containers.iter_mut().find(|c| &c.name == n),
+            None => spec.containers.first_mut(),
+        };
+        if let Some(c) = agent {
+            let env = c.env.get_or_insert_with(Vec::new);
+            env.retain(|e| e.name != TOKEN_ENV);
+            env.push(EnvVar {
+                name: TOKEN_ENV.into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        api_version: Some("v1".into()),
+                        field_path: "metadata.uid".into(),
+                    }),
+                    ..Default::default()
+                }),
+            });
+            let ports = c.ports.get_or_insert_with(Vec::new);
+            if !ports.iter().any(|p| p.container_port == i32::from(opts.agent_port)) {
+                ports.push(ContainerPort {
+                    name: Some(AGENT_PORT_NAME.into()),
+                    container_port: i32::from(opts.agent_port),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    s.spec.pod_template = pod;
+    s.spec.service = Some(opts.address_mode == AddressMode::Service || template.spec.service == Some(true));
+    s.spec.shutdown_policy = Some("Delete".into());
+    s.spec.shutdown_time = Some(shutdown_time(opts, now));
+    s
+}
+
+/// A label key and value as Kubernetes accepts them: an optional DNS
+/// subdomain prefix and `/`, a name of at most 63 alphanumerics, `-`, `_`,
+/// `.` (alphanumeric at both ends); a value the same, or empty.
+pub fn check_label(key: &str, value: &str) -> std::result::Result<(), String> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 63
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!("label key prefix {p:?} is not a DNS subdomain"));
+        }
+    }
+    if !name_ok(name) {
+        return Err(format!("label key {key:?} is not a valid name"));
+    }
+    if !value.is_empty() && !name_ok(value) {
+        return Err(format!("label value {value:?} of {key:?} is not valid"));
+    }
+    Ok(())
+}
+
+/// How far ahead of now `time` (RFC 3339, as [`rfc3339`] writes it) lies.
+pub fn until(time: &str, now: SystemTime) -> Option<Duration> {
+    parse_rfc3339(time).and_then(|t| t.duration_since(now).ok())
+}
+
+fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d, hh, mm, ss) = (n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?, n(14..16)?, n(17..19)?);
+    // Civil date to days since 1970-01-01 (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_through_rfc3339() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_958_982)),
+            "2026-11-29T13:29:42Z"
+        );
+        let now = UNIX_EPOCH + Duration::from_secs(1_795_958_982);
+        let later = rfc3339(now + Duration::from_secs(3600));
+        assert_eq!(until(&later, now), Some(Duration::from_secs(3600)));
+        assert_eq!(until("1970-01-01T00:00:00Z", now), None);
+    }
+
+    #[test]
+    fn labels_are_checked_as_kubernetes_does() {
+        for (k, v) in [
+            ("app", "x"),
+            ("io.namzu/sandbox", "sb-1"),
+            ("team", ""),
+            ("a.b-c/d_e.f", "G-h"),
+        ] {
+            assert_eq!(check_label(k, v), Ok(()), "{k}={v}");
+        }
+        for (k, v) in [
+            ("", "x"),
+            ("-a", "x"),
+            ("UPPER.Prefix/a", "x"),
+            ("a", "-bad"),
+            (&"x".repeat(64), "v"),
+        ] {
+            assert!(check_label(k, v).is_err(), "{k}={v}");
+        }
+    }
+}

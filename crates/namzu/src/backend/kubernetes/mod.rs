@@ -1,0 +1,131 @@
+//! The `kubernetes` tier (in progress): task sandboxes on a cluster through
+//! kubernetes-sigs/agent-sandbox. What is here so far:
+//!
+//! * [`crd`]: Rust types for the four kinds (Sandbox, SandboxClaim,
+//!   SandboxTemplate, SandboxWarmPool), version `v1beta1`;
+//! * [`KubernetesOptions`]: the backend's configuration, refused by name
+//!   where it cannot work;
+//! * [`build`]: the objects the backend sends — a claim on a warm pool, or
+//!   a Sandbox made from a template — each proven, in
+//!   `tests/k8s_crds.rs`, to pass the real CRD schemas;
+//! * [`schema`]: the structural OpenAPI check that proof (and the
+//!   control-plane simulator to come) uses.
+//!
+//! Not yet: the API client, acquire, lease, the simulator. The tier is
+//! refused by name until they exist.
+
+pub mod build;
+pub mod crd;
+pub mod schema;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The agent's TCP port inside a pod.
+pub const DEFAULT_AGENT_PORT: u16 = 1024;
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+pub const DEFAULT_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Below this an API request bound is refused: no real API server answers
+/// reliably faster.
+pub const MIN_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(3600);
+
+/// How the host reaches a pod's agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AddressMode {
+    /// The Sandbox's headless Service FQDN.
+    #[default]
+    Service,
+    /// The pod's IP, read from the pod.
+    PodIp,
+}
+
+/// Configuration of the `kubernetes` tier.
+#[derive(Debug, Clone)]
+pub struct KubernetesOptions {
+    pub namespace: String,
+    /// Claim from this SandboxWarmPool (the fast path).
+    pub warm_pool_name: Option<String>,
+    /// Without a pool: make a Sandbox from this SandboxTemplate.
+    pub template_name: Option<String>,
+    /// Labels put on the claim's own metadata (never on the pod).
+    pub claim_labels: BTreeMap<String, String>,
+    /// The container that runs the agent; `None`: the template's first.
+    pub agent_container: Option<String>,
+    pub agent_port: u16,
+    pub address_mode: AddressMode,
+    pub ready_timeout: Duration,
+    pub poll_interval: Duration,
+    pub api_request_timeout: Duration,
+    /// How long a claim lives unless renewed.
+    pub claim_ttl: Duration,
+}
+
+impl Default for KubernetesOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            warm_pool_name: None,
+            template_name: None,
+            claim_labels: BTreeMap::new(),
+            agent_container: None,
+            agent_port: DEFAULT_AGENT_PORT,
+            address_mode: AddressMode::Service,
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            api_request_timeout: DEFAULT_API_REQUEST_TIMEOUT,
+            claim_ttl: DEFAULT_CLAIM_TTL,
+        }
+    }
+}
+
+impl KubernetesOptions {
+    /// Refuses, by field, what cannot work.
+    pub fn validate(&self) -> Result<()> {
+        let refuse = |option: &str, reason: String| Error::OptionRefused {
+            tier: "kubernetes".into(),
+            option: option.into(),
+            reason,
+        };
+        if self.api_request_timeout < MIN_API_REQUEST_TIMEOUT {
+            return Err(refuse(
+                "api_request_timeout",
+                format!(
+                    "{:?} is below {MIN_API_REQUEST_TIMEOUT:?}; every request needs a bound a real API server can meet",
+                    self.api_request_timeout
+                ),
+            ));
+        }
+        if self.warm_pool_name.is_none() && self.template_name.is_none() {
+            return Err(refuse(
+                "warm_pool_name",
+                "name a SandboxWarmPool to claim from, or a SandboxTemplate to make Sandboxes from".into(),
+            ));
+        }
+        if self.namespace.is_empty() {
+            return Err(refuse("namespace", "empty".into()));
+        }
+        if self.agent_port == 0 {
+            return Err(refuse("agent_port", "0 is not a port".into()));
+        }
+        if self.poll_interval.is_zero() || self.poll_interval > self.ready_timeout {
+            return Err(refuse(
+                "poll_interval",
+                format!("must be above 0 and at most ready_timeout ({:?})", self.ready_timeout),
+            ));
+        }
+        if self.claim_ttl < Duration::from_secs(2) {
+            return Err(refuse(
+                "claim_ttl",
+                "below 2 s a lease cannot be renewed at half its TTL".into(),
+            ));
+        }
+        for (k, v) in &self.claim_labels {
+            build::check_label(k, v).map_err(|reason| refuse(&format!("claim_labels.{k}"), reason))?;
+        }
+        Ok(())
+    }
+}
