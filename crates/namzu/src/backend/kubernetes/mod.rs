@@ -9,11 +9,14 @@
 //!   a Sandbox made from a template — each proven, in
 //!   `tests/k8s_crds.rs`, to pass the real CRD schemas;
 //! * [`schema`]: the structural OpenAPI check that proof (and the
-//!   control-plane simulator to come) uses.
+//!   control-plane simulator to come) uses;
+//! * [`api`]: the one typed layer every API call goes through: bounded,
+//!   typed errors, and a record of (group, resource, verb).
 //!
-//! Not yet: the API client, acquire, lease, the simulator. The tier is
+//! Not yet: acquire, lease, the simulator. The tier is
 //! refused by name until they exist.
 
+pub mod api;
 pub mod build;
 pub mod crd;
 pub mod schema;
