@@ -313,6 +313,96 @@ async fn an_image_the_daemon_lacks_is_pulled_with_progress() {
     );
 }
 
+/// `deploy/k8s/Dockerfile.agent` builds an image of nothing but the static
+/// agent, running as 65532, that starts.
+async fn the_k8s_agent_image_is_the_agent_alone_from_scratch() {
+    use bollard::container::{CreateContainerOptions, LogsOptions, RemoveContainerOptions, WaitContainerOptions};
+    use bollard::image::BuildImageOptions;
+    use futures::StreamExt;
+    let p = provider("tier-k8s-image", DockerOptions::default()).await;
+    let d = p.docker();
+    let dockerfile = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/k8s/Dockerfile.agent"
+    ))
+    .unwrap();
+    let agent = std::fs::read(namzu::backend::find_agent_binary().unwrap()).unwrap();
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, data, mode) in [("Dockerfile", &dockerfile, 0o644), ("namzu-agent", &agent, 0o755)] {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_size(data.len() as u64);
+        tar.append_data(&mut h, name, &data[..]).unwrap();
+    }
+    let tag = "namzu-test/agent-scratch:1";
+    let mut build = d.build_image(
+        BuildImageOptions {
+            dockerfile: "Dockerfile",
+            t: tag,
+            rm: true,
+            ..Default::default()
+        },
+        None,
+        Some(tar.into_inner().unwrap().into()),
+    );
+    while let Some(step) = build.next().await {
+        let info = step.unwrap();
+        assert!(info.error.is_none(), "{info:?}");
+    }
+    let img = d.inspect_image(tag).await.unwrap();
+    assert_eq!(
+        img.config.as_ref().and_then(|c| c.user.clone()).as_deref(),
+        Some("65532:65532")
+    );
+    assert_eq!(
+        img.root_fs.and_then(|r| r.layers).map(|l| l.len()),
+        Some(1),
+        "one layer: the agent"
+    );
+    let name = format!("namzu-k8s-image-{}", std::process::id());
+    d.create_container(
+        Some(CreateContainerOptions {
+            name: name.clone(),
+            platform: None,
+        }),
+        bollard::container::Config {
+            image: Some(tag.to_owned()),
+            cmd: Some(vec!["--version".to_owned()]),
+            network_disabled: Some(true),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    d.start_container::<String>(&name, None).await.unwrap();
+    let mut wait = d.wait_container(&name, None::<WaitContainerOptions<String>>);
+    while let Some(w) = wait.next().await {
+        assert_eq!(w.unwrap().status_code, 0);
+    }
+    let mut logs = d.logs(
+        &name,
+        Some(LogsOptions::<String> {
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        }),
+    );
+    let mut out = String::new();
+    while let Some(l) = logs.next().await {
+        out.push_str(&l.unwrap().to_string());
+    }
+    d.remove_container(
+        &name,
+        Some(RemoveContainerOptions {
+            force: true,
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(out.starts_with("namzu-agent "), "{out:?}");
+}
+
 async fn writable_paths_extend_the_set_and_contradictions_are_refused() {
     let conflict = DockerOptions {
         read_only_rootfs: Some(false),
@@ -504,6 +594,9 @@ fn main() -> std::process::ExitCode {
         }),
         ("an_image_the_daemon_lacks_is_pulled_with_progress", || {
             Box::pin(an_image_the_daemon_lacks_is_pulled_with_progress())
+        }),
+        ("the_k8s_agent_image_is_the_agent_alone_from_scratch", || {
+            Box::pin(the_k8s_agent_image_is_the_agent_alone_from_scratch())
         }),
         ("writable_paths_extend_the_set_and_contradictions_are_refused", || {
             Box::pin(writable_paths_extend_the_set_and_contradictions_are_refused())

@@ -26,6 +26,22 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// What the claim-only path needs, as (apiGroup, resource, verbs): claims
+/// made, read, renewed (patch), listed (crash recovery by label) and given
+/// back; the bound Sandbox read for readiness and its address; the pod read
+/// for its uid (the bind token), its IP and the diagnosis of one that never
+/// became ready. `deploy/k8s/rbac-claimant.yaml` must say exactly this
+/// (tested); the calls the backend records must stay inside it.
+pub const CLAIMANT_RBAC: &[(&str, &str, &[&str])] = &[
+    (
+        crd::EXTENSIONS_GROUP,
+        "sandboxclaims",
+        &["create", "get", "list", "patch", "delete"],
+    ),
+    (crd::AGENTS_GROUP, "sandboxes", &["get"]),
+    ("", "pods", &["get"]),
+];
+
 /// The agent's TCP port inside a pod.
 pub const DEFAULT_AGENT_PORT: u16 = 1024;
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
