@@ -1,0 +1,27 @@
+//! A Kubernetes control-plane **simulator** for namzu's tests — a test
+//! substrate, named as such everywhere, never a cluster. No API server can
+//! run on the machines that test namzu, so this one speaks the subset of the
+//! REST API the `kubernetes` backend uses, following the documented
+//! semantics:
+//!
+//! * namespaced CRUD under `/api/v1` (pods) and `/apis/<group>/<version>`
+//!   (the agent-sandbox kinds), JSON bodies;
+//! * `metadata.uid`, `resourceVersion` (one counter for the store, as etcd's
+//!   revision), `generation` bumped on spec changes, `creationTimestamp`,
+//!   `generateName`;
+//! * 404 `NotFound`, 409 `AlreadyExists` and `Conflict` (a stale
+//!   `resourceVersion` in a patch or a delete precondition), 422 `Invalid`
+//!   (the CRD's schema, checked as the API server does, unknown fields
+//!   included; a failed JSON-patch `test`), 400 `BadRequest`, every error a
+//!   `Status` object;
+//! * merge patch (RFC 7386) and JSON patch (RFC 6902), `test` included;
+//! * `?labelSelector=` on lists ([`selector`]), delete.
+//!
+//! The agent-sandbox controller's behaviour (warm pools, claim binding,
+//! readiness, shutdown, pods that are real `local` sandboxes) and the fault
+//! knobs come next.
+
+pub mod selector;
+pub mod server;
+
+pub use server::Simulator;

@@ -1,0 +1,502 @@
+//! The REST surface and the object store behind it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use bytes::Bytes;
+use namzu::backend::kubernetes::schema;
+use serde_json::{json, Value};
+
+use crate::selector::Selector;
+
+/// The agent-sandbox CRDs the simulator serves, with their schemas.
+const CRDS: &[&str] = &[
+    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/agents.x-k8s.io_sandboxes.yaml"),
+    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxclaims.yaml"),
+    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxtemplates.yaml"),
+    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxwarmpools.yaml"),
+];
+
+/// What a resource is: its kind and, for custom resources, its schema.
+#[derive(Clone)]
+struct ResourceType {
+    kind: String,
+    schema: Option<Value>,
+}
+
+/// (group, version, plural, namespace, name)
+type Key = (String, String, String, String, String);
+
+#[derive(Default)]
+struct Store {
+    objects: BTreeMap<Key, Value>,
+    revision: u64,
+}
+
+/// The simulator: its store and the resource types it knows.
+pub struct Simulator {
+    store: Mutex<Store>,
+    types: HashMap<(String, String, String), ResourceType>,
+}
+
+impl Simulator {
+    /// A simulator knowing core `pods` and the four agent-sandbox kinds
+    /// (every served version of each).
+    pub fn new() -> Arc<Self> {
+        let mut types = HashMap::new();
+        types.insert(
+            (String::new(), "v1".into(), "pods".into()),
+            ResourceType {
+                kind: "Pod".into(),
+                schema: None,
+            },
+        );
+        for text in CRDS {
+            let Ok(crd) = serde_yaml::from_str::<Value>(text) else {
+                continue;
+            };
+            let spec = &crd["spec"];
+            let (group, plural, kind) = (
+                spec["group"].as_str().unwrap_or_default(),
+                spec["names"]["plural"].as_str().unwrap_or_default(),
+                spec["names"]["kind"].as_str().unwrap_or_default(),
+            );
+            for v in spec["versions"].as_array().into_iter().flatten() {
+                let version = v["name"].as_str().unwrap_or_default();
+                types.insert(
+                    (group.to_owned(), version.to_owned(), plural.to_owned()),
+                    ResourceType {
+                        kind: kind.to_owned(),
+                        schema: schema::crd_schema(&crd, version).cloned(),
+                    },
+                );
+            }
+        }
+        Arc::new(Self {
+            store: Mutex::default(),
+            types,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves on 127.0.0.1 (an ephemeral port); returns the base URL.
+    pub async fn serve(self: &Arc<Self>) -> std::io::Result<String> {
+        let app = axum::Router::new()
+            .route("/api/:version/namespaces/:ns/:plural", any(core_collection))
+            .route("/api/:version/namespaces/:ns/:plural/:name", any(core_item))
+            .route("/apis/:group/:version/namespaces/:ns/:plural", any(collection))
+            .route("/apis/:group/:version/namespaces/:ns/:plural/:name", any(item))
+            .with_state(self.clone());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        Ok(format!("http://{addr}"))
+    }
+
+    /// An object as stored, for tests and the controller to come.
+    pub fn object(&self, group: &str, version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        let key = (group.into(), version.into(), plural.into(), ns.into(), name.into());
+        self.lock().objects.get(&key).cloned()
+    }
+}
+
+/// A `Status` failure, as the API server writes one.
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    (code, axum::Json(body)).into_response()
+}
+
+fn ok(code: StatusCode, v: Value) -> Response {
+    (code, axum::Json(v)).into_response()
+}
+
+struct Target {
+    group: String,
+    version: String,
+    ns: String,
+    plural: String,
+    name: Option<String>,
+}
+
+impl Target {
+    fn key(&self, name: &str) -> Key {
+        (
+            self.group.clone(),
+            self.version.clone(),
+            self.plural.clone(),
+            self.ns.clone(),
+            name.to_owned(),
+        )
+    }
+}
+
+async fn core_collection(
+    State(sim): State<Arc<Simulator>>,
+    Path((version, ns, plural)): Path<(String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group: String::new(),
+        version,
+        ns,
+        plural,
+        name: None,
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+async fn core_item(
+    State(sim): State<Arc<Simulator>>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group: String::new(),
+        version,
+        ns,
+        plural,
+        name: Some(name),
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+async fn collection(
+    State(sim): State<Arc<Simulator>>,
+    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group,
+        version,
+        ns,
+        plural,
+        name: None,
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+async fn item(
+    State(sim): State<Arc<Simulator>>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group,
+        version,
+        ns,
+        plural,
+        name: Some(name),
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+fn labels_of(v: &Value) -> BTreeMap<String, String> {
+    v["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn now_rfc3339() -> String {
+    namzu::backend::kubernetes::build::rfc3339(std::time::SystemTime::now())
+}
+
+fn invalid(kind: &str, name: &str, violations: &[schema::Violation]) -> Response {
+    let causes: Vec<String> = violations.iter().map(ToString::to_string).collect();
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        format!("{kind} {name:?} is invalid: {}", causes.join("; ")),
+    )
+}
+
+fn handle(
+    sim: &Simulator,
+    t: Target,
+    method: Method,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response {
+    let Some(rt) = sim
+        .types
+        .get(&(t.group.clone(), t.version.clone(), t.plural.clone()))
+        .cloned()
+    else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource ({}/{} {})",
+                t.group, t.version, t.plural
+            ),
+        );
+    };
+    let api_version = if t.group.is_empty() {
+        t.version.clone()
+    } else {
+        format!("{}/{}", t.group, t.version)
+    };
+    let mut store = sim.lock();
+    match (method, &t.name) {
+        (Method::GET, None) => {
+            let selector = match Selector::parse(q.get("labelSelector").map(String::as_str).unwrap_or_default()) {
+                Ok(s) => s,
+                Err(e) => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!("unable to parse requirement: {e}"),
+                    )
+                }
+            };
+            let items: Vec<Value> = store
+                .objects
+                .iter()
+                .filter(|((g, v, p, ns, _), _)| *g == t.group && *v == t.version && *p == t.plural && *ns == t.ns)
+                .map(|(_, o)| o)
+                .filter(|o| selector.matches(&labels_of(o)))
+                .cloned()
+                .collect();
+            ok(
+                StatusCode::OK,
+                json!({
+                    "apiVersion": api_version,
+                    "kind": format!("{}List", rt.kind),
+                    "metadata": {"resourceVersion": store.revision.to_string()},
+                    "items": items,
+                }),
+            )
+        }
+        (Method::GET, Some(name)) => match store.objects.get(&t.key(name)) {
+            Some(o) => ok(StatusCode::OK, o.clone()),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{} {name:?} not found", t.plural),
+            ),
+        },
+        (Method::POST, None) => {
+            let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "the body is not JSON".into());
+            };
+            if !obj.is_object() || !obj["metadata"].is_object() && !obj["metadata"].is_null() {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "the body is not an object".into(),
+                );
+            }
+            if obj["kind"].as_str() != Some(rt.kind.as_str())
+                || obj["apiVersion"].as_str() != Some(api_version.as_str())
+            {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!(
+                        "the body is a {} {}, not a {} {api_version}",
+                        obj["kind"], obj["apiVersion"], rt.kind
+                    ),
+                );
+            }
+            match obj["metadata"]["namespace"].as_str() {
+                Some(ns) if ns != t.ns => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!(
+                            "the namespace of the object ({ns}) does not match the namespace on the request ({})",
+                            t.ns
+                        ),
+                    )
+                }
+                _ => {}
+            }
+            let name = match (
+                obj["metadata"]["name"].as_str(),
+                obj["metadata"]["generateName"].as_str(),
+            ) {
+                (Some(n), _) if !n.is_empty() => n.to_owned(),
+                (_, Some(prefix)) => format!("{prefix}{:05x}", rand::random::<u32>() & 0xfffff),
+                _ => {
+                    return invalid(
+                        &rt.kind,
+                        "",
+                        &[schema::Violation {
+                            path: ".metadata.name".into(),
+                            problem: "name or generateName is required".into(),
+                        }],
+                    )
+                }
+            };
+            if let Some(s) = &rt.schema {
+                let v = schema::validate(s, &obj);
+                if !v.is_empty() {
+                    return invalid(&rt.kind, &name, &v);
+                }
+            }
+            if store.objects.contains_key(&t.key(&name)) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("{} {name:?} already exists", t.plural),
+                );
+            }
+            store.revision += 1;
+            let meta = &mut obj["metadata"];
+            meta["name"] = json!(name);
+            meta["namespace"] = json!(t.ns);
+            meta["uid"] = json!(format!(
+                "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
+                rand::random::<u32>(),
+                rand::random::<u16>(),
+                rand::random::<u16>() & 0xfff,
+                rand::random::<u16>() & 0xfff,
+                rand::random::<u64>() & 0xffff_ffff_ffff
+            ));
+            meta["resourceVersion"] = json!(store.revision.to_string());
+            meta["generation"] = json!(1);
+            meta["creationTimestamp"] = json!(now_rfc3339());
+            if let Some(m) = meta.as_object_mut() {
+                m.remove("generateName");
+            }
+            store.objects.insert(t.key(&name), obj.clone());
+            ok(StatusCode::CREATED, obj)
+        }
+        (Method::PATCH, Some(name)) => {
+            let Some(current) = store.objects.get(&t.key(name)).cloned() else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} {name:?} not found", t.plural),
+                );
+            };
+            let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "the patch is not JSON".into());
+            };
+            let mut next = current.clone();
+            let ct = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            match ct {
+                "application/merge-patch+json" => {
+                    // A resourceVersion in the patch is a precondition.
+                    if let Some(rv) = patch["metadata"]["resourceVersion"].as_str() {
+                        if Some(rv) != current["metadata"]["resourceVersion"].as_str() {
+                            return status(
+                                StatusCode::CONFLICT,
+                                "Conflict",
+                                format!("Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again", t.plural),
+                            );
+                        }
+                    }
+                    json_patch::merge(&mut next, &patch);
+                }
+                "application/json-patch+json" => {
+                    let ops: json_patch::Patch = match serde_json::from_value(patch) {
+                        Ok(p) => p,
+                        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("the JSON patch is malformed: {e}")),
+                    };
+                    if let Err(e) = json_patch::patch(&mut next, &ops) {
+                        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", format!("the JSON patch could not be applied: {e}"));
+                    }
+                }
+                other => {
+                    return status(
+                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                        "UnsupportedMediaType",
+                        format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (got {other:?})"),
+                    )
+                }
+            }
+            // What the server owns cannot be patched away.
+            for f in ["name", "namespace", "uid", "creationTimestamp"] {
+                next["metadata"][f] = current["metadata"][f].clone();
+            }
+            if let Some(s) = &rt.schema {
+                let v = schema::validate(s, &next);
+                if !v.is_empty() {
+                    return invalid(&rt.kind, name, &v);
+                }
+            }
+            store.revision += 1;
+            next["metadata"]["resourceVersion"] = json!(store.revision.to_string());
+            let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+            next["metadata"]["generation"] = json!(if next["spec"] != current["spec"] {
+                generation + 1
+            } else {
+                generation
+            });
+            store.objects.insert(t.key(name), next.clone());
+            ok(StatusCode::OK, next)
+        }
+        (Method::DELETE, Some(name)) => {
+            let Some(current) = store.objects.get(&t.key(name)).cloned() else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} {name:?} not found", t.plural),
+                );
+            };
+            if let Ok(opts) = serde_json::from_slice::<Value>(body) {
+                let pre = &opts["preconditions"];
+                for (field, have) in [
+                    ("uid", &current["metadata"]["uid"]),
+                    ("resourceVersion", &current["metadata"]["resourceVersion"]),
+                ] {
+                    if let Some(want) = pre[field].as_str() {
+                        if Some(want) != have.as_str() {
+                            return status(
+                                StatusCode::CONFLICT,
+                                "Conflict",
+                                format!("Precondition failed: {field}: {want}, object {field}: {have}"),
+                            );
+                        }
+                    }
+                }
+            }
+            store.revision += 1;
+            store.objects.remove(&t.key(name));
+            ok(StatusCode::OK, current)
+        }
+        (m, _) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{m} is not supported here"),
+        ),
+    }
+}
