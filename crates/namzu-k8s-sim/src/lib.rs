@@ -17,11 +17,14 @@
 //! * merge patch (RFC 7386) and JSON patch (RFC 6902), `test` included;
 //! * `?labelSelector=` on lists ([`selector`]), delete.
 //!
+//! Fault knobs ([`Fault`]): a chosen status (429 with `Retry-After`, 5xx,
+//! 403 …) for the next N requests matching a method and a resource.
+//!
 //! The agent-sandbox controller's behaviour (warm pools, claim binding,
-//! readiness, shutdown, pods that are real `local` sandboxes) and the fault
-//! knobs come next.
+//! readiness, shutdown, pods that are real `local` sandboxes), latency and
+//! never-answering requests come next.
 
 pub mod selector;
 pub mod server;
 
-pub use server::Simulator;
+pub use server::{Fault, Simulator};

@@ -37,10 +37,23 @@ struct Store {
     revision: u64,
 }
 
-/// The simulator: its store and the resource types it knows.
+/// A fault knob: the next `times` requests with this method (any, if
+/// `None`) whose `resource[/name]` contains `target` are answered with
+/// `status` (and `Retry-After`, if given) instead of being served.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub method: Option<Method>,
+    pub target: String,
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    pub times: usize,
+}
+
+/// The simulator: its store, the resource types it knows, its faults.
 pub struct Simulator {
     store: Mutex<Store>,
     types: HashMap<(String, String, String), ResourceType>,
+    faults: Mutex<Vec<Fault>>,
 }
 
 impl Simulator {
@@ -79,6 +92,7 @@ impl Simulator {
         Arc::new(Self {
             store: Mutex::default(),
             types,
+            faults: Mutex::default(),
         })
     }
 
@@ -100,6 +114,28 @@ impl Simulator {
             let _ = axum::serve(l, app).await;
         });
         Ok(format!("http://{addr}"))
+    }
+
+    /// Arms a fault knob.
+    pub fn inject(&self, fault: Fault) {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(fault);
+    }
+
+    /// The fault this request trips, if any (and counts it down).
+    fn tripped(&self, method: &Method, target: &str) -> Option<Response> {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let f = faults
+            .iter_mut()
+            .find(|f| f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && target.contains(&f.target))?;
+        f.times -= 1;
+        let code = StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = status(code, "Injected", format!("simulated fault: {}", f.status));
+        if let Some(s) = f.retry_after {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+        Some(r)
     }
 
     /// An object as stored, for tests and the controller to come.
@@ -251,6 +287,13 @@ fn handle(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Response {
+    let target = match &t.name {
+        Some(n) => format!("{}/{n}", t.plural),
+        None => t.plural.clone(),
+    };
+    if let Some(r) = sim.tripped(&method, &target) {
+        return r;
+    }
     let Some(rt) = sim
         .types
         .get(&(t.group.clone(), t.version.clone(), t.plural.clone()))

@@ -134,6 +134,21 @@ async fn create_read_patch_list_delete_follow_the_api_semantics() {
         a.delete(&r, "c1").await.unwrap_err(),
         ApiError::AlreadyGone { status: 404, .. }
     ));
+    // Fault knobs: a 429 with Retry-After for the next GET of c4, then
+    // normal service.
+    sim.inject(namzu_k8s_sim::Fault {
+        method: Some(axum::http::Method::GET),
+        target: "sandboxclaims/c4".into(),
+        status: 429,
+        retry_after: Some(2),
+        times: 1,
+    });
+    let e = a.get(&r, "c4").await.unwrap_err();
+    assert!(
+        matches!(e, ApiError::Api { status: Some(429), retry_after: Some(d), .. } if d == Duration::from_secs(2)),
+        "{e:?}"
+    );
+    assert!(a.get(&r, "c4").await.is_ok());
     // Unknown resources are NotFound too.
     let e = a.get(&Resource::core("secrets", "ns"), "x").await.unwrap_err();
     assert!(matches!(e, ApiError::AlreadyGone { status: 404, .. }), "{e:?}");

@@ -11,14 +11,16 @@
 //! * [`schema`]: the structural OpenAPI check that proof (and the
 //!   control-plane simulator to come) uses;
 //! * [`api`]: the one typed layer every API call goes through: bounded,
-//!   typed errors, and a record of (group, resource, verb).
+//!   typed errors, and a record of (group, resource, verb);
+//! * [`lease`]: the shutdown time kept ahead while a handle lives.
 //!
-//! Not yet: acquire, lease, the simulator. The tier is
+//! Not yet: acquire, crash recovery, headroom, the simulator's controller. The tier is
 //! refused by name until they exist.
 
 pub mod api;
 pub mod build;
 pub mod crd;
+pub mod lease;
 pub mod schema;
 
 use std::collections::BTreeMap;
