@@ -26,6 +26,10 @@ const CRDS: &[&str] = &[
 struct ResourceType {
     kind: String,
     schema: Option<Value>,
+    /// With a `status` subresource, the main resource ignores status
+    /// (create drops it, patches keep the stored one) and `/status`
+    /// changes nothing else.
+    status_subresource: bool,
 }
 
 /// (group, version, plural, namespace, name)
@@ -66,6 +70,7 @@ impl Simulator {
             ResourceType {
                 kind: "Pod".into(),
                 schema: None,
+                status_subresource: true,
             },
         );
         for text in CRDS {
@@ -85,6 +90,7 @@ impl Simulator {
                     ResourceType {
                         kind: kind.to_owned(),
                         schema: schema::crd_schema(&crd, version).cloned(),
+                        status_subresource: v["subresources"].get("status").is_some(),
                     },
                 );
             }
@@ -105,8 +111,13 @@ impl Simulator {
         let app = axum::Router::new()
             .route("/api/:version/namespaces/:ns/:plural", any(core_collection))
             .route("/api/:version/namespaces/:ns/:plural/:name", any(core_item))
+            .route("/api/:version/namespaces/:ns/:plural/:name/status", any(core_status))
             .route("/apis/:group/:version/namespaces/:ns/:plural", any(collection))
             .route("/apis/:group/:version/namespaces/:ns/:plural/:name", any(item))
+            .route(
+                "/apis/:group/:version/namespaces/:ns/:plural/:name/status",
+                any(status_item),
+            )
             .with_state(self.clone());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = l.local_addr()?;
@@ -169,6 +180,8 @@ struct Target {
     ns: String,
     plural: String,
     name: Option<String>,
+    /// `Some("status")` for the status subresource.
+    sub: Option<&'static str>,
 }
 
 impl Target {
@@ -197,6 +210,7 @@ async fn core_collection(
         ns,
         plural,
         name: None,
+        sub: None,
     };
     handle(&sim, t, method, &q, &headers, &body)
 }
@@ -215,6 +229,7 @@ async fn core_item(
         ns,
         plural,
         name: Some(name),
+        sub: None,
     };
     handle(&sim, t, method, &q, &headers, &body)
 }
@@ -233,6 +248,7 @@ async fn collection(
         ns,
         plural,
         name: None,
+        sub: None,
     };
     handle(&sim, t, method, &q, &headers, &body)
 }
@@ -251,6 +267,45 @@ async fn item(
         ns,
         plural,
         name: Some(name),
+        sub: None,
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+async fn core_status(
+    State(sim): State<Arc<Simulator>>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group: String::new(),
+        version,
+        ns,
+        plural,
+        name: Some(name),
+        sub: Some("status"),
+    };
+    handle(&sim, t, method, &q, &headers, &body)
+}
+
+async fn status_item(
+    State(sim): State<Arc<Simulator>>,
+    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
+    method: Method,
+    q: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Target {
+        group,
+        version,
+        ns,
+        plural,
+        name: Some(name),
+        sub: Some("status"),
     };
     handle(&sim, t, method, &q, &headers, &body)
 }
@@ -314,6 +369,13 @@ fn handle(
         format!("{}/{}", t.group, t.version)
     };
     let mut store = sim.lock();
+    if t.sub.is_some() && !(rt.status_subresource && matches!(method, Method::PATCH | Method::GET)) {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} has no such subresource, or it takes PATCH and GET only", t.plural),
+        );
+    }
     match (method, &t.name) {
         (Method::GET, None) => {
             let selector = match Selector::parse(q.get("labelSelector").map(String::as_str).unwrap_or_default()) {
@@ -436,6 +498,11 @@ fn handle(
             if let Some(m) = meta.as_object_mut() {
                 m.remove("generateName");
             }
+            if rt.status_subresource {
+                if let Some(m) = obj.as_object_mut() {
+                    m.remove("status");
+                }
+            }
             store.objects.insert(t.key(&name), obj.clone());
             ok(StatusCode::CREATED, obj)
         }
@@ -489,6 +556,22 @@ fn handle(
             // What the server owns cannot be patched away.
             for f in ["name", "namespace", "uid", "creationTimestamp"] {
                 next["metadata"][f] = current["metadata"][f].clone();
+            }
+            // With a status subresource, the resource and its status change
+            // apart: /status touches only status, the resource never it.
+            if rt.status_subresource {
+                if t.sub == Some("status") {
+                    let status = next["status"].take();
+                    next = current.clone();
+                    next["status"] = status;
+                } else {
+                    next["status"] = current["status"].clone();
+                }
+                if next["status"].is_null() {
+                    if let Some(m) = next.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
             }
             if let Some(s) = &rt.schema {
                 let v = schema::validate(s, &next);

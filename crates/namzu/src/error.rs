@@ -135,6 +135,8 @@ pub enum Error {
     SandboxNotFound { id: String },
     #[error("sandbox {id} is not running (its agent is gone)")]
     SandboxDead { id: String },
+    #[error("kubernetes API: {0}")]
+    KubernetesApi(#[from] crate::backend::kubernetes::api::ApiError),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]

@@ -210,6 +210,24 @@ impl Api {
         .await
     }
 
+    /// A merge patch of the `status` subresource (what a controller
+    /// writes; RBAC names it `<resource>/status`).
+    pub async fn merge_patch_status(&self, r: &Resource, name: &str, patch: &Value) -> Result<Value, ApiError> {
+        let status = Resource {
+            plural: format!("{}/{name}/status", r.plural),
+            ..r.clone()
+        };
+        self.call(
+            Verb::Patch,
+            &status,
+            None,
+            None,
+            Some(patch),
+            Some("application/merge-patch+json"),
+        )
+        .await
+    }
+
     /// A JSON patch (RFC 6902), `test` operations included.
     pub async fn json_patch(&self, r: &Resource, name: &str, ops: &Value) -> Result<Value, ApiError> {
         self.call(
@@ -237,9 +255,14 @@ impl Api {
         content_type: Option<&str>,
     ) -> Result<Value, ApiError> {
         let path = r.path(name);
+        // `sandboxclaims/c1/status` is RBAC's `sandboxclaims/status`.
+        let resource = match r.plural.split('/').collect::<Vec<_>>()[..] {
+            [res, _, sub] => format!("{res}/{sub}"),
+            _ => r.plural.clone(),
+        };
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(Call {
             group: r.group.clone(),
-            resource: r.plural.clone(),
+            resource,
             verb,
         });
         let uri = match &query {

@@ -12,15 +12,18 @@
 //!   control-plane simulator to come) uses;
 //! * [`api`]: the one typed layer every API call goes through: bounded,
 //!   typed errors, and a record of (group, resource, verb);
-//! * [`lease`]: the shutdown time kept ahead while a handle lives.
+//! * [`lease`]: the shutdown time kept ahead while a handle lives;
+//! * [`ops`]: crash recovery (`release_task_sandboxes`) and headroom
+//!   (`read_task_capacity`).
 //!
-//! Not yet: acquire, crash recovery, headroom, the simulator's controller. The tier is
+//! Not yet: acquire, the simulator's controller. The tier is
 //! refused by name until they exist.
 
 pub mod api;
 pub mod build;
 pub mod crd;
 pub mod lease;
+pub mod ops;
 pub mod schema;
 
 use std::collections::BTreeMap;
