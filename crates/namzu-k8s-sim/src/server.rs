@@ -109,15 +109,12 @@ impl Simulator {
     /// Serves on 127.0.0.1 (an ephemeral port); returns the base URL.
     pub async fn serve(self: &Arc<Self>) -> std::io::Result<String> {
         let app = axum::Router::new()
-            .route("/api/:version/namespaces/:ns/:plural", any(core_collection))
-            .route("/api/:version/namespaces/:ns/:plural/:name", any(core_item))
-            .route("/api/:version/namespaces/:ns/:plural/:name/status", any(core_status))
-            .route("/apis/:group/:version/namespaces/:ns/:plural", any(collection))
-            .route("/apis/:group/:version/namespaces/:ns/:plural/:name", any(item))
-            .route(
-                "/apis/:group/:version/namespaces/:ns/:plural/:name/status",
-                any(status_item),
-            )
+            .route("/api/:version/namespaces/:ns/:plural", any(route))
+            .route("/api/:version/namespaces/:ns/:plural/:name", any(route))
+            .route("/api/:version/namespaces/:ns/:plural/:name/status", any(route))
+            .route("/apis/:group/:version/namespaces/:ns/:plural", any(route))
+            .route("/apis/:group/:version/namespaces/:ns/:plural/:name", any(route))
+            .route("/apis/:group/:version/namespaces/:ns/:plural/:name/status", any(route))
             .with_state(self.clone());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = l.local_addr()?;
@@ -196,116 +193,25 @@ impl Target {
     }
 }
 
-async fn core_collection(
+/// Every route: the path's parameters (a missing `group` is the core
+/// group) and whether it names the status subresource.
+async fn route(
     State(sim): State<Arc<Simulator>>,
-    Path((version, ns, plural)): Path<(String, String, String)>,
+    Path(p): Path<HashMap<String, String>>,
+    uri: axum::http::Uri,
     method: Method,
     q: Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let get = |k: &str| p.get(k).cloned().unwrap_or_default();
     let t = Target {
-        group: String::new(),
-        version,
-        ns,
-        plural,
-        name: None,
-        sub: None,
-    };
-    handle(&sim, t, method, &q, &headers, &body)
-}
-
-async fn core_item(
-    State(sim): State<Arc<Simulator>>,
-    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
-    method: Method,
-    q: Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let t = Target {
-        group: String::new(),
-        version,
-        ns,
-        plural,
-        name: Some(name),
-        sub: None,
-    };
-    handle(&sim, t, method, &q, &headers, &body)
-}
-
-async fn collection(
-    State(sim): State<Arc<Simulator>>,
-    Path((group, version, ns, plural)): Path<(String, String, String, String)>,
-    method: Method,
-    q: Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let t = Target {
-        group,
-        version,
-        ns,
-        plural,
-        name: None,
-        sub: None,
-    };
-    handle(&sim, t, method, &q, &headers, &body)
-}
-
-async fn item(
-    State(sim): State<Arc<Simulator>>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    method: Method,
-    q: Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let t = Target {
-        group,
-        version,
-        ns,
-        plural,
-        name: Some(name),
-        sub: None,
-    };
-    handle(&sim, t, method, &q, &headers, &body)
-}
-
-async fn core_status(
-    State(sim): State<Arc<Simulator>>,
-    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
-    method: Method,
-    q: Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let t = Target {
-        group: String::new(),
-        version,
-        ns,
-        plural,
-        name: Some(name),
-        sub: Some("status"),
-    };
-    handle(&sim, t, method, &q, &headers, &body)
-}
-
-async fn status_item(
-    State(sim): State<Arc<Simulator>>,
-    Path((group, version, ns, plural, name)): Path<(String, String, String, String, String)>,
-    method: Method,
-    q: Query<HashMap<String, String>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let t = Target {
-        group,
-        version,
-        ns,
-        plural,
-        name: Some(name),
-        sub: Some("status"),
+        group: get("group"),
+        version: get("version"),
+        ns: get("ns"),
+        plural: get("plural"),
+        name: p.get("name").cloned(),
+        sub: uri.path().ends_with("/status").then_some("status"),
     };
     handle(&sim, t, method, &q, &headers, &body)
 }
