@@ -137,6 +137,8 @@ pub enum Error {
     SandboxDead { id: String },
     #[error("kubernetes API: {0}")]
     KubernetesApi(#[from] crate::backend::kubernetes::api::ApiError),
+    #[error(transparent)]
+    KubernetesAcquire(#[from] crate::backend::kubernetes::acquire_error::AcquireError),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]

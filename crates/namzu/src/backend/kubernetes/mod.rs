@@ -13,12 +13,15 @@
 //! * [`api`]: the one typed layer every API call goes through: bounded,
 //!   typed errors, and a record of (group, resource, verb);
 //! * [`lease`]: the shutdown time kept ahead while a handle lives;
+//! * [`acquire_error`]: the failure taxonomy of an acquire, and where each
+//!   reason comes from;
 //! * [`ops`]: crash recovery (`release_task_sandboxes`) and headroom
 //!   (`read_task_capacity`).
 //!
 //! Not yet: acquire, the simulator's controller. The tier is
 //! refused by name until they exist.
 
+pub mod acquire_error;
 pub mod api;
 pub mod build;
 pub mod crd;
