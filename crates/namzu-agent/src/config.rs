@@ -160,9 +160,6 @@ impl Limits {
 /// Everything the agent needs to serve.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Mode of a unix socket the agent listens on (0600 unless a boundary
-    /// needs a relay running as another uid to reach it).
-    pub socket_mode: u32,
     /// File operations are confined beneath these directories. The first is
     /// the root relative paths are resolved against.
     pub roots: Vec<PathBuf>,

@@ -28,11 +28,6 @@ struct Args {
     /// Remove the token file once read, so no command can read it later.
     #[arg(long, requires = "token_file")]
     consume_token: bool,
-    /// Make the agent non-dumpable, so commands running as its uid cannot
-    /// ptrace it or read its memory, environment or descriptors (where the
-    /// boundary around it, like a container, does not do it for it).
-    #[arg(long, conflicts_with = "command_user")]
-    non_dumpable: bool,
     /// Run commands as this user (a container's `User`: name, uid,
     /// name:group or uid:gid, resolved in /etc/passwd and /etc/group), and
     /// the agent as a uid of its own, keeping only what it needs to start
@@ -63,10 +58,6 @@ struct Args {
     /// that started the agent applied around it (repeatable).
     #[arg(long = "report", value_parser = parse_report)]
     reports: Vec<(String, String)>,
-    /// Mode of the unix socket, octal (default 600). The token still
-    /// guards every link.
-    #[arg(long, default_value = "600", value_parser = parse_mode)]
-    socket_mode: u32,
     /// Directories file operations are confined to (repeatable). The first
     /// is the base of relative paths. Default: the working directory.
     #[arg(long = "root")]
@@ -89,13 +80,6 @@ fn seal_inherited_fds(close: bool) {
     if r < 0 {
         tracing::warn!("close_range failed: {}", std::io::Error::last_os_error());
     }
-}
-
-fn parse_mode(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s, 8)
-        .ok()
-        .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("{s:?} is not an octal mode"))
 }
 
 fn parse_report(s: &str) -> Result<(String, String), String> {
@@ -188,8 +172,7 @@ fn run() -> Result<(), String> {
         // Bound now, as the agent's own uid, so the run directory can be
         // the agent's alone and then hidden.
         if let Listen::Unix(path) = &listen {
-            let l = namzu_agent::serve::bind_unix(path, args.socket_mode)
-                .map_err(|e| format!("listen on {}: {e}", path.display()))?;
+            let l = namzu_agent::serve::bind_unix(path).map_err(|e| format!("listen on {}: {e}", path.display()))?;
             prebound = Some(l);
         }
         if !args.hide.is_empty() {
@@ -207,9 +190,6 @@ fn run() -> Result<(), String> {
             "identity".into(),
             namzu_agent::identity::finish(user).map_err(|e| e.to_string())?,
         ));
-    }
-    if args.non_dumpable {
-        nix::sys::prctl::set_dumpable(false).map_err(|e| format!("set non-dumpable: {e}"))?;
     }
     if args.seccomp {
         let what = namzu_agent::sandbox::harden::apply_seccomp().map_err(|e| e.to_string())?;
@@ -234,7 +214,6 @@ fn run() -> Result<(), String> {
         .map(String::from)
         .collect();
     let cfg = AgentConfig {
-        socket_mode: args.socket_mode,
         roots,
         default_cwd,
         token,

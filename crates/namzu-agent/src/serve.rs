@@ -170,14 +170,14 @@ pub async fn serve_listener(cfg: AgentConfig, listener: std::os::unix::net::Unix
     serve_source(cfg, Source::Inherited(listener)).await
 }
 
-/// Binds a unix socket at `path` (a stale file is replaced) with `mode`,
-/// non-blocking, ready for [`serve_listener`]. Owner only by default: the
-/// socket is the way in; the token is the lock.
-pub fn bind_unix(path: &std::path::Path, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+/// Binds a unix socket at `path` (a stale file is replaced), mode 0600,
+/// non-blocking, ready for [`serve_listener`]. Owner only: the socket is
+/// the way in; the token is the lock.
+pub fn bind_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
     let l = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     l.set_nonblocking(true)?;
     Ok(l)
 }
@@ -231,7 +231,7 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             })
         }
         Source::Listen(Listen::Unix(path)) => {
-            let l = bind_unix(&path, cfg.socket_mode)
+            let l = bind_unix(&path)
                 .and_then(UnixListener::from_std)
                 .map_err(|source| ServeError::Listen {
                     what: path.display().to_string(),

@@ -26,13 +26,9 @@ fn spec() -> SandboxSpec {
     }
 }
 
-/// Containers made by provider `p` (its instance label), by sandbox id:
-/// other tests of this binary make containers at the same time.
-async fn instance_containers(p: &DockerProvider) -> Vec<String> {
-    let filters = HashMap::from([(
-        "label".to_owned(),
-        vec![format!("{}={}", labels::INSTANCE, p.instance())],
-    )]);
+/// Containers carrying `label` (a key, or key=value), by sandbox id.
+async fn containers(p: &DockerProvider, label: String) -> Vec<String> {
+    let filters = HashMap::from([("label".to_owned(), vec![label])]);
     p.docker()
         .list_containers(Some(ListContainersOptions {
             all: true,
@@ -46,20 +42,15 @@ async fn instance_containers(p: &DockerProvider) -> Vec<String> {
         .collect()
 }
 
-/// Containers carrying a namzu sandbox label, by sandbox id.
+/// Containers made by provider `p` (its instance label): other tests of
+/// this binary make containers at the same time.
+async fn instance_containers(p: &DockerProvider) -> Vec<String> {
+    containers(p, format!("{}={}", labels::INSTANCE, p.instance())).await
+}
+
+/// Containers carrying a namzu sandbox label.
 async fn namzu_containers(p: &DockerProvider) -> Vec<String> {
-    let filters = HashMap::from([("label".to_owned(), vec![labels::SANDBOX.to_owned()])]);
-    p.docker()
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters,
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|c| c.labels.and_then(|l| l.get(labels::SANDBOX).cloned()))
-        .collect()
+    containers(p, labels::SANDBOX.to_owned()).await
 }
 
 async fn sh(sb: &dyn namzu::Sandbox, script: &str) -> namzu::ExecOutput {

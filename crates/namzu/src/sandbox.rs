@@ -205,19 +205,11 @@ pub trait Sandbox: Send + Sync {
     /// without an egress boundary refuse it by name.
     async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
         let _ = policy;
-        Err(Error::OptionRefused {
-            tier: self.tier().name().into(),
-            option: "network policy".into(),
-            reason: "this tier has no egress boundary".into(),
-        })
+        Err(crate::egress::no_boundary(self.tier()))
     }
     /// The egress configuration in force, and how many connections are open.
     async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
-        Err(Error::OptionRefused {
-            tier: self.tier().name().into(),
-            option: "network policy".into(),
-            reason: "this tier has no egress boundary".into(),
-        })
+        Err(crate::egress::no_boundary(self.tier()))
     }
     /// Stops every process in the sandbox but the agent.
     async fn quiesce(&self, grace: std::time::Duration) -> Result<QuiesceReport> {

@@ -16,25 +16,25 @@ use super::{Answer, Broker, Splice};
 const CHUNK: usize = 64 * 1024;
 
 pub fn spawn_http(broker: Arc<Broker>, listener: TcpListener) {
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let b = broker.clone();
-            tokio::spawn(async move {
-                if let Err(e) = http_client(b, client).await {
-                    tracing::debug!("http proxy client: {e}");
-                }
-            });
-        }
-    });
+    spawn_accepting(broker, listener, "http proxy", http_client);
 }
 
 pub fn spawn_socks(broker: Arc<Broker>, listener: TcpListener) {
+    spawn_accepting(broker, listener, "socks proxy", socks_client);
+}
+
+/// Accepts forever, each client on a task of its own.
+fn spawn_accepting<F, Fut>(broker: Arc<Broker>, listener: TcpListener, what: &'static str, client: F)
+where
+    F: Fn(Arc<Broker>, TcpStream) -> Fut + Send + Copy + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+{
     tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
+        while let Ok((c, _)) = listener.accept().await {
             let b = broker.clone();
             tokio::spawn(async move {
-                if let Err(e) = socks_client(b, client).await {
-                    tracing::debug!("socks proxy client: {e}");
+                if let Err(e) = client(b, c).await {
+                    tracing::debug!("{what} client: {e}");
                 }
             });
         }

@@ -371,7 +371,6 @@ fn init_g(
     let mut report = harden::apply(spec)?;
     report.extend(spec.notes.iter().cloned());
     let cfg = AgentConfig {
-        socket_mode: 0o600,
         roots: vec!["/workspace".into(), "/".into()],
         default_cwd: "/workspace".into(),
         token,

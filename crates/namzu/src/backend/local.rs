@@ -298,12 +298,7 @@ impl Provider for LocalProvider {
         }
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
-        let supervised = async {
-            crate::egress::supervisor::write_config(&dir, &spec.egress).map_err(io("create"))?;
-            let root = self.state.root().parent().unwrap_or(self.state.root());
-            crate::egress::supervisor::spawn(&id, Tier::Local, root, &dir, &self.agent_bin).await
-        };
-        if let Err(e) = supervised.await {
+        if let Err(e) = self.state.start_egress(&id, &dir, &self.agent_bin, &spec.egress).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
@@ -313,10 +308,7 @@ impl Provider for LocalProvider {
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
         let dir = self.state.dir(id)?;
-        if dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
-            let root = self.state.root().parent().unwrap_or(self.state.root());
-            crate::egress::supervisor::ensure(id, Tier::Local, root, &dir, &self.agent_bin).await?;
-        }
+        self.state.ensure_egress(id, &dir, &self.agent_bin).await?;
         Ok(Box::new(StateSandbox {
             id: id.into(),
             tier: Tier::Local,

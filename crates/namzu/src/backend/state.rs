@@ -61,6 +61,36 @@ impl StateDir {
         &self.root
     }
 
+    /// The state directory every tier shares (this tier's is below it).
+    fn base(&self) -> &Path {
+        self.root.parent().unwrap_or(&self.root)
+    }
+
+    /// Writes sandbox `id`'s egress configuration and starts its
+    /// supervisor; returns once the supervisor holds the agent's call.
+    pub async fn start_egress(
+        &self,
+        id: &str,
+        dir: &Path,
+        agent_bin: &Path,
+        config: &crate::egress::EgressConfig,
+    ) -> Result<()> {
+        crate::egress::supervisor::write_config(dir, config).map_err(|source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        })?;
+        crate::egress::supervisor::spawn(id, self.tier, self.base(), dir, agent_bin).await
+    }
+
+    /// Restarts sandbox `id`'s egress supervisor if it has one configured
+    /// and it does not answer.
+    pub async fn ensure_egress(&self, id: &str, dir: &Path, agent_bin: &Path) -> Result<()> {
+        if !dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
+            return Ok(());
+        }
+        crate::egress::supervisor::ensure(id, self.tier, self.base(), dir, agent_bin).await
+    }
+
     pub fn dir(&self, id: &str) -> Result<PathBuf> {
         // Ids are ours ("sb-" + hex); anything else could walk the state dir.
         let ok = id.len() <= 64 && id.starts_with("sb-") && id[3..].bytes().all(|b| b.is_ascii_hexdigit());
@@ -329,13 +359,10 @@ impl Sandbox for StateSandbox {
     }
     async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
         use crate::egress::supervisor::{request, Request};
-        let Some(dir) = &self.egress_dir else {
-            return Err(Error::OptionRefused {
-                tier: self.tier.name().into(),
-                option: "network policy".into(),
-                reason: "this tier has no egress boundary".into(),
-            });
-        };
+        let dir = self
+            .egress_dir
+            .as_deref()
+            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
         policy.validate()?;
         let current = request(&self.id, dir, &Request::Show).await?;
         let mut config = current.config.unwrap_or_default();
@@ -351,13 +378,10 @@ impl Sandbox for StateSandbox {
     }
     async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
         use crate::egress::supervisor::{request, Request};
-        let Some(dir) = &self.egress_dir else {
-            return Err(Error::OptionRefused {
-                tier: self.tier.name().into(),
-                option: "network policy".into(),
-                reason: "this tier has no egress boundary".into(),
-            });
-        };
+        let dir = self
+            .egress_dir
+            .as_deref()
+            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
         let reply = request(&self.id, dir, &Request::Show).await?;
         Ok((reply.config.unwrap_or_default(), reply.open))
     }

@@ -23,3 +23,13 @@ pub mod supervisor;
 
 pub use policy::{EgressPolicy, HostPattern, HostRule, PolicyError, Refusal, Target};
 pub use service::EgressConfig;
+
+/// The refusal of a network-policy call on a tier without an egress
+/// boundary.
+pub(crate) fn no_boundary(tier: crate::Tier) -> crate::Error {
+    crate::Error::OptionRefused {
+        tier: tier.name().into(),
+        option: "network policy".into(),
+        reason: "this tier has no egress boundary".into(),
+    }
+}

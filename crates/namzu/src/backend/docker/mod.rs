@@ -712,9 +712,7 @@ impl DockerProvider {
         privilege_probe(id, &client).await?;
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
-        crate::egress::supervisor::write_config(dir, &spec.egress).map_err(io)?;
-        let root = self.state.root().parent().unwrap_or(self.state.root());
-        crate::egress::supervisor::spawn(id, Tier::Docker, root, dir, &self.agent_bin).await?;
+        self.state.start_egress(id, dir, &self.agent_bin, &spec.egress).await?;
         Ok(client)
     }
 
@@ -828,10 +826,7 @@ impl Provider for DockerProvider {
             Err(Error::Connect { .. }) => return Err(Error::SandboxDead { id: id.into() }),
             other => other?,
         };
-        if dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
-            let root = self.state.root().parent().unwrap_or(self.state.root());
-            crate::egress::supervisor::ensure(id, Tier::Docker, root, &dir, &self.agent_bin).await?;
-        }
+        self.state.ensure_egress(id, &dir, &self.agent_bin).await?;
         Ok(self.sandbox(id, client))
     }
 

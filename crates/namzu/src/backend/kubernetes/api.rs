@@ -152,6 +152,40 @@ impl Resource {
     }
 }
 
+/// One request, before it is sent.
+struct Request<'a> {
+    verb: Verb,
+    resource: &'a Resource,
+    name: Option<&'a str>,
+    /// A subresource, like `status`.
+    sub: Option<&'static str>,
+    query: Option<String>,
+    body: Option<&'a Value>,
+    content_type: Option<&'static str>,
+}
+
+impl<'a> Request<'a> {
+    fn to(verb: Verb, resource: &'a Resource, name: Option<&'a str>) -> Self {
+        Self {
+            verb,
+            resource,
+            name,
+            sub: None,
+            query: None,
+            body: None,
+            content_type: None,
+        }
+    }
+
+    fn body(self, body: &'a Value, content_type: &'static str) -> Self {
+        Self {
+            body: Some(body),
+            content_type: Some(content_type),
+            ..self
+        }
+    }
+}
+
 /// The typed client.
 #[derive(Clone)]
 pub struct Api {
@@ -183,83 +217,65 @@ impl Api {
     }
 
     pub async fn get(&self, r: &Resource, name: &str) -> Result<Value, ApiError> {
-        self.call(Verb::Get, r, Some(name), None, None, None).await
+        self.call(Request::to(Verb::Get, r, Some(name))).await
     }
 
     /// A list, narrowed by a label selector when given.
     pub async fn list(&self, r: &Resource, label_selector: Option<&str>) -> Result<Value, ApiError> {
-        let query = label_selector.map(|s| format!("labelSelector={}", urlencode(s)));
-        self.call(Verb::List, r, None, query, None, None).await
+        let req = Request {
+            query: label_selector.map(|s| format!("labelSelector={}", urlencode(s))),
+            ..Request::to(Verb::List, r, None)
+        };
+        self.call(req).await
     }
 
     pub async fn create(&self, r: &Resource, body: &Value) -> Result<Value, ApiError> {
-        self.call(Verb::Create, r, None, None, Some(body), Some("application/json"))
+        self.call(Request::to(Verb::Create, r, None).body(body, "application/json"))
             .await
     }
 
     /// A JSON merge patch (RFC 7386).
     pub async fn merge_patch(&self, r: &Resource, name: &str, patch: &Value) -> Result<Value, ApiError> {
-        self.call(
-            Verb::Patch,
-            r,
-            Some(name),
-            None,
-            Some(patch),
-            Some("application/merge-patch+json"),
-        )
-        .await
+        self.call(Request::to(Verb::Patch, r, Some(name)).body(patch, "application/merge-patch+json"))
+            .await
     }
 
     /// A merge patch of the `status` subresource (what a controller
     /// writes; RBAC names it `<resource>/status`).
     pub async fn merge_patch_status(&self, r: &Resource, name: &str, patch: &Value) -> Result<Value, ApiError> {
-        let status = Resource {
-            plural: format!("{}/{name}/status", r.plural),
-            ..r.clone()
+        let req = Request {
+            sub: Some("status"),
+            ..Request::to(Verb::Patch, r, Some(name)).body(patch, "application/merge-patch+json")
         };
-        self.call(
-            Verb::Patch,
-            &status,
-            None,
-            None,
-            Some(patch),
-            Some("application/merge-patch+json"),
-        )
-        .await
+        self.call(req).await
     }
 
     /// A JSON patch (RFC 6902), `test` operations included.
     pub async fn json_patch(&self, r: &Resource, name: &str, ops: &Value) -> Result<Value, ApiError> {
-        self.call(
-            Verb::Patch,
-            r,
-            Some(name),
-            None,
-            Some(ops),
-            Some("application/json-patch+json"),
-        )
-        .await
+        self.call(Request::to(Verb::Patch, r, Some(name)).body(ops, "application/json-patch+json"))
+            .await
     }
 
     pub async fn delete(&self, r: &Resource, name: &str) -> Result<Value, ApiError> {
-        self.call(Verb::Delete, r, Some(name), None, None, None).await
+        self.call(Request::to(Verb::Delete, r, Some(name))).await
     }
 
-    async fn call(
-        &self,
-        verb: Verb,
-        r: &Resource,
-        name: Option<&str>,
-        query: Option<String>,
-        body: Option<&Value>,
-        content_type: Option<&str>,
-    ) -> Result<Value, ApiError> {
-        let path = r.path(name);
-        // `sandboxclaims/c1/status` is RBAC's `sandboxclaims/status`.
-        let resource = match r.plural.split('/').collect::<Vec<_>>()[..] {
-            [res, _, sub] => format!("{res}/{sub}"),
-            _ => r.plural.clone(),
-        };
+    async fn call(&self, req: Request<'_>) -> Result<Value, ApiError> {
+        let Request {
+            verb,
+            resource: r,
+            name,
+            sub,
+            query,
+            body,
+            content_type,
+        } = req;
+        let mut path = r.path(name);
+        let mut resource = r.plural.clone();
+        if let Some(sub) = sub {
+            path = format!("{path}/{sub}");
+            resource = format!("{resource}/{sub}");
+        }
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(Call {
             group: r.group.clone(),
             resource,

@@ -5,7 +5,7 @@
 //! away on its own.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector};
 
@@ -31,26 +31,11 @@ pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// `unix` seconds as an RFC 3339 UTC date-time.
+/// `t` as an RFC 3339 UTC date-time, to the second, as Kubernetes writes
+/// them.
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    k8s_openapi::chrono::DateTime::<k8s_openapi::chrono::Utc>::from(t)
+        .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
 }
 
 /// The shutdown time of a lease taken at `now`.
@@ -166,29 +151,17 @@ pub fn check_label(key: &str, value: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// How far ahead of now `time` (RFC 3339, as [`rfc3339`] writes it) lies.
+/// How far ahead of now `time` (RFC 3339) lies; `None` if it is past or
+/// unreadable.
 pub fn until(time: &str, now: SystemTime) -> Option<Duration> {
-    parse_rfc3339(time).and_then(|t| t.duration_since(now).ok())
-}
-
-fn parse_rfc3339(s: &str) -> Option<SystemTime> {
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d, hh, mm, ss) = (n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?, n(14..16)?, n(17..19)?);
-    // Civil date to days since 1970-01-01 (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    Some(UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
+    let t = k8s_openapi::chrono::DateTime::parse_from_rfc3339(time).ok()?;
+    SystemTime::from(t).duration_since(now).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn times_round_trip_through_rfc3339() {
