@@ -24,7 +24,10 @@
 //! readiness, shutdown, pods that are real `local` sandboxes), latency and
 //! never-answering requests come next.
 
+pub mod cluster;
+pub mod controller;
 pub mod selector;
 pub mod server;
 
-pub use server::{Fault, Simulator};
+pub use controller::{Controller, ControllerConfig, PodFault};
+pub use server::{Fault, Gvr, Simulator, Stall};

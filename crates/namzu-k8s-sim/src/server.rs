@@ -53,11 +53,30 @@ pub struct Fault {
     pub times: usize,
 }
 
+/// A latency knob: the next `times` requests with this method (any, if
+/// `None`) whose `resource[/name]` contains `target` are APPLIED at once and
+/// answered only after `delay` — so a client that gives up first has lost
+/// the answer to a request that landed. A long delay is an API server that
+/// never answers.
+#[derive(Debug, Clone)]
+pub struct Stall {
+    pub method: Option<Method>,
+    pub target: String,
+    pub delay: std::time::Duration,
+    pub times: usize,
+}
+
+/// (group, version, plural) of a resource the simulator serves.
+pub type Gvr = (&'static str, &'static str, &'static str);
+
 /// The simulator: its store, the resource types it knows, its faults.
 pub struct Simulator {
     store: Mutex<Store>,
     types: HashMap<(String, String, String), ResourceType>,
     faults: Mutex<Vec<Fault>>,
+    stalls: Mutex<Vec<Stall>>,
+    /// The agent-sandbox controller, once started.
+    pub(crate) controller: std::sync::OnceLock<Arc<crate::controller::Controller>>,
 }
 
 impl Simulator {
@@ -99,6 +118,8 @@ impl Simulator {
             store: Mutex::default(),
             types,
             faults: Mutex::default(),
+            stalls: Mutex::default(),
+            controller: std::sync::OnceLock::new(),
         })
     }
 
@@ -127,6 +148,65 @@ impl Simulator {
     /// Arms a fault knob.
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(fault);
+    }
+
+    /// Arms a latency knob.
+    pub fn stall(&self, stall: Stall) {
+        self.stalls.lock().unwrap_or_else(|p| p.into_inner()).push(stall);
+    }
+
+    /// How long this request's answer is held, if a stall matches it.
+    fn stalled(&self, method: &Method, target: &str) -> Option<std::time::Duration> {
+        let mut stalls = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        let s = stalls
+            .iter_mut()
+            .find(|s| s.times > 0 && s.method.as_ref().is_none_or(|m| m == method) && target.contains(&s.target))?;
+        s.times -= 1;
+        Some(s.delay)
+    }
+
+    /// Every stored object of a resource, in every namespace.
+    pub fn all(&self, (g, v, p): Gvr) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|((og, ov, op, _, _), _)| og == g && ov == v && op == p)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Stores `obj` as the controller writes it: a new object gets its uid
+    /// and creation time; every write a new resourceVersion.
+    pub fn put(&self, (g, v, p): Gvr, mut obj: Value) -> Value {
+        let mut store = self.lock();
+        store.revision += 1;
+        let meta = &mut obj["metadata"];
+        if meta["uid"].is_null() {
+            meta["uid"] = json!(new_uid());
+            meta["creationTimestamp"] = json!(now_rfc3339());
+            meta["generation"] = json!(1);
+        }
+        meta["resourceVersion"] = json!(store.revision.to_string());
+        let key = (
+            g.to_owned(),
+            v.to_owned(),
+            p.to_owned(),
+            meta["namespace"].as_str().unwrap_or_default().to_owned(),
+            meta["name"].as_str().unwrap_or_default().to_owned(),
+        );
+        store.objects.insert(key, obj.clone());
+        obj
+    }
+
+    /// Removes an object; what was stored, if anything.
+    pub fn remove(&self, (g, v, p): Gvr, ns: &str, name: &str) -> Option<Value> {
+        let mut store = self.lock();
+        let key = (g.to_owned(), v.to_owned(), p.to_owned(), ns.to_owned(), name.to_owned());
+        let gone = store.objects.remove(&key);
+        if gone.is_some() {
+            store.revision += 1;
+        }
+        gone
     }
 
     /// The fault this request trips, if any (and counts it down).
@@ -213,7 +293,24 @@ async fn route(
         name: p.get("name").cloned(),
         sub: uri.path().ends_with("/status").then_some("status"),
     };
-    handle(&sim, t, method, &q, &headers, &body)
+    let target = match &t.name {
+        Some(n) => format!("{}/{n}", t.plural),
+        None => t.plural.clone(),
+    };
+    let hold = sim.stalled(&method, &target);
+    let pod_read = (method == Method::GET && t.group.is_empty() && t.plural == "pods")
+        .then(|| t.name.clone().map(|n| (t.ns.clone(), n)))
+        .flatten();
+    let answer = handle(&sim, t, method, &q, &headers, &body);
+    if let (Some((ns, name)), Some(ctl)) = (pod_read, sim.controller.get()) {
+        if answer.status().is_success() {
+            ctl.after_pod_read(&sim, &ns, &name).await;
+        }
+    }
+    if let Some(d) = hold {
+        tokio::time::sleep(d).await;
+    }
+    answer
 }
 
 fn labels_of(v: &Value) -> BTreeMap<String, String> {
@@ -227,7 +324,19 @@ fn labels_of(v: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-fn now_rfc3339() -> String {
+/// A uid in the shape Kubernetes writes (a random UUID).
+pub fn new_uid() -> String {
+    format!(
+        "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
+        rand::random::<u32>(),
+        rand::random::<u16>(),
+        rand::random::<u16>() & 0xfff,
+        rand::random::<u16>() & 0xfff,
+        rand::random::<u64>() & 0xffff_ffff_ffff
+    )
+}
+
+pub(crate) fn now_rfc3339() -> String {
     namzu::backend::kubernetes::build::rfc3339(std::time::SystemTime::now())
 }
 
@@ -390,14 +499,7 @@ fn handle(
             let meta = &mut obj["metadata"];
             meta["name"] = json!(name);
             meta["namespace"] = json!(t.ns);
-            meta["uid"] = json!(format!(
-                "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
-                rand::random::<u32>(),
-                rand::random::<u16>(),
-                rand::random::<u16>() & 0xfff,
-                rand::random::<u16>() & 0xfff,
-                rand::random::<u64>() & 0xffff_ffff_ffff
-            ));
+            meta["uid"] = json!(new_uid());
             meta["resourceVersion"] = json!(store.revision.to_string());
             meta["generation"] = json!(1);
             meta["creationTimestamp"] = json!(now_rfc3339());

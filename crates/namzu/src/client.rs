@@ -83,6 +83,10 @@ struct Inner {
     /// The agent's heartbeat interval (`None`: it sends none, or is too
     /// old to): both ends beat at it and give up after three silent ones.
     heartbeat: Option<Duration>,
+    /// Set by the owner of a lease on the sandbox (the `kubernetes` tier)
+    /// once the object behind it is gone: every later op is
+    /// [`Error::SandboxGone`].
+    gone: std::sync::OnceLock<Arc<AtomicBool>>,
 }
 
 /// A cheap-to-clone handle on one agent link.
@@ -275,6 +279,7 @@ impl AgentClient {
                 sandbox_id: sandbox_id.into(),
                 write_chunk,
                 heartbeat,
+                gone: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -331,9 +336,21 @@ impl AgentClient {
         self.inner.rpc.clone()
     }
 
+    /// Ties the link to a lease: once `gone` is set, every op fails with
+    /// [`Error::SandboxGone`] instead of reaching for an agent that no
+    /// longer exists. Set once; later calls are ignored.
+    pub fn watch_lease(&self, gone: Arc<AtomicBool>) {
+        let _ = self.inner.gone.set(gone);
+    }
+
     fn open(&self, _op: &str) -> Result<()> {
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::SandboxDestroyed {
+                id: self.inner.sandbox_id.clone(),
+            });
+        }
+        if self.inner.gone.get().is_some_and(|g| g.load(Ordering::SeqCst)) {
+            return Err(Error::SandboxGone {
                 id: self.inner.sandbox_id.clone(),
             });
         }

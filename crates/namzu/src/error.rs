@@ -141,6 +141,8 @@ pub enum Error {
     KubernetesAcquire(#[from] crate::backend::kubernetes::acquire_error::AcquireError),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },
+    #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
+    AgentAddressUnresolvable { id: String, fqdn: String, cause: String },
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]
     AgentBinaryNotFound { searched: Vec<PathBuf> },
     #[error("sandbox {id} refused: its commands are not unprivileged ({field} is {value:?})")]

@@ -43,15 +43,14 @@ impl HostProvider {
     }
 }
 
-#[async_trait]
-impl Provider for HostProvider {
-    fn tier(&self) -> Tier {
-        Tier::Host
-    }
-
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+impl HostProvider {
+    /// Creates a sandbox whose agent takes `token` as its bind token (a
+    /// fresh random one if `None`): how a caller that names the token
+    /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
+    /// token is their uid), starts one.
+    pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Box<dyn Sandbox>> {
         check_spec(Tier::Host, &spec)?;
-        let (id, dir, _token, made) = self.state.create()?;
+        let (id, dir, _token, made) = self.state.create(token)?;
         let workspace = dir.join("workspace");
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         cmd.arg("--listen")
@@ -93,6 +92,17 @@ impl Provider for HostProvider {
             _child: Some(child),
             egress_dir: None,
         }))
+    }
+}
+
+#[async_trait]
+impl Provider for HostProvider {
+    fn tier(&self) -> Tier {
+        Tier::Host
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        self.create_with_token(spec, None).await
     }
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {

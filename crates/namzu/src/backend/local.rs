@@ -270,15 +270,14 @@ fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::LocalIo { op: op.into(), source }
 }
 
-#[async_trait]
-impl Provider for LocalProvider {
-    fn tier(&self) -> Tier {
-        Tier::Local
-    }
-
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+impl LocalProvider {
+    /// Creates a sandbox whose agent takes `token` as its bind token (a
+    /// fresh random one if `None`): how a caller that names the token
+    /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
+    /// token is their uid), starts one.
+    pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Box<dyn Sandbox>> {
         check_spec(Tier::Local, &spec)?;
-        let (id, dir, _token, made) = self.state.create()?;
+        let (id, dir, _token, made) = self.state.create(token)?;
         let euid = nix::unistd::geteuid().as_raw();
         let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };
         let sandbox = match self.start(&id, &dir, &spec, slot).await {
@@ -303,6 +302,17 @@ impl Provider for LocalProvider {
             return Err(e);
         }
         Ok(Box::new(sandbox))
+    }
+}
+
+#[async_trait]
+impl Provider for LocalProvider {
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        self.create_with_token(spec, None).await
     }
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {

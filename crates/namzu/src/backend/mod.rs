@@ -101,6 +101,9 @@ pub(crate) fn unprivileged(status: &str) -> std::result::Result<(), (String, Str
 
 /// Refuses agent-limit overrides whose name the agent does not know.
 pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
+    if tier == Tier::Kubernetes {
+        kubernetes_refusals(spec)?;
+    }
     for (name, _) in &spec.limits {
         if !namzu_proto::limits::ALL.contains(&name.as_str()) {
             return Err(Error::OptionRefused {
@@ -184,6 +187,40 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a task sandbox on a cluster cannot take from a spec: its pod is the
+/// SandboxTemplate's (or the warm pool's, made before anyone asked), so the
+/// image, mounts, resources and the agent's environment are the template's.
+/// Egress on a cluster is the cluster's NetworkPolicy, not a spec field.
+fn kubernetes_refusals(spec: &SandboxSpec) -> Result<()> {
+    let template = "the SandboxTemplate's pod decides it; a task sandbox is claimed, not built";
+    let refusals = [
+        (spec.image.is_some(), "image", template),
+        (!spec.binds.is_empty(), "binds", "a pod has no host paths to bind"),
+        (
+            spec.resources.memory_bytes.is_some(),
+            "resources.memory_bytes",
+            template,
+        ),
+        (spec.resources.cpus.is_some(), "resources.cpus", template),
+        (spec.resources.pids.is_some(), "resources.pids", template),
+        (!spec.env.is_empty(), "env", template),
+        (!spec.limits.is_empty(), "limits", template),
+        (
+            spec.egress != crate::egress::EgressConfig::default(),
+            "egress",
+            "a pod's egress is the cluster's NetworkPolicy, not a sandbox option",
+        ),
+    ];
+    match refusals.iter().find(|(set, _, _)| *set) {
+        Some((_, option, reason)) => Err(Error::OptionRefused {
+            tier: Tier::Kubernetes.name().into(),
+            option: (*option).into(),
+            reason: (*reason).into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -100,9 +100,10 @@ impl StateDir {
         Ok(self.root.join(id))
     }
 
-    /// Makes a fresh sandbox directory with its workspace and token.
+    /// Makes a fresh sandbox directory with its workspace and token (a
+    /// fresh random one unless the caller chose it).
     /// Returns (id, dir, token, guard that removes the directory unless kept).
-    pub fn create(&self) -> Result<(String, PathBuf, Vec<u8>, Cleanup)> {
+    pub fn create(&self, token: Option<Vec<u8>>) -> Result<(String, PathBuf, Vec<u8>, Cleanup)> {
         const OP: &str = "create";
         let io = |source| Error::LocalIo { op: OP.into(), source };
         let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
@@ -112,7 +113,8 @@ impl StateDir {
         let guard = Cleanup(Some(dir.clone()));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
         std::fs::create_dir(dir.join("workspace")).map_err(io)?;
-        let token = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>()).into_bytes();
+        let token = token
+            .unwrap_or_else(|| format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>()).into_bytes());
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -789,7 +789,7 @@ impl Provider for DockerProvider {
 
     async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
         check_spec(Tier::Docker, &spec)?;
-        let (id, dir, _token, made) = self.state.create()?;
+        let (id, dir, _token, made) = self.state.create(None)?;
         let mut container = None;
         match self.start(&id, &dir, &spec, &mut container).await {
             Ok(client) => {

@@ -93,6 +93,12 @@ impl Lease {
         Self { gone, task }
     }
 
+    /// The flag a renewal sets when it finds the object gone (for
+    /// [`crate::AgentClient::watch_lease`]).
+    pub fn gone_flag(&self) -> Arc<AtomicBool> {
+        self.gone.clone()
+    }
+
     /// `Err(SandboxGone)` once a renewal found the object gone.
     pub fn check(&self, id: &str) -> crate::Result<()> {
         if self.gone.load(Ordering::SeqCst) {

@@ -21,15 +21,21 @@
 //! Not yet: acquire, the simulator's controller. The tier is
 //! refused by name until they exist.
 
+pub mod acquire;
 pub mod acquire_error;
 pub mod api;
 pub mod build;
 pub mod crd;
 pub mod lease;
 pub mod ops;
+pub mod provider;
 pub mod schema;
 
+pub use provider::{KubernetesProvider, KubernetesSandbox};
+
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -70,8 +76,48 @@ pub enum AddressMode {
     PodIp,
 }
 
+/// How a Service FQDN becomes addresses. The default asks the system
+/// resolver (the cluster's DNS, for a host running in the cluster).
+#[derive(Clone, Default)]
+pub enum NameResolution {
+    #[default]
+    System,
+    /// A resolver of the caller's: tests, or a host with its own view of
+    /// cluster DNS. `None`: the name does not resolve.
+    Custom(Resolver),
+}
+
+/// A caller's resolver: a name's addresses, `None` if it has none.
+pub type Resolver = Arc<dyn Fn(&str) -> Option<Vec<IpAddr>> + Send + Sync>;
+
+impl std::fmt::Debug for NameResolution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::System => "System",
+            Self::Custom(_) => "Custom",
+        })
+    }
+}
+
+impl NameResolution {
+    /// The addresses of `fqdn`, or why there are none.
+    pub async fn resolve(&self, fqdn: &str) -> std::result::Result<Vec<IpAddr>, String> {
+        let found = match self {
+            Self::System => tokio::net::lookup_host((fqdn, 0))
+                .await
+                .map(|a| a.map(|a| a.ip()).collect::<Vec<_>>())
+                .map_err(|e| e.to_string())?,
+            Self::Custom(f) => f(fqdn).unwrap_or_default(),
+        };
+        if found.is_empty() {
+            return Err("no address".into());
+        }
+        Ok(found)
+    }
+}
+
 /// Configuration of the `kubernetes` tier.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KubernetesOptions {
     pub namespace: String,
     /// Claim from this SandboxWarmPool (the fast path).
@@ -89,6 +135,29 @@ pub struct KubernetesOptions {
     pub api_request_timeout: Duration,
     /// How long a claim lives unless renewed.
     pub claim_ttl: Duration,
+    /// How `service` addresses resolve.
+    pub resolution: NameResolution,
+    /// Told of every failed lease renewal.
+    pub on_lease_renewal_error: Option<lease::RenewalErrorCallback>,
+}
+
+impl std::fmt::Debug for KubernetesOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesOptions")
+            .field("namespace", &self.namespace)
+            .field("warm_pool_name", &self.warm_pool_name)
+            .field("template_name", &self.template_name)
+            .field("claim_labels", &self.claim_labels)
+            .field("agent_container", &self.agent_container)
+            .field("agent_port", &self.agent_port)
+            .field("address_mode", &self.address_mode)
+            .field("ready_timeout", &self.ready_timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("api_request_timeout", &self.api_request_timeout)
+            .field("claim_ttl", &self.claim_ttl)
+            .field("resolution", &self.resolution)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for KubernetesOptions {
@@ -105,6 +174,8 @@ impl Default for KubernetesOptions {
             poll_interval: DEFAULT_POLL_INTERVAL,
             api_request_timeout: DEFAULT_API_REQUEST_TIMEOUT,
             claim_ttl: DEFAULT_CLAIM_TTL,
+            resolution: NameResolution::System,
+            on_lease_renewal_error: None,
         }
     }
 }

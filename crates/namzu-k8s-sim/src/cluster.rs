@@ -1,0 +1,110 @@
+//! A ready-made simulated cluster for tests and benchmarks: the simulator,
+//! its controller running pods as real `local` sandboxes, and the task
+//! SandboxTemplate and SandboxWarmPool namzu ships in `deploy/k8s/`,
+//! applied as shipped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use namzu::backend::kubernetes::KubernetesOptions;
+use serde_json::Value;
+
+use crate::controller::{Controller, ControllerConfig, POOLS, TEMPLATES};
+use crate::server::Simulator;
+
+/// The namespace of the shipped manifests.
+pub const NAMESPACE: &str = "sandboxes";
+/// The shipped template's and pool's names.
+pub const TEMPLATE: &str = "namzu-task";
+pub const POOL: &str = "namzu-pool";
+
+const TEMPLATE_YAML: &str = include_str!("../../../deploy/k8s/sandboxtemplate-task.yaml");
+const POOL_YAML: &str = include_str!("../../../deploy/k8s/sandboxwarmpool.yaml");
+
+/// A simulated cluster (see the module docs).
+pub struct Cluster {
+    pub sim: Arc<Simulator>,
+    pub ctl: Arc<Controller>,
+    pub url: String,
+    _state: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts the simulator and its controller on the current runtime, with
+    /// the shipped template, and the shipped pool scaled to `replicas`
+    /// (none at all if `None`).
+    pub async fn start(replicas: Option<i64>) -> std::io::Result<Self> {
+        let state = tempfile::Builder::new().prefix("namzu-k8s-sim.").tempdir()?;
+        let agent_bin = namzu::backend::find_agent_binary().map_err(std::io::Error::other)?;
+        let sim = Simulator::new();
+        let url = sim.serve().await?;
+        let ctl = Controller::start(
+            &sim,
+            ControllerConfig {
+                state_dir: state.path().to_path_buf(),
+                agent_bin,
+                tick: Duration::from_millis(10),
+            },
+        );
+        let parse = |y: &str| serde_yaml::from_str::<Value>(y).map_err(std::io::Error::other);
+        sim.put(TEMPLATES, parse(TEMPLATE_YAML)?);
+        let c = Self {
+            sim,
+            ctl,
+            url,
+            _state: state,
+        };
+        if let Some(n) = replicas {
+            c.add_pool(n)?;
+        }
+        Ok(c)
+    }
+
+    /// Applies the shipped pool, scaled to `replicas`.
+    pub fn add_pool(&self, replicas: i64) -> std::io::Result<()> {
+        let mut pool = serde_yaml::from_str::<Value>(POOL_YAML).map_err(std::io::Error::other)?;
+        pool["spec"]["replicas"] = replicas.into();
+        self.sim.put(POOLS, pool);
+        Ok(())
+    }
+
+    /// A kube client for the simulator's API.
+    pub fn client(&self) -> kube::Client {
+        let uri = self.url.parse().unwrap_or_default();
+        kube::Client::try_from(kube::Config::new(uri)).unwrap_or_else(|e| unreachable!("a plain http config: {e}"))
+    }
+
+    /// Backend options for this cluster: claims on the pool, or Sandboxes
+    /// from the template; `service` addresses resolved by the simulated
+    /// cluster DNS.
+    pub fn options(&self, warm_pool: bool) -> KubernetesOptions {
+        KubernetesOptions {
+            namespace: NAMESPACE.into(),
+            warm_pool_name: warm_pool.then(|| POOL.into()),
+            template_name: (!warm_pool).then(|| TEMPLATE.into()),
+            resolution: self.ctl.resolution(),
+            ..Default::default()
+        }
+    }
+
+    /// Waits until the pool reports `replicas` ready pods.
+    pub async fn pool_ready(&self, replicas: i64, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            let ready = self
+                .sim
+                .object(POOLS.0, POOLS.1, POOLS.2, NAMESPACE, POOL)
+                .and_then(|p| p["status"]["readyReplicas"].as_i64());
+            if ready == Some(replicas) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// Stops every pod's sandbox.
+    pub async fn stop(&self) {
+        self.ctl.shutdown().await;
+    }
+}

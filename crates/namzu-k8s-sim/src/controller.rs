@@ -1,0 +1,691 @@
+//! The simulator's agent-sandbox controller and kubelet, following the
+//! upstream controller's documented behaviour for the parts namzu relies
+//! on — and running REAL sandboxes as pods:
+//!
+//! * a SandboxWarmPool keeps `replicas` unclaimed Sandboxes from its
+//!   template (owned by the pool), and reports `replicas`/`readyReplicas`;
+//! * a SandboxClaim on a pool is refused for good (`Ready=False`,
+//!   `WarmPoolNotFound` / `TemplateNotFound`) or bound: it adopts one of the
+//!   pool's Sandboxes (a cold one is made when none is left), whose pod gets
+//!   the claim's `additionalPodMetadata`; the claim's `status.sandbox.name`
+//!   names it and its `Ready` mirrors the Sandbox's;
+//! * a Sandbox gets a pod of its own name from its `podTemplate`, a
+//!   headless Service FQDN (`<name>.<namespace>.svc.cluster.local`, served
+//!   by [`Controller::resolution`]) and `Ready` when its pod is;
+//! * `shutdownTime` with policy `Delete` deletes a claim or Sandbox once it
+//!   passes, and owner references cascade: claim → Sandbox → pod;
+//! * every pod is a real `local`-tier sandbox (user, mount, pid, net
+//!   namespaces, seccomp) running the real agent, started with the bind
+//!   token its container's `NAMZU_AGENT_TOKEN` names through the downward
+//!   API (the pod's uid). The pod network is simulated: the pod's IP is a
+//!   loopback address of its own (127.0.x.y), whose port relays to the
+//!   sandbox's agent socket.
+//!
+//! Pod faults ([`PodFault`]) make new pods unschedulable, unable to pull
+//! their image, or run the agent with no confinement at all (the host tier:
+//! what a pod without the restricted security context amounts to), and a
+//! pod can be replaced (new uid, new IP) right after it is read.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+
+use namzu::backend::host::HostProvider;
+use namzu::backend::kubernetes::build::until;
+use namzu::backend::kubernetes::NameResolution;
+use namzu::backend::local::LocalProvider;
+use namzu::{Sandbox, SandboxSpec};
+use serde_json::{json, Value};
+
+use crate::server::{new_uid, now_rfc3339, Gvr, Simulator};
+
+pub const PODS: Gvr = ("", "v1", "pods");
+pub const SANDBOXES: Gvr = ("agents.x-k8s.io", "v1beta1", "sandboxes");
+pub const CLAIMS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims");
+pub const TEMPLATES: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates");
+pub const POOLS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools");
+
+/// The label a pool puts on the Sandboxes it holds.
+pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool";
+
+/// What goes wrong with pods created while the fault is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodFault {
+    /// `PodScheduled=False`, reason `Unschedulable`: no node has room.
+    Unschedulable,
+    /// The container waits in `ImagePullBackOff`.
+    ImagePull,
+    /// The pod runs, but its agent is confined by nothing.
+    Unconfined,
+}
+
+/// Where pods run.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// State directory of the pods' local sandboxes.
+    pub state_dir: PathBuf,
+    pub agent_bin: PathBuf,
+    /// How often the controller reconciles.
+    pub tick: Duration,
+}
+
+/// A running pod: its sandbox and the relay that is its network.
+struct PodRuntime {
+    uid: String,
+    ip: Ipv4Addr,
+    sandbox: Arc<dyn Sandbox>,
+    relay: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// `ns/name` → the pod's runtime.
+    running: HashMap<String, PodRuntime>,
+    /// `ns/name` of pods being started.
+    starting: HashSet<String>,
+    /// How many of the next pod reads replace the pod they read.
+    replace_on_read: usize,
+    next_ip: u32,
+}
+
+/// The controller (see the module docs).
+pub struct Controller {
+    sim: Weak<Simulator>,
+    cfg: ControllerConfig,
+    local: LocalProvider,
+    host: HostProvider,
+    state: Mutex<State>,
+    fault: Mutex<Option<PodFault>>,
+}
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+fn meta<'a>(o: &'a Value, field: &str) -> &'a str {
+    o["metadata"][field].as_str().unwrap_or_default()
+}
+
+fn owner_of(o: &Value, kind: &str) -> Option<(String, String)> {
+    o["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["kind"] == kind)
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or_default().to_owned(),
+                r["uid"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+fn owner_ref(api_version: &str, kind: &str, o: &Value) -> Value {
+    json!([{"apiVersion": api_version, "kind": kind, "name": meta(o, "name"), "uid": meta(o, "uid"), "controller": true}])
+}
+
+fn condition(kind: &str, ready: bool, reason: &str, message: &str) -> Value {
+    json!({"type": kind, "status": if ready { "True" } else { "False" }, "reason": reason,
+        "message": message, "lastTransitionTime": now_rfc3339()})
+}
+
+fn is_ready(o: &Value) -> bool {
+    o["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// Whether a `shutdownTime` with policy `Delete` has passed.
+fn expired(time: &Value, policy: &Value, now: SystemTime) -> bool {
+    policy.as_str() != Some("Retain") && time.as_str().is_some_and(|t| until(t, now).is_none())
+}
+
+impl Controller {
+    /// Starts the controller on `sim` (once; later calls return the first).
+    pub fn start(sim: &Arc<Simulator>, cfg: ControllerConfig) -> Arc<Controller> {
+        let ctl = Arc::new(Controller {
+            sim: Arc::downgrade(sim),
+            local: LocalProvider::with_agent(&cfg.state_dir, &cfg.agent_bin),
+            host: HostProvider::with_agent(&cfg.state_dir, &cfg.agent_bin),
+            cfg,
+            state: Mutex::default(),
+            fault: Mutex::default(),
+        });
+        if sim.controller.set(ctl.clone()).is_err() {
+            return sim.controller.get().cloned().unwrap_or(ctl);
+        }
+        let weak = Arc::downgrade(&ctl);
+        tokio::spawn(async move {
+            loop {
+                let Some(ctl) = weak.upgrade() else { return };
+                let Some(sim) = ctl.sim.upgrade() else { return };
+                ctl.reconcile(&sim);
+                let tick = ctl.cfg.tick;
+                drop((ctl, sim));
+                tokio::time::sleep(tick).await;
+            }
+        });
+        ctl
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets (or clears) the fault of pods created from now on.
+    pub fn set_pod_fault(&self, fault: Option<PodFault>) {
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
+    }
+
+    /// Replaces the pod the next successful pod read returns, right after
+    /// that read: the reader holds the old uid and IP, which stop answering
+    /// at once, while a new pod of the same name (a new uid) starts.
+    pub fn replace_next_pod_read(&self) {
+        self.lock().replace_on_read += 1;
+    }
+
+    /// How many pods run now (real sandboxes).
+    pub fn running_pods(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    /// The cluster DNS of the simulated Services: `<sandbox>.<ns>.svc.
+    /// cluster.local` resolves to its pod's IP while the pod runs.
+    pub fn resolution(self: &Arc<Self>) -> NameResolution {
+        let weak = Arc::downgrade(self);
+        NameResolution::Custom(Arc::new(move |fqdn: &str| {
+            let ctl = weak.upgrade()?;
+            let (name, rest) = fqdn.split_once('.')?;
+            let ns = rest.strip_suffix(".svc.cluster.local")?;
+            let st = ctl.lock();
+            let pod = st.running.get(&key(ns, name))?;
+            Some(vec![IpAddr::V4(pod.ip)])
+        }))
+    }
+
+    /// Called by the API after a pod read: replaces the pod if asked to.
+    pub(crate) async fn after_pod_read(&self, sim: &Simulator, ns: &str, name: &str) {
+        let k = key(ns, name);
+        let old = {
+            let mut st = self.lock();
+            if st.replace_on_read == 0 || !st.running.contains_key(&k) {
+                return;
+            }
+            st.replace_on_read -= 1;
+            st.running.remove(&k)
+        };
+        if let Some(rt) = old {
+            rt.relay.abort();
+            let _ = rt.relay.await;
+            let sb = rt.sandbox.clone();
+            tokio::spawn(async move {
+                let _ = sb.destroy().await;
+            });
+        }
+        // The same name, a new object: what a controller replacing an
+        // evicted pod does.
+        if let Some(mut pod) = sim.remove(PODS, ns, name) {
+            if let Some(m) = pod["metadata"].as_object_mut() {
+                m.remove("uid");
+            }
+            pod["status"] = json!({"phase": "Pending"});
+            sim.put(PODS, pod);
+        }
+    }
+
+    /// Stops every pod's sandbox (test teardown).
+    pub async fn shutdown(&self) {
+        let all: Vec<PodRuntime> = self.lock().running.drain().map(|(_, r)| r).collect();
+        for rt in all {
+            rt.relay.abort();
+            let _ = rt.sandbox.destroy().await;
+        }
+    }
+
+    /// One pass over the store.
+    fn reconcile(self: &Arc<Self>, sim: &Arc<Simulator>) {
+        let now = SystemTime::now();
+        // Expiry.
+        for c in sim.all(CLAIMS) {
+            let l = &c["spec"]["lifecycle"];
+            if expired(&l["shutdownTime"], &l["shutdownPolicy"], now) {
+                sim.remove(CLAIMS, meta(&c, "namespace"), meta(&c, "name"));
+            }
+        }
+        for s in sim.all(SANDBOXES) {
+            if expired(&s["spec"]["shutdownTime"], &s["spec"]["shutdownPolicy"], now) {
+                sim.remove(SANDBOXES, meta(&s, "namespace"), meta(&s, "name"));
+            }
+        }
+        // Owner references cascade.
+        let uids = |gvr: Gvr| -> HashSet<String> { sim.all(gvr).iter().map(|o| meta(o, "uid").to_owned()).collect() };
+        let (claims, pools) = (uids(CLAIMS), uids(POOLS));
+        for s in sim.all(SANDBOXES) {
+            let orphan = match (owner_of(&s, "SandboxClaim"), owner_of(&s, "SandboxWarmPool")) {
+                (Some((_, u)), _) => !claims.contains(&u),
+                (None, Some((_, u))) => !pools.contains(&u),
+                (None, None) => false,
+            };
+            if orphan {
+                sim.remove(SANDBOXES, meta(&s, "namespace"), meta(&s, "name"));
+            }
+        }
+        let sandboxes = uids(SANDBOXES);
+        for p in sim.all(PODS) {
+            if owner_of(&p, "Sandbox").is_some_and(|(_, u)| !sandboxes.contains(&u)) {
+                sim.remove(PODS, meta(&p, "namespace"), meta(&p, "name"));
+            }
+        }
+        self.pools(sim);
+        self.claims(sim);
+        self.sandboxes(sim);
+        self.pods(sim);
+    }
+
+    fn template(sim: &Simulator, ns: &str, name: &str) -> Option<Value> {
+        sim.all(TEMPLATES)
+            .into_iter()
+            .find(|t| meta(t, "namespace") == ns && meta(t, "name") == name)
+    }
+
+    /// A Sandbox from `template`, owned by `owner`.
+    fn sandbox_from(template: &Value, ns: &str, name: &str, labels: Value, owner: Value) -> Value {
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1",
+            "kind": "Sandbox",
+            "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": owner},
+            "spec": {"podTemplate": template["spec"]["podTemplate"].clone(), "service": true},
+        })
+    }
+
+    fn pools(&self, sim: &Simulator) {
+        let sandboxes = sim.all(SANDBOXES);
+        for pool in sim.all(POOLS) {
+            let (ns, name) = (meta(&pool, "namespace"), meta(&pool, "name"));
+            let held: Vec<&Value> = sandboxes
+                .iter()
+                .filter(|s| owner_of(s, "SandboxWarmPool").is_some_and(|(_, u)| u == meta(&pool, "uid")))
+                .collect();
+            let want = usize::try_from(pool["spec"]["replicas"].as_i64().unwrap_or(0)).unwrap_or(0);
+            let tname = pool["spec"]["sandboxTemplateRef"]["name"].as_str().unwrap_or_default();
+            if let Some(t) = Self::template(sim, ns, tname) {
+                for _ in held.len()..want {
+                    let sname = format!("{name}-{:05x}", rand::random::<u32>() & 0xfffff);
+                    let owner = owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool", &pool);
+                    sim.put(
+                        SANDBOXES,
+                        Self::sandbox_from(&t, ns, &sname, json!({POOL_LABEL: name}), owner),
+                    );
+                }
+            }
+            let ready = held.iter().filter(|s| is_ready(s)).count();
+            let mut next = pool.clone();
+            next["status"] = json!({"replicas": held.len(), "readyReplicas": ready,
+                "observedGeneration": pool["metadata"]["generation"].clone()});
+            if next["status"] != pool["status"] {
+                sim.put(POOLS, next);
+            }
+        }
+    }
+
+    fn claims(&self, sim: &Simulator) {
+        let pools = sim.all(POOLS);
+        for claim in sim.all(CLAIMS) {
+            let ns = meta(&claim, "namespace").to_owned();
+            let mut next = claim.clone();
+            match claim["status"]["sandbox"]["name"].as_str() {
+                Some(bound) => {
+                    let sb = sim
+                        .all(SANDBOXES)
+                        .into_iter()
+                        .find(|s| meta(s, "namespace") == ns && meta(s, "name") == bound);
+                    let ready = sb.as_ref().is_some_and(is_ready);
+                    next["status"]["conditions"] = json!([condition(
+                        "Ready",
+                        ready,
+                        if ready { "SandboxReady" } else { "SandboxNotReady" },
+                        ""
+                    )]);
+                }
+                None => {
+                    let pname = claim["spec"]["warmPoolRef"]["name"].as_str().unwrap_or_default();
+                    let Some(pool) = pools
+                        .iter()
+                        .find(|p| meta(p, "namespace") == ns && meta(p, "name") == pname)
+                    else {
+                        next["status"]["conditions"] = json!([condition(
+                            "Ready",
+                            false,
+                            "WarmPoolNotFound",
+                            &format!("SandboxWarmPool {pname:?} not found in namespace {ns:?}")
+                        )]);
+                        if next != claim {
+                            sim.put(CLAIMS, next);
+                        }
+                        continue;
+                    };
+                    let tname = pool["spec"]["sandboxTemplateRef"]["name"].as_str().unwrap_or_default();
+                    let Some(template) = Self::template(sim, &ns, tname) else {
+                        next["status"]["conditions"] = json!([condition(
+                            "Ready",
+                            false,
+                            "TemplateNotFound",
+                            &format!("SandboxTemplate {tname:?} not found")
+                        )]);
+                        if next != claim {
+                            sim.put(CLAIMS, next);
+                        }
+                        continue;
+                    };
+                    let bound = self.adopt(sim, &claim, pool, &template);
+                    next["status"]["sandbox"] = json!({"name": bound});
+                    next["status"]["conditions"] = json!([condition("Ready", false, "SandboxNotReady", "")]);
+                }
+            }
+            if next["status"] != claim["status"] {
+                // Conditions carry a transition time; only a change of
+                // status proper is written.
+                let same = next["status"]["sandbox"] == claim["status"]["sandbox"]
+                    && next["status"]["conditions"][0]["status"] == claim["status"]["conditions"][0]["status"]
+                    && next["status"]["conditions"][0]["reason"] == claim["status"]["conditions"][0]["reason"];
+                if !same {
+                    sim.put(CLAIMS, next);
+                }
+            }
+        }
+    }
+
+    /// Binds `claim` to one of `pool`'s Sandboxes (ready first), or a cold
+    /// one when none is left; returns its name.
+    fn adopt(&self, sim: &Simulator, claim: &Value, pool: &Value, template: &Value) -> String {
+        let ns = meta(claim, "namespace");
+        let extra = claim["spec"]["additionalPodMetadata"]["labels"].clone();
+        let owner = owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", claim);
+        let mut held: Vec<Value> = sim
+            .all(SANDBOXES)
+            .into_iter()
+            .filter(|s| owner_of(s, "SandboxWarmPool").is_some_and(|(_, u)| u == meta(pool, "uid")))
+            .collect();
+        held.sort_by_key(|s| !is_ready(s));
+        let mut sb = match held.into_iter().next() {
+            Some(mut s) => {
+                if let Some(l) = s["metadata"]["labels"].as_object_mut() {
+                    l.remove(POOL_LABEL);
+                }
+                s["metadata"]["ownerReferences"] = owner;
+                s
+            }
+            None => Self::sandbox_from(
+                template,
+                ns,
+                &format!("{}-{:05x}", meta(pool, "name"), rand::random::<u32>() & 0xfffff),
+                json!({}),
+                owner,
+            ),
+        };
+        let name = meta(&sb, "name").to_owned();
+        if let Some(extra) = extra.as_object() {
+            for (k, v) in extra {
+                sb["spec"]["podTemplate"]["metadata"]["labels"][k] = v.clone();
+            }
+            // The pod already running takes them too.
+            if let Some(mut pod) = sim
+                .all(PODS)
+                .into_iter()
+                .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name)
+            {
+                for (k, v) in extra {
+                    pod["metadata"]["labels"][k] = v.clone();
+                }
+                sim.put(PODS, pod);
+            }
+        }
+        sim.put(SANDBOXES, sb);
+        name
+    }
+
+    fn sandboxes(&self, sim: &Simulator) {
+        let pods = sim.all(PODS);
+        for sb in sim.all(SANDBOXES) {
+            let (ns, name) = (meta(&sb, "namespace"), meta(&sb, "name"));
+            let pod = pods
+                .iter()
+                .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name);
+            let Some(pod) = pod else {
+                let tpl = &sb["spec"]["podTemplate"];
+                sim.put(
+                    PODS,
+                    json!({
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": name, "namespace": ns,
+                            "labels": tpl["metadata"]["labels"].clone(),
+                            "annotations": tpl["metadata"]["annotations"].clone(),
+                            "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", &sb)},
+                        "spec": tpl["spec"].clone(),
+                        "status": {"phase": "Pending"},
+                    }),
+                );
+                continue;
+            };
+            let ready = is_ready(pod);
+            let mut next = sb.clone();
+            next["status"] = json!({
+                "conditions": [condition("Ready", ready, if ready { "DependenciesReady" } else { "DependenciesNotReady" }, "")],
+                "service": name,
+                "serviceFQDN": format!("{name}.{ns}.svc.cluster.local"),
+                "podIPs": pod["status"]["podIPs"].as_array().map(|a| a.iter().map(|i| i["ip"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
+                "selector": format!("agents.x-k8s.io/sandbox-name={name}"),
+            });
+            let changed = next["status"]["conditions"][0]["status"] != sb["status"]["conditions"][0]["status"]
+                || next["status"]["podIPs"] != sb["status"]["podIPs"];
+            if changed {
+                sim.put(SANDBOXES, next);
+            }
+        }
+    }
+
+    /// Starts a runtime for every pod without one, stops those whose pod
+    /// is gone.
+    fn pods(self: &Arc<Self>, sim: &Arc<Simulator>) {
+        let pods = sim.all(PODS);
+        let live: HashMap<String, &Value> = pods
+            .iter()
+            .map(|p| (key(meta(p, "namespace"), meta(p, "name")), p))
+            .collect();
+        let stale: Vec<PodRuntime> = {
+            let mut st = self.lock();
+            let gone: Vec<String> = st
+                .running
+                .iter()
+                .filter(|(k, rt)| live.get(*k).is_none_or(|p| meta(p, "uid") != rt.uid))
+                .map(|(k, _)| k.clone())
+                .collect();
+            gone.iter().filter_map(|k| st.running.remove(k)).collect()
+        };
+        for rt in stale {
+            rt.relay.abort();
+            tokio::spawn(async move {
+                let _ = rt.sandbox.destroy().await;
+            });
+        }
+        for (k, pod) in live {
+            let pending = pod["status"]["phase"] == "Pending" && pod["status"]["conditions"].is_null();
+            if !pending {
+                continue;
+            }
+            {
+                let mut st = self.lock();
+                if st.running.contains_key(&k) || !st.starting.insert(k.clone()) {
+                    continue;
+                }
+            }
+            let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = pod.clone();
+            match fault {
+                Some(PodFault::Unschedulable) => {
+                    next["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", false, "Unschedulable",
+                        "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")]});
+                    sim.put(PODS, next);
+                    continue;
+                }
+                Some(PodFault::ImagePull) => {
+                    let c = pod["spec"]["containers"][0]["name"].clone();
+                    next["status"] = json!({"phase": "Pending",
+                        "conditions": [condition("PodScheduled", true, "", "")],
+                        "containerStatuses": [{"name": c, "ready": false, "restartCount": 0, "image": pod["spec"]["containers"][0]["image"].clone(),
+                            "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
+                            "message": "Back-off pulling image: not found"}}}]});
+                    sim.put(PODS, next);
+                    continue;
+                }
+                _ => {}
+            }
+            next["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
+            let pod = sim.put(PODS, next);
+            let ctl = self.clone();
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                let started = ctl.run_pod(&pod, fault == Some(PodFault::Unconfined)).await;
+                ctl.lock().starting.remove(&k);
+                ctl.publish(&sim, &pod, started);
+            });
+        }
+    }
+
+    /// Writes a started pod's status (or its crash).
+    fn publish(&self, sim: &Simulator, pod: &Value, started: Result<PodRuntime, String>) {
+        let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
+        let current = sim
+            .all(PODS)
+            .into_iter()
+            .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name && meta(p, "uid") == meta(pod, "uid"));
+        let container = pod["spec"]["containers"][0]["name"].clone();
+        match (current, started) {
+            (Some(mut cur), Ok(rt)) => {
+                let ip = rt.ip.to_string();
+                cur["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
+                    "conditions": [condition("PodScheduled", true, "", ""), condition("Initialized", true, "", ""),
+                        condition("ContainersReady", true, "", ""), condition("Ready", true, "", "")],
+                    "containerStatuses": [{"name": container, "ready": true, "restartCount": 0, "started": true,
+                        "image": pod["spec"]["containers"][0]["image"].clone(), "imageID": "",
+                        "state": {"running": {"startedAt": now_rfc3339()}}}]});
+                sim.put(PODS, cur);
+                self.lock().running.insert(key(ns, name), rt);
+            }
+            (Some(mut cur), Err(why)) => {
+                cur["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", true, "", "")],
+                    "containerStatuses": [{"name": container, "ready": false, "restartCount": 1, "image": "", "imageID": "",
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": why}}}]});
+                sim.put(PODS, cur);
+            }
+            // The pod went away while it started.
+            (None, Ok(rt)) => {
+                rt.relay.abort();
+                tokio::spawn(async move {
+                    let _ = rt.sandbox.destroy().await;
+                });
+            }
+            (None, Err(_)) => {}
+        }
+    }
+
+    /// Runs `pod`: a sandbox whose agent takes the token the container's
+    /// environment names, and a relay on a fresh pod IP at the agent port.
+    async fn run_pod(&self, pod: &Value, unconfined: bool) -> Result<PodRuntime, String> {
+        let c = &pod["spec"]["containers"][0];
+        let token = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == namzu::backend::kubernetes::build::TOKEN_ENV)
+            .and_then(|e| match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.uid") => pod["metadata"]["uid"].as_str().map(String::from),
+                Some("metadata.name") => pod["metadata"]["name"].as_str().map(String::from),
+                Some(_) => None,
+                None => e["value"].as_str().map(String::from),
+            })
+            .ok_or("no bind token: the container has no NAMZU_AGENT_TOKEN")?;
+        let port = c["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find_map(|a| {
+                a.strip_prefix("tcp:")
+                    .and_then(|r| r.rsplit(':').next()?.parse::<u16>().ok())
+            })
+            .unwrap_or(namzu::backend::kubernetes::DEFAULT_AGENT_PORT);
+        let spec = SandboxSpec::default();
+        let made = if unconfined {
+            self.host
+                .create_with_token(spec, Some(token.clone().into_bytes()))
+                .await
+        } else {
+            self.local
+                .create_with_token(spec, Some(token.clone().into_bytes()))
+                .await
+        };
+        let sandbox: Arc<dyn Sandbox> = Arc::from(made.map_err(|e| e.to_string())?);
+        let tier = if unconfined { "host" } else { "local" };
+        let socket = self.cfg.state_dir.join(tier).join(sandbox.id()).join("agent.sock");
+        let (ip, listener) = {
+            let mut last = String::new();
+            let mut bound = None;
+            for _ in 0..64 {
+                let n = {
+                    let mut st = self.lock();
+                    st.next_ip += 1;
+                    st.next_ip
+                };
+                let ip = Ipv4Addr::new(
+                    127,
+                    0,
+                    u8::try_from(1 + n / 250).unwrap_or(255),
+                    u8::try_from(1 + n % 250).unwrap_or(1),
+                );
+                match tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await {
+                    Ok(l) => {
+                        bound = Some((ip, l));
+                        break;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            match bound {
+                Some(b) => b,
+                None => {
+                    let _ = sandbox.destroy().await;
+                    return Err(format!("no pod IP: {last}"));
+                }
+            }
+        };
+        let relay = tokio::spawn(async move {
+            loop {
+                let Ok((mut tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                    }
+                });
+            }
+        });
+        Ok(PodRuntime {
+            uid: pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+            ip,
+            sandbox,
+            relay,
+        })
+    }
+}
+
+/// A fresh uid, for tests that build objects by hand.
+pub fn uid() -> String {
+    new_uid()
+}

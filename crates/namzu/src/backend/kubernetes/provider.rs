@@ -1,0 +1,232 @@
+//! The `kubernetes` tier's provider and handle: a task sandbox is acquired
+//! ([`super::acquire`]), its agent dialed over TCP with the pod's uid as the
+//! bind token, the privilege probe run over that link before the handle is
+//! handed out (a refusal gives the sandbox back), and its lease renewed for
+//! as long as the handle lives. Destroy gives the claim (or Sandbox) back;
+//! the controller deletes the pod.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use super::acquire::{self, Bound};
+use super::api::{Api, Resource};
+use super::lease::{Lease, Leased};
+use super::KubernetesOptions;
+use crate::backend::{check_spec, privilege_probe};
+use crate::client::{AgentClient, ClientOptions};
+use crate::error::{Error, Result};
+use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+
+/// Makes task sandboxes on a cluster.
+#[derive(Clone)]
+pub struct KubernetesProvider {
+    api: Api,
+    opts: Arc<KubernetesOptions>,
+    client: ClientOptions,
+}
+
+impl std::fmt::Debug for KubernetesProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesProvider")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubernetesProvider {
+    /// A provider on `client` (kubeconfig or in-cluster, as kube builds
+    /// it); options that cannot work are refused here, before any request.
+    pub fn new(client: kube::Client, opts: KubernetesOptions) -> Result<Self> {
+        opts.validate()?;
+        Ok(Self {
+            api: Api::new(client, opts.api_request_timeout)?,
+            opts: Arc::new(opts),
+            client: ClientOptions::default(),
+        })
+    }
+
+    /// A provider on the client kube infers from the environment
+    /// (`KUBECONFIG`, `~/.kube/config`, or the pod's service account).
+    pub async fn from_env(opts: KubernetesOptions) -> Result<Self> {
+        let client = kube::Client::try_default().await.map_err(|e| Error::OptionRefused {
+            tier: "kubernetes".into(),
+            option: "kubeconfig".into(),
+            reason: e.to_string(),
+        })?;
+        Self::new(client, opts)
+    }
+
+    /// The typed API layer (and its record of calls).
+    pub fn api(&self) -> &Api {
+        &self.api
+    }
+
+    pub fn options(&self) -> &KubernetesOptions {
+        &self.opts
+    }
+
+    fn owner(&self) -> Leased {
+        if self.opts.warm_pool_name.is_some() {
+            Leased::Claim
+        } else {
+            Leased::Sandbox
+        }
+    }
+
+    /// Dials a bound sandbox, probes it, and starts its lease. A probe
+    /// refusal (or a failed dial) is returned; the caller releases.
+    async fn open(&self, mut bound: Bound) -> Result<KubernetesSandbox> {
+        let client = acquire::dial(&self.api, &self.opts, &mut bound, &self.client).await?;
+        privilege_probe(&bound.id, &client).await?;
+        let lease = Lease::start(
+            self.api.clone(),
+            acquire::owner_resource(bound.owner, &self.opts.namespace),
+            bound.owner_name.clone(),
+            bound.owner,
+            self.opts.claim_ttl,
+            self.opts.on_lease_renewal_error.clone(),
+        );
+        client.watch_lease(lease.gone_flag());
+        Ok(KubernetesSandbox {
+            provider: self.clone(),
+            bound,
+            client,
+            lease,
+        })
+    }
+
+    /// [`Provider::create`], with the handle's own type.
+    pub async fn create_task(&self, spec: SandboxSpec) -> Result<KubernetesSandbox> {
+        check_spec(Tier::Kubernetes, &spec)?;
+        let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+        self.create_task_with_id(&id).await
+    }
+
+    /// Acquires sandbox `id` (a caller-chosen id: how a host that lost the
+    /// answer to an earlier create for the same id adopts it).
+    pub async fn create_task_with_id(&self, id: &str) -> Result<KubernetesSandbox> {
+        let bound = acquire::acquire(&self.api, &self.opts, id).await?;
+        let (owner, name) = (bound.owner, bound.owner_name.clone());
+        match self.open(bound).await {
+            Ok(sb) => Ok(sb),
+            Err(e) => {
+                if let Err(r) = acquire::release(&self.api, &self.opts, owner, &name).await {
+                    tracing::warn!(%name, error = %r, "a refused sandbox could not be released");
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for KubernetesProvider {
+    fn tier(&self) -> Tier {
+        Tier::Kubernetes
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        Ok(Box::new(self.create_task(spec).await?))
+    }
+
+    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+        let bound = acquire::find(&self.api, &self.opts, id).await?;
+        Ok(Box::new(self.open(bound).await?))
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>> {
+        let r = acquire::owner_resource(self.owner(), &self.opts.namespace);
+        let list = self.api.list(&r, None).await?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| info(o, self.owner()))
+            .collect())
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        acquire::release(&self.api, &self.opts, self.owner(), &acquire::object_name(id)).await
+    }
+}
+
+/// A namzu sandbox summary of a claim (or Sandbox) namzu made.
+fn info(o: &Value, owner: Leased) -> Option<SandboxInfo> {
+    let id = o["metadata"]["name"].as_str()?.strip_prefix("namzu-")?;
+    let labels = match owner {
+        Leased::Claim => &o["spec"]["additionalPodMetadata"]["labels"],
+        Leased::Sandbox => &o["spec"]["podTemplate"]["metadata"]["labels"],
+    };
+    if labels[super::build::SANDBOX_LABEL] != id {
+        return None;
+    }
+    let created_unix = o["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| k8s_openapi::chrono::DateTime::parse_from_rfc3339(t).ok())
+        .and_then(|t| u64::try_from(t.timestamp()).ok())
+        .unwrap_or(0);
+    let alive = o["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    Some(SandboxInfo {
+        id: id.to_owned(),
+        tier: Tier::Kubernetes,
+        alive,
+        created_unix,
+    })
+}
+
+/// A task sandbox on a cluster.
+pub struct KubernetesSandbox {
+    provider: KubernetesProvider,
+    bound: Bound,
+    client: AgentClient,
+    lease: Lease,
+}
+
+impl KubernetesSandbox {
+    /// What the acquire bound: the claim (or Sandbox), the Sandbox, the pod.
+    pub fn bound(&self) -> &Bound {
+        &self.bound
+    }
+
+    /// `Err(SandboxGone)` once the lease found the object gone.
+    pub fn check_lease(&self) -> Result<()> {
+        self.lease.check(&self.bound.id)
+    }
+
+    /// The claim's (or Sandbox's) resource.
+    pub fn owner_resource(&self) -> Resource {
+        acquire::owner_resource(self.bound.owner, &self.provider.opts.namespace)
+    }
+}
+
+#[async_trait]
+impl Sandbox for KubernetesSandbox {
+    fn id(&self) -> &str {
+        &self.bound.id
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Kubernetes
+    }
+
+    fn agent(&self) -> &AgentClient {
+        &self.client
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        self.client.close();
+        acquire::release(
+            &self.provider.api,
+            &self.provider.opts,
+            self.bound.owner,
+            &self.bound.owner_name,
+        )
+        .await
+    }
+}
