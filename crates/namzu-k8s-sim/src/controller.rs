@@ -380,6 +380,14 @@ impl Controller {
                         }
                         continue;
                     };
+                    if let Err(why) = Self::injection(&claim, &template) {
+                        next["status"]["conditions"] =
+                            json!([condition("Ready", false, "EnvVarsInjectionRejected", &why)]);
+                        if next["status"]["conditions"][0]["reason"] != claim["status"]["conditions"][0]["reason"] {
+                            sim.put(CLAIMS, next);
+                        }
+                        continue;
+                    }
                     let bound = self.adopt(sim, &claim, pool, &template);
                     next["status"]["sandbox"] = json!({"name": bound});
                     next["status"]["conditions"] = json!([condition("Ready", false, "SandboxNotReady", "")]);
@@ -398,8 +406,75 @@ impl Controller {
         }
     }
 
+    /// Whether the template lets `claim` inject its `env`: `Disallowed` (the
+    /// default) refuses any; `Allowed` refuses a name the container already
+    /// sets; `Overrides` takes all.
+    fn injection(claim: &Value, template: &Value) -> Result<(), String> {
+        let env = claim["spec"]["env"].as_array().cloned().unwrap_or_default();
+        if env.is_empty() {
+            return Ok(());
+        }
+        let policy = template["spec"]["envVarsInjectionPolicy"]
+            .as_str()
+            .unwrap_or("Disallowed");
+        let containers = &template["spec"]["podTemplate"]["spec"]["containers"];
+        match policy {
+            "Overrides" => Ok(()),
+            "Allowed" => {
+                for e in &env {
+                    let c = containers
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|c| e["containerName"].as_str().is_none_or(|n| c["name"] == n));
+                    let taken = c.is_some_and(|c| {
+                        c["env"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|have| have["name"] == e["name"])
+                    });
+                    if taken {
+                        return Err(format!(
+                            "env {} is set by the template and its policy is Allowed, not Overrides",
+                            e["name"]
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(format!(
+                "the template's envVarsInjectionPolicy is {policy}; the claim asks for {} variables",
+                env.len()
+            )),
+        }
+    }
+
+    /// Puts a claim's `env` on the agent container of a Sandbox's pod
+    /// template (replacing what the template set, where allowed to).
+    fn inject(sb: &mut Value, claim: &Value) {
+        let Some(containers) = sb["spec"]["podTemplate"]["spec"]["containers"].as_array_mut() else {
+            return;
+        };
+        for e in claim["spec"]["env"].as_array().into_iter().flatten() {
+            let c = match e["containerName"].as_str() {
+                Some(n) => containers.iter_mut().find(|c| c["name"] == n),
+                None => containers.first_mut(),
+            };
+            let Some(c) = c else { continue };
+            if !c["env"].is_array() {
+                c["env"] = json!([]);
+            }
+            if let Some(list) = c["env"].as_array_mut() {
+                list.retain(|have| have["name"] != e["name"]);
+                list.push(json!({"name": e["name"].clone(), "value": e["value"].clone()}));
+            }
+        }
+    }
+
     /// Binds `claim` to one of `pool`'s Sandboxes (ready first), or a cold
-    /// one when none is left; returns its name.
+    /// one when none is left — or when the claim injects environment, which
+    /// a running pod cannot take; returns its name.
     fn adopt(&self, sim: &Simulator, claim: &Value, pool: &Value, template: &Value) -> String {
         let ns = meta(claim, "namespace");
         let extra = claim["spec"]["additionalPodMetadata"]["labels"].clone();
@@ -410,6 +485,10 @@ impl Controller {
             .filter(|s| owner_of(s, "SandboxWarmPool").is_some_and(|(_, u)| u == meta(pool, "uid")))
             .collect();
         held.sort_by_key(|s| !is_ready(s));
+        let injects = claim["spec"]["env"].as_array().is_some_and(|e| !e.is_empty());
+        if injects {
+            held.clear();
+        }
         let mut sb = match held.into_iter().next() {
             Some(mut s) => {
                 if let Some(l) = s["metadata"]["labels"].as_object_mut() {
@@ -426,6 +505,7 @@ impl Controller {
                 owner,
             ),
         };
+        Self::inject(&mut sb, claim);
         let name = meta(&sb, "name").to_owned();
         if let Some(extra) = extra.as_object() {
             for (k, v) in extra {
@@ -619,7 +699,22 @@ impl Controller {
                     .and_then(|r| r.rsplit(':').next()?.parse::<u16>().ok())
             })
             .unwrap_or(namzu::backend::kubernetes::DEFAULT_AGENT_PORT);
-        let spec = SandboxSpec::default();
+        // The container's environment is the agent's; the agent reads its
+        // limits from NAMZU_<LIMIT>, which the local tier takes as limits.
+        let mut spec = SandboxSpec::default();
+        for e in c["env"].as_array().into_iter().flatten() {
+            let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) else {
+                continue;
+            };
+            let limit = name
+                .strip_prefix("NAMZU_")
+                .map(str::to_ascii_lowercase)
+                .filter(|l| namzu::limits::ALL.contains(&l.as_str()));
+            match (limit, value.parse::<u64>()) {
+                (Some(l), Ok(v)) => spec.limits.push((l, v)),
+                _ => spec.env.push((name.to_owned(), value.to_owned())),
+            }
+        }
         let made = if unconfined {
             self.host
                 .create_with_token(spec, Some(token.clone().into_bytes()))

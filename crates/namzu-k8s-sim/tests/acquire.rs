@@ -486,3 +486,107 @@ async fn an_abandoned_claim_expires_at_its_shutdown_time() {
     assert!(!exists(&c, PODS, &pod), "the pod outlived its claim");
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_reaches_commands_only_where_the_template_allows_it() {
+    use namzu_k8s_sim::cluster::TEMPLATE;
+    use namzu_k8s_sim::controller::TEMPLATES;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    let spec = SandboxSpec {
+        env: vec![("GREETING".into(), "hi from the claim".into())],
+        ..Default::default()
+    };
+    // The shipped template allows additions: the claim's env is the
+    // agent's, and so every command's.
+    let p = provider(&c, c.options(true));
+    let sb = p.create_task(spec.clone()).await.unwrap();
+    let out = sb.exec(ExecRequest::shell("echo $GREETING")).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi from the claim\n");
+    sb.destroy().await.unwrap();
+    // … never a replacement of what the template sets, on either path.
+    let token = SandboxSpec {
+        env: vec![(build::TOKEN_ENV.into(), "chosen".into())],
+        ..Default::default()
+    };
+    let e = acquire_error(p.create(token.clone()).await.err().unwrap());
+    assert_eq!(e.controller_reason.as_deref(), Some("EnvVarsInjectionRejected"), "{e}");
+    let direct = provider(&c, c.options(false));
+    match direct.create(token).await.err().unwrap() {
+        Error::OptionRefused { option, .. } => assert_eq!(option, "env"),
+        other => panic!("{other:?}"),
+    }
+    // A template that disallows injection refuses the claim for good.
+    let mut t = c
+        .sim
+        .object(TEMPLATES.0, TEMPLATES.1, TEMPLATES.2, NAMESPACE, TEMPLATE)
+        .unwrap();
+    t["spec"]["envVarsInjectionPolicy"] = "Disallowed".into();
+    c.sim.put(TEMPLATES, t);
+    let e = acquire_error(p.create(spec).await.err().unwrap());
+    assert_eq!((e.reason, e.retryable), (AcquireReason::ClaimRejected, false));
+    assert_eq!(e.controller_reason.as_deref(), Some("EnvVarsInjectionRejected"), "{e}");
+    // Without env the same template serves claims.
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    sb.destroy().await.unwrap();
+    no_objects_left(&c);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_template_is_missing_refuses_claims_for_good() {
+    use namzu_k8s_sim::cluster::TEMPLATE;
+    use namzu_k8s_sim::controller::TEMPLATES;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    c.sim.remove(TEMPLATES, NAMESPACE, TEMPLATE);
+    let p = provider(&c, c.options(true));
+    let e = acquire_error(p.create(SandboxSpec::default()).await.err().unwrap());
+    assert_eq!((e.reason, e.retryable), (AcquireReason::ClaimRejected, false));
+    assert_eq!(e.controller_reason.as_deref(), Some("TemplateNotFound"), "{e}");
+    no_objects_left(&c);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_claimed_pod_cannot_take_is_refused_by_name_before_any_request() {
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(true));
+    let refused = [
+        (
+            SandboxSpec {
+                image: Some("alpine".into()),
+                ..Default::default()
+            },
+            "image",
+        ),
+        (
+            SandboxSpec {
+                resources: namzu::Resources {
+                    cpus: Some(1.0),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            "resources.cpus",
+        ),
+        (
+            SandboxSpec {
+                egress: namzu::egress::EgressConfig {
+                    policy: namzu::egress::EgressPolicy::AllowAll,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            "egress",
+        ),
+    ];
+    for (spec, field) in refused {
+        match p.create(spec).await.err().unwrap() {
+            Error::OptionRefused { tier, option, .. } => {
+                assert_eq!((tier.as_str(), option.as_str()), ("kubernetes", field))
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    assert!(p.api().calls().is_empty(), "{:?}", p.api().calls());
+    c.stop().await;
+}

@@ -86,7 +86,14 @@ async fn release_gives_back_exactly_what_matches_and_refuses_an_empty_selector()
     a.create(&Resource::of::<Sandbox>("ns"), &s).await.unwrap();
     let mut released = release_task_sandboxes(&a, &opts, "run=r1").await.unwrap();
     released.sort();
-    assert_eq!(released, ["c1", "c2", "s1"]);
+    // A claiming backend gives back claims only (it holds no Sandbox).
+    assert_eq!(released, ["c1", "c2"]);
+    let direct = KubernetesOptions {
+        warm_pool_name: None,
+        template_name: Some("t".into()),
+        ..options()
+    };
+    assert_eq!(release_task_sandboxes(&a, &direct, "run=r1").await.unwrap(), ["s1"]);
     let left = a.list(&claims, None).await.unwrap();
     let left: Vec<&str> = left["items"]
         .as_array()

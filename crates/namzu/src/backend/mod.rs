@@ -191,8 +191,10 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
 
 /// What a task sandbox on a cluster cannot take from a spec: its pod is the
 /// SandboxTemplate's (or the warm pool's, made before anyone asked), so the
-/// image, mounts, resources and the agent's environment are the template's.
-/// Egress on a cluster is the cluster's NetworkPolicy, not a spec field.
+/// image, mounts and resources are the template's. (Environment and agent
+/// limits travel as the agent container's environment: the claim's `env`,
+/// which the template must allow.) Egress on a cluster is the cluster's
+/// NetworkPolicy, not a spec field.
 fn kubernetes_refusals(spec: &SandboxSpec) -> Result<()> {
     let template = "the SandboxTemplate's pod decides it; a task sandbox is claimed, not built";
     let refusals = [
@@ -205,8 +207,6 @@ fn kubernetes_refusals(spec: &SandboxSpec) -> Result<()> {
         ),
         (spec.resources.cpus.is_some(), "resources.cpus", template),
         (spec.resources.pids.is_some(), "resources.pids", template),
-        (!spec.env.is_empty(), "env", template),
-        (!spec.limits.is_empty(), "limits", template),
         (
             spec.egress != crate::egress::EgressConfig::default(),
             "egress",

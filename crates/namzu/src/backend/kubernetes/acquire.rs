@@ -210,15 +210,17 @@ pub async fn release(api: &Api, opts: &KubernetesOptions, owner: Leased, name: &
     }
 }
 
-/// Acquires sandbox `id`: creates its claim (or Sandbox) and waits, inside
-/// the readiness budget, for a Ready pod. On any failure after the POST
-/// the object is released.
-pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound> {
+/// Acquires sandbox `id`: creates its claim (or Sandbox), with `env` for
+/// its agent, and waits, inside the readiness budget, for a Ready pod. On
+/// any failure after the POST the object is released.
+pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(String, String)]) -> Result<Bound> {
     let mut b = Budget::new(opts);
     let name = object_name(id);
     let now = SystemTime::now();
     let owner = if opts.warm_pool_name.is_some() {
-        let body = serde_json::to_value(build::claim(opts, &name, id, now)).map_err(serialize)?;
+        let mut claim = build::claim(opts, &name, id, now);
+        build::claim_env(&mut claim, opts, env);
+        let body = serde_json::to_value(claim).map_err(serialize)?;
         create_once(api, &Resource::of::<SandboxClaim>(&opts.namespace), &body, &name, id).await?;
         Leased::Claim
     } else {
@@ -227,7 +229,13 @@ pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bo
             Err(Stop::Fail(e)) => return Err(e),
             Err(Stop::Deadline) => return Err(ae::at_deadline(None, b.last.take(), b.total).into()),
         };
-        let body = serde_json::to_value(build::sandbox(opts, &template, &name, id, now)).map_err(serialize)?;
+        let mut sandbox = build::sandbox(opts, &template, &name, id, now);
+        build::sandbox_env(&mut sandbox, opts, env).map_err(|reason| Error::OptionRefused {
+            tier: "kubernetes".into(),
+            option: "env".into(),
+            reason,
+        })?;
+        let body = serde_json::to_value(sandbox).map_err(serialize)?;
         create_once(api, &Resource::of::<Sandbox>(&opts.namespace), &body, &name, id).await?;
         Leased::Sandbox
     };

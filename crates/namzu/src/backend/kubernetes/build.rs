@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector};
 
-use super::crd::{Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
+use super::crd::{ClaimEnv, Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
 use super::{AddressMode, KubernetesOptions};
 
 /// The label naming the namzu sandbox id on a pod (and so its Service).
@@ -71,6 +71,9 @@ pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) ->
 /// (the pod uid) and given its port.
 pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str, id: &str, now: SystemTime) -> Sandbox {
     let mut s = Sandbox::named(&opts.namespace, name);
+    if !opts.claim_labels.is_empty() {
+        s.metadata.labels = Some(opts.claim_labels.clone());
+    }
     let mut pod = template.spec.pod_template.clone();
     let meta = pod.metadata.get_or_insert_with(Default::default);
     meta.labels.get_or_insert_with(BTreeMap::new).extend(pod_labels(id));
@@ -109,6 +112,68 @@ pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str,
     s.spec.shutdown_policy = Some("Delete".into());
     s.spec.shutdown_time = Some(shutdown_time(opts, now));
     s
+}
+
+/// The environment a sandbox's spec asks of its agent: its `env`, and its
+/// agent-limit overrides under the names the agent reads them by
+/// (`NAMZU_<LIMIT>`).
+pub fn agent_env(spec: &crate::sandbox::SandboxSpec) -> Vec<(String, String)> {
+    let mut env = spec.env.clone();
+    env.extend(
+        spec.limits
+            .iter()
+            .map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())),
+    );
+    env
+}
+
+/// Asks the controller to inject `env` into the claimed pod's agent
+/// container (the template must allow it, else the claim is refused with
+/// `EnvVarsInjectionRejected`).
+pub fn claim_env(claim: &mut SandboxClaim, opts: &KubernetesOptions, env: &[(String, String)]) {
+    if env.is_empty() {
+        return;
+    }
+    claim.spec.env = Some(
+        env.iter()
+            .map(|(name, value)| ClaimEnv {
+                name: name.clone(),
+                value: value.clone(),
+                container_name: opts.agent_container.clone(),
+            })
+            .collect(),
+    );
+}
+
+/// Puts `env` on a directly made Sandbox's agent container; a name the
+/// template already sets is refused, as a claim's would be.
+pub fn sandbox_env(
+    sandbox: &mut Sandbox,
+    opts: &KubernetesOptions,
+    env: &[(String, String)],
+) -> std::result::Result<(), String> {
+    let Some(spec) = sandbox.spec.pod_template.spec.as_mut() else {
+        return Err("the template has no pod spec".into());
+    };
+    let agent = match &opts.agent_container {
+        Some(n) => spec.containers.iter_mut().find(|c| &c.name == n),
+        None => spec.containers.first_mut(),
+    };
+    let Some(c) = agent else {
+        return Err("the template has no agent container".into());
+    };
+    let have = c.env.get_or_insert_with(Vec::new);
+    for (name, value) in env {
+        if have.iter().any(|e| &e.name == name) {
+            return Err(format!("the template already sets {name}"));
+        }
+        have.push(EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            value_from: None,
+        });
+    }
+    Ok(())
 }
 
 /// A label key and value as Kubernetes accepts them: an optional DNS

@@ -124,7 +124,8 @@ pub struct KubernetesOptions {
     pub warm_pool_name: Option<String>,
     /// Without a pool: make a Sandbox from this SandboxTemplate.
     pub template_name: Option<String>,
-    /// Labels put on the claim's own metadata (never on the pod).
+    /// Labels put on the claim's own metadata (without a pool, the
+    /// Sandbox's), never on the pod: what `release_task_sandboxes` selects.
     pub claim_labels: BTreeMap<String, String>,
     /// The container that runs the agent; `None`: the template's first.
     pub agent_container: Option<String>,

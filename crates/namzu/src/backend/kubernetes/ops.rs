@@ -20,11 +20,13 @@ fn names(list: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Gives back every task sandbox (claims, and Sandboxes made from the
-/// template) whose labels match `label_selector` — what a restarted host
-/// runs to release what its previous life held. An empty selector would
-/// release everything in the namespace and is refused before any request.
-/// Returns what was released; already-gone objects count as released.
+/// Gives back every task sandbox whose claim (or, without a pool, whose
+/// Sandbox) matches `label_selector` — what a restarted host runs to
+/// release what its previous life held. Only the kind this backend creates
+/// is touched, so the claim-only path needs nothing on Sandboxes. An empty
+/// selector would release everything in the namespace and is refused
+/// before any request. Returns what was released; already-gone objects
+/// count as released.
 pub async fn release_task_sandboxes(api: &Api, opts: &KubernetesOptions, label_selector: &str) -> Result<Vec<String>> {
     if label_selector.trim().is_empty() {
         return Err(Error::OptionRefused {
@@ -33,17 +35,17 @@ pub async fn release_task_sandboxes(api: &Api, opts: &KubernetesOptions, label_s
             reason: "empty: it would release every sandbox in the namespace".into(),
         });
     }
+    let r = if opts.warm_pool_name.is_some() {
+        Resource::of::<SandboxClaim>(&opts.namespace)
+    } else {
+        Resource::of::<Sandbox>(&opts.namespace)
+    };
     let mut released = Vec::new();
-    for r in [
-        Resource::of::<SandboxClaim>(&opts.namespace),
-        Resource::of::<Sandbox>(&opts.namespace),
-    ] {
-        let list = api.list(&r, Some(label_selector)).await.map_err(api_err)?;
-        for name in names(&list) {
-            match api.delete(&r, &name).await {
-                Ok(_) | Err(ApiError::AlreadyGone { .. }) => released.push(name),
-                Err(e) => return Err(api_err(e)),
-            }
+    let list = api.list(&r, Some(label_selector)).await.map_err(api_err)?;
+    for name in names(&list) {
+        match api.delete(&r, &name).await {
+            Ok(_) | Err(ApiError::AlreadyGone { .. }) => released.push(name),
+            Err(e) => return Err(api_err(e)),
         }
     }
     Ok(released)

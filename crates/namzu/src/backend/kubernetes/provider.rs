@@ -101,13 +101,17 @@ impl KubernetesProvider {
     pub async fn create_task(&self, spec: SandboxSpec) -> Result<KubernetesSandbox> {
         check_spec(Tier::Kubernetes, &spec)?;
         let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
-        self.create_task_with_id(&id).await
+        self.acquire_as(&id, &super::build::agent_env(&spec)).await
     }
 
     /// Acquires sandbox `id` (a caller-chosen id: how a host that lost the
     /// answer to an earlier create for the same id adopts it).
     pub async fn create_task_with_id(&self, id: &str) -> Result<KubernetesSandbox> {
-        let bound = acquire::acquire(&self.api, &self.opts, id).await?;
+        self.acquire_as(id, &[]).await
+    }
+
+    async fn acquire_as(&self, id: &str, env: &[(String, String)]) -> Result<KubernetesSandbox> {
+        let bound = acquire::acquire(&self.api, &self.opts, id, env).await?;
         let (owner, name) = (bound.owner, bound.owner_name.clone());
         match self.open(bound).await {
             Ok(sb) => Ok(sb),
