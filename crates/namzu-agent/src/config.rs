@@ -178,6 +178,9 @@ pub struct AgentConfig {
     /// the sandbox a network namespace of its own; `None`: no egress
     /// feature (the host tier shares the host's network).
     pub egress: Option<crate::egress::Listeners>,
+    /// A TCP listener served besides the main one, with the same token (a
+    /// pod's agent port, where the sandbox has a network of its own).
+    pub tcp: Option<std::sync::Arc<std::net::TcpListener>>,
 }
 
 impl AgentConfig {

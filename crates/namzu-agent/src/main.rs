@@ -221,6 +221,7 @@ fn run() -> Result<(), String> {
         disabled_features,
         hardening: reports,
         egress,
+        tcp: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -187,7 +187,8 @@ enum Source {
     Inherited(std::os::unix::net::UnixListener),
 }
 
-async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError> {
+async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeError> {
+    let tcp = cfg.tcp.take();
     let jail = Arc::new(Jail::new(&cfg.roots).map_err(|source| ServeError::Root {
         path: cfg.roots.first().cloned().unwrap_or_default(),
         source,
@@ -215,6 +216,7 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
         pending: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_pending_links))),
         links: links_tx.clone(),
     };
+    let gate_for_tcp = gate.clone();
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;
@@ -276,6 +278,26 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             tokio::spawn(async {})
         }
     };
+    let tcp_task = match tcp {
+        Some(l) => {
+            let l = l
+                .try_clone()
+                .and_then(TcpListener::from_std)
+                .map_err(|source| ServeError::Listen {
+                    what: "the TCP port".into(),
+                    source,
+                })?;
+            tracing::info!(addr = ?l.local_addr().ok(), "listening on TCP too");
+            let gate = gate_for_tcp;
+            Some(tokio::spawn(async move {
+                while let Ok((s, _)) = l.accept().await {
+                    let _ = s.set_nodelay(true);
+                    gate.admit(s, None);
+                }
+            }))
+        }
+        None => None,
+    };
     // The server stops when its incoming stream ends, so one sender stays
     // alive until shutdown even when nothing more will be accepted (fd mode).
     let keep_incoming_open = links_tx;
@@ -292,6 +314,9 @@ async fn serve_source(cfg: AgentConfig, source: Source) -> Result<(), ServeError
             _ = closed_rx => tracing::info!("inherited link closed: stopping"),
         }
         accept_task.abort();
+        if let Some(t) = tcp_task {
+            t.abort();
+        }
         drop(keep_incoming_open);
         if let Some(p) = unix_path {
             let _ = std::fs::remove_file(p);

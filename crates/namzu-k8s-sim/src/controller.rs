@@ -27,7 +27,7 @@
 //! pod can be replaced (new uid, new IP) right after it is read.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
@@ -39,6 +39,7 @@ use namzu::backend::local::LocalProvider;
 use namzu::{Sandbox, SandboxSpec};
 use serde_json::{json, Value};
 
+use crate::podnet::{self, PodNet};
 use crate::server::{new_uid, now_rfc3339, Gvr, Simulator};
 
 pub const PODS: Gvr = ("", "v1", "pods");
@@ -71,12 +72,30 @@ pub struct ControllerConfig {
     pub tick: Duration,
 }
 
-/// A running pod: its sandbox and the relay that is its network.
+/// A running pod: its sandbox and its place on the pod network.
 struct PodRuntime {
     uid: String,
-    ip: Ipv4Addr,
+    net: PodNet,
     sandbox: Arc<dyn Sandbox>,
-    relay: tokio::task::JoinHandle<()>,
+}
+
+impl PodRuntime {
+    /// A deleted pod: its processes end first (their connections see the
+    /// close), then it leaves the network.
+    async fn stop(self) {
+        let _ = self.sandbox.destroy().await;
+        self.net.detach().await;
+    }
+
+    /// An evicted pod: off the network at once (its IP stops answering
+    /// before anyone can dial it), its sandbox destroyed after.
+    async fn evict(self) {
+        self.net.detach().await;
+        let sb = self.sandbox;
+        tokio::spawn(async move {
+            let _ = sb.destroy().await;
+        });
+    }
 }
 
 #[derive(Default)]
@@ -87,7 +106,6 @@ struct State {
     starting: HashSet<String>,
     /// How many of the next pod reads replace the pod they read.
     replace_on_read: usize,
-    next_ip: u32,
 }
 
 /// The controller (see the module docs).
@@ -98,6 +116,10 @@ pub struct Controller {
     host: HostProvider,
     state: Mutex<State>,
     fault: Mutex<Option<PodFault>>,
+    net: podnet::Mode,
+    /// Whether this controller let go of the pod range's route.
+    released: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 fn key(ns: &str, name: &str) -> String {
@@ -153,15 +175,24 @@ impl Controller {
             cfg,
             state: Mutex::default(),
             fault: Mutex::default(),
+            net: podnet::Mode::detect(),
+            released: std::sync::atomic::AtomicBool::new(false),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         });
         if sim.controller.set(ctl.clone()).is_err() {
             return sim.controller.get().cloned().unwrap_or(ctl);
+        }
+        if ctl.net == podnet::Mode::Veth {
+            podnet::hold_range();
         }
         let weak = Arc::downgrade(&ctl);
         tokio::spawn(async move {
             loop {
                 let Some(ctl) = weak.upgrade() else { return };
                 let Some(sim) = ctl.sim.upgrade() else { return };
+                if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
                 ctl.reconcile(&sim);
                 let tick = ctl.cfg.tick;
                 drop((ctl, sim));
@@ -187,6 +218,19 @@ impl Controller {
         self.lock().replace_on_read += 1;
     }
 
+    /// Lets go of the pod range's route (once; [`Controller::shutdown`]
+    /// does it, and a dropped test cluster if shutdown never ran).
+    pub fn release_network(&self) {
+        if self.net == podnet::Mode::Veth && !self.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            podnet::release_range();
+        }
+    }
+
+    /// How pods are reached (see [`podnet`]).
+    pub fn pod_network(&self) -> podnet::Mode {
+        self.net
+    }
+
     /// How many pods run now (real sandboxes).
     pub fn running_pods(&self) -> usize {
         self.lock().running.len()
@@ -202,7 +246,7 @@ impl Controller {
             let ns = rest.strip_suffix(".svc.cluster.local")?;
             let st = ctl.lock();
             let pod = st.running.get(&key(ns, name))?;
-            Some(vec![IpAddr::V4(pod.ip)])
+            Some(vec![IpAddr::V4(pod.net.ip)])
         }))
     }
 
@@ -218,12 +262,7 @@ impl Controller {
             st.running.remove(&k)
         };
         if let Some(rt) = old {
-            rt.relay.abort();
-            let _ = rt.relay.await;
-            let sb = rt.sandbox.clone();
-            tokio::spawn(async move {
-                let _ = sb.destroy().await;
-            });
+            rt.evict().await;
         }
         // The same name, a new object: what a controller replacing an
         // evicted pod does.
@@ -236,13 +275,19 @@ impl Controller {
         }
     }
 
-    /// Stops every pod's sandbox (test teardown).
+    /// Stops reconciling and every pod's sandbox, those still starting
+    /// included (test teardown).
     pub async fn shutdown(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.lock().starting.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let all: Vec<PodRuntime> = self.lock().running.drain().map(|(_, r)| r).collect();
         for rt in all {
-            rt.relay.abort();
-            let _ = rt.sandbox.destroy().await;
+            rt.stop().await;
         }
+        self.release_network();
     }
 
     /// One pass over the store.
@@ -587,21 +632,15 @@ impl Controller {
             gone.iter().filter_map(|k| st.running.remove(k)).collect()
         };
         for rt in stale {
-            rt.relay.abort();
-            tokio::spawn(async move {
-                let _ = rt.sandbox.destroy().await;
-            });
+            tokio::spawn(rt.stop());
         }
         for (k, pod) in live {
             let pending = pod["status"]["phase"] == "Pending" && pod["status"]["conditions"].is_null();
             if !pending {
                 continue;
             }
-            {
-                let mut st = self.lock();
-                if st.running.contains_key(&k) || !st.starting.insert(k.clone()) {
-                    continue;
-                }
+            if self.lock().running.contains_key(&k) || self.lock().starting.contains(&k) {
+                continue;
             }
             let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
             let mut next = pod.clone();
@@ -624,14 +663,21 @@ impl Controller {
                 }
                 _ => {}
             }
+            self.lock().starting.insert(k.clone());
             next["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
             let pod = sim.put(PODS, next);
             let ctl = self.clone();
             let sim = sim.clone();
             tokio::spawn(async move {
                 let started = ctl.run_pod(&pod, fault == Some(PodFault::Unconfined)).await;
+                if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Ok(rt) = started {
+                        rt.stop().await;
+                    }
+                } else {
+                    ctl.publish(&sim, &pod, started);
+                }
                 ctl.lock().starting.remove(&k);
-                ctl.publish(&sim, &pod, started);
             });
         }
     }
@@ -646,7 +692,7 @@ impl Controller {
         let container = pod["spec"]["containers"][0]["name"].clone();
         match (current, started) {
             (Some(mut cur), Ok(rt)) => {
-                let ip = rt.ip.to_string();
+                let ip = rt.net.ip.to_string();
                 cur["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
                     "conditions": [condition("PodScheduled", true, "", ""), condition("Initialized", true, "", ""),
                         condition("ContainersReady", true, "", ""), condition("Ready", true, "", "")],
@@ -664,10 +710,7 @@ impl Controller {
             }
             // The pod went away while it started.
             (None, Ok(rt)) => {
-                rt.relay.abort();
-                tokio::spawn(async move {
-                    let _ = rt.sandbox.destroy().await;
-                });
+                tokio::spawn(rt.stop());
             }
             (None, Err(_)) => {}
         }
@@ -715,67 +758,36 @@ impl Controller {
                 _ => spec.env.push((name.to_owned(), value.to_owned())),
             }
         }
+        let veth = self.net == podnet::Mode::Veth && !unconfined;
         let made = if unconfined {
             self.host
                 .create_with_token(spec, Some(token.clone().into_bytes()))
                 .await
         } else {
+            let tcp = veth.then(|| format!("0.0.0.0:{port}"));
             self.local
-                .create_with_token(spec, Some(token.clone().into_bytes()))
+                .create_with(spec, Some(token.clone().into_bytes()), tcp)
                 .await
         };
         let sandbox: Arc<dyn Sandbox> = Arc::from(made.map_err(|e| e.to_string())?);
         let tier = if unconfined { "host" } else { "local" };
-        let socket = self.cfg.state_dir.join(tier).join(sandbox.id()).join("agent.sock");
-        let (ip, listener) = {
-            let mut last = String::new();
-            let mut bound = None;
-            for _ in 0..64 {
-                let n = {
-                    let mut st = self.lock();
-                    st.next_ip += 1;
-                    st.next_ip
-                };
-                let ip = Ipv4Addr::new(
-                    127,
-                    0,
-                    u8::try_from(1 + n / 250).unwrap_or(255),
-                    u8::try_from(1 + n % 250).unwrap_or(1),
-                );
-                match tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await {
-                    Ok(l) => {
-                        bound = Some((ip, l));
-                        break;
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            match bound {
-                Some(b) => b,
-                None => {
-                    let _ = sandbox.destroy().await;
-                    return Err(format!("no pod IP: {last}"));
-                }
+        let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
+        let net = if veth {
+            podnet::attach_veth(&dir).await
+        } else {
+            podnet::attach_relay(dir.join("agent.sock"), port).await
+        };
+        let net = match net {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = sandbox.destroy().await;
+                return Err(e);
             }
         };
-        let relay = tokio::spawn(async move {
-            loop {
-                let Ok((mut tcp, _)) = listener.accept().await else {
-                    return;
-                };
-                let socket = socket.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
-                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
-                    }
-                });
-            }
-        });
         Ok(PodRuntime {
             uid: pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
-            ip,
+            net,
             sandbox,
-            relay,
         })
     }
 }

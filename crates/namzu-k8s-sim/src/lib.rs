@@ -26,6 +26,7 @@
 
 pub mod cluster;
 pub mod controller;
+pub mod podnet;
 pub mod selector;
 pub mod server;
 

@@ -79,4 +79,8 @@ pub struct LaunchSpec {
     /// `cgroups` → `memory=cgroupv1 pids=cgroupv1`).
     #[serde(default)]
     pub notes: Vec<(String, String)>,
+    /// Also serve on TCP at this address inside the sandbox's network
+    /// namespace (`0.0.0.0:1024`: a pod's agent port), same token.
+    #[serde(default)]
+    pub tcp_listen: Option<String>,
 }

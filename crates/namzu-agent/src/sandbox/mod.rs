@@ -343,6 +343,14 @@ fn init_g(
     harden::loopback_up().map_err(io("bring up loopback"))?;
     // Bound now, while G may still bind port 53.
     let egress = crate::egress::Listeners::bind().map_err(io("bind the egress proxy and resolver"))?;
+    let tcp = match &spec.tcp_listen {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr.as_str()).map_err(io("bind the agent's TCP port"))?;
+            l.set_nonblocking(true).map_err(io("the agent's TCP port"))?;
+            Some(std::sync::Arc::new(l))
+        }
+        None => None,
+    };
 
     // The environment every command inherits, and nothing of the host's.
     let keep: Vec<(String, String)> = std::env::vars()
@@ -378,6 +386,7 @@ fn init_g(
         disabled_features: Vec::new(),
         hardening: report,
         egress: Some(egress),
+        tcp,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

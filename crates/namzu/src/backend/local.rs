@@ -136,7 +136,14 @@ impl LocalProvider {
 
 impl LocalProvider {
     /// Writes the launch spec, starts the launcher and waits for the agent.
-    async fn start(&self, id: &str, dir: &Path, spec: &SandboxSpec, slot: Option<u32>) -> Result<StateSandbox> {
+    async fn start(
+        &self,
+        id: &str,
+        dir: &Path,
+        spec: &SandboxSpec,
+        slot: Option<u32>,
+        tcp_listen: Option<String>,
+    ) -> Result<StateSandbox> {
         const OP: &str = "create";
         let workspace = dir.join("workspace");
         let (uid_map, gid_map, deny_setgroups, map_helpers) = match slot {
@@ -201,6 +208,7 @@ impl LocalProvider {
             limits: spec.limits.clone(),
             cgroup_procs: Vec::new(),
             notes: Vec::new(),
+            tcp_listen,
         };
         let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
         if let Some(cg) = &cgroups {
@@ -272,15 +280,23 @@ fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 
 impl LocalProvider {
     /// Creates a sandbox whose agent takes `token` as its bind token (a
-    /// fresh random one if `None`): how a caller that names the token
-    /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
-    /// token is their uid), starts one.
-    pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Box<dyn Sandbox>> {
+    /// fresh random one if `None`) and, with `tcp_listen`, also serves on
+    /// TCP at that address inside the sandbox's own network namespace: how
+    /// a caller that names the token and the port elsewhere — the
+    /// Kubernetes control-plane simulator's pods, whose token is their uid
+    /// and whose agent port is 1024 — starts one. The sandbox's network
+    /// stays loopback-only until the caller gives it more.
+    pub async fn create_with(
+        &self,
+        spec: SandboxSpec,
+        token: Option<Vec<u8>>,
+        tcp_listen: Option<String>,
+    ) -> Result<Box<dyn Sandbox>> {
         check_spec(Tier::Local, &spec)?;
         let (id, dir, _token, made) = self.state.create(token)?;
         let euid = nix::unistd::geteuid().as_raw();
         let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };
-        let sandbox = match self.start(&id, &dir, &spec, slot).await {
+        let sandbox = match self.start(&id, &dir, &spec, slot, tcp_listen).await {
             Ok(sb) => sb,
             Err(e) => {
                 if let Some(s) = slot {
@@ -312,7 +328,7 @@ impl Provider for LocalProvider {
     }
 
     async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        self.create_with_token(spec, None).await
+        self.create_with(spec, None, None).await
     }
 
     async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
