@@ -252,20 +252,24 @@ impl Controller {
 
     /// Called by the API after a pod read: replaces the pod if asked to.
     pub(crate) async fn after_pod_read(&self, sim: &Simulator, ns: &str, name: &str) {
-        let k = key(ns, name);
-        let old = {
+        {
             let mut st = self.lock();
-            if st.replace_on_read == 0 || !st.running.contains_key(&k) {
+            if st.replace_on_read == 0 || !st.running.contains_key(&key(ns, name)) {
                 return;
             }
             st.replace_on_read -= 1;
-            st.running.remove(&k)
-        };
+        }
+        self.replace_pod(sim, ns, name).await;
+    }
+
+    /// Evicts pod `ns/name` now and puts a new pod (same name, new uid)
+    /// in its place, as a controller replacing an evicted pod does: the old
+    /// IP stops answering at once; the new pod starts like any other.
+    pub async fn replace_pod(&self, sim: &Simulator, ns: &str, name: &str) {
+        let old = self.lock().running.remove(&key(ns, name));
         if let Some(rt) = old {
             rt.evict().await;
         }
-        // The same name, a new object: what a controller replacing an
-        // evicted pod does.
         if let Some(mut pod) = sim.remove(PODS, ns, name) {
             if let Some(m) = pod["metadata"].as_object_mut() {
                 m.remove("uid");

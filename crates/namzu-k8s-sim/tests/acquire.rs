@@ -624,3 +624,43 @@ async fn the_pods_agent_answers_on_its_tcp_port_only_to_the_pod_uid() {
     sb.destroy().await.unwrap();
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
+    let c = Cluster::start(None).await.unwrap();
+    // An evicted pod says nothing: the link notices by its keepalive.
+    let p = provider(&c, c.options(false)).with_client_options(namzu::ClientOptions {
+        keepalive: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    sb.write_file(std::path::Path::new("state"), "kept".into(), Default::default())
+        .await
+        .unwrap();
+    let pod = sb.bound().pod.name.clone();
+    c.ctl.replace_pod(&c.sim, NAMESPACE, &pod).await;
+    // The Service name now leads to the replacement: an empty pod whose
+    // agent holds another token. A task sandbox's state died with its pod,
+    // so the handle refuses — typed — rather than hand back an empty one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let replacement_up = loop {
+        let now = c.sim.object(PODS.0, PODS.1, PODS.2, NAMESPACE, &pod);
+        if now.as_ref().is_some_and(|p| p["status"]["phase"] == "Running") || Instant::now() > deadline {
+            break now.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_ne!(replacement_up["metadata"]["uid"], sb.bound().pod.uid.as_str());
+    let r = sb.read_file(std::path::Path::new("state"), None).await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::LinkLost { .. } | Error::Preface { .. } | Error::Connect { .. })
+        ),
+        "{r:?}"
+    );
+    let again = sb.exec(ExecRequest::shell("true")).await;
+    assert!(again.is_err(), "a call reached the replacement pod: {again:?}");
+    sb.destroy().await.unwrap();
+    c.stop().await;
+}

@@ -192,6 +192,8 @@ pub struct Api {
     client: kube::Client,
     bound: Duration,
     calls: Arc<Mutex<Vec<Call>>>,
+    /// Time spent waiting on the server, summed over every call.
+    waited: Arc<Mutex<Duration>>,
 }
 
 impl Api {
@@ -208,7 +210,14 @@ impl Api {
             client,
             bound,
             calls: Arc::default(),
+            waited: Arc::default(),
         })
+    }
+
+    /// Time spent in calls so far (sent to answered): what a benchmark
+    /// subtracts to find the host's own share of an operation.
+    pub fn time_in_calls(&self) -> Duration {
+        *self.waited.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Every call made so far, in order.
@@ -323,14 +332,14 @@ impl Api {
                 .to_bytes();
             Ok::<_, ApiError>((status, retry_after, body))
         };
-        let (status, retry_after, body) =
-            tokio::time::timeout(self.bound, exchange)
-                .await
-                .map_err(|_| ApiError::Timeout {
-                    verb,
-                    path: path.clone(),
-                    bound: self.bound,
-                })??;
+        let sent = std::time::Instant::now();
+        let answer = tokio::time::timeout(self.bound, exchange).await;
+        *self.waited.lock().unwrap_or_else(|p| p.into_inner()) += sent.elapsed();
+        let (status, retry_after, body) = answer.map_err(|_| ApiError::Timeout {
+            verb,
+            path: path.clone(),
+            bound: self.bound,
+        })??;
         let message = || {
             serde_json::from_slice::<Value>(&body)
                 .ok()

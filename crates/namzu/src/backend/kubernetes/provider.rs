@@ -58,6 +58,12 @@ impl KubernetesProvider {
         Self::new(client, opts)
     }
 
+    /// Link options for the agents it dials (keepalive, connect bound).
+    pub fn with_client_options(mut self, client: ClientOptions) -> Self {
+        self.client = client;
+        self
+    }
+
     /// The typed API layer (and its record of calls).
     pub fn api(&self) -> &Api {
         &self.api
