@@ -81,6 +81,62 @@ struct ResourceArgs {
     network: NetworkArgs,
 }
 
+/// Where and how `--tier kubernetes` acquires (see docs/kubernetes.md); the
+/// cluster is the one kube finds (KUBECONFIG, ~/.kube/config, or the pod's
+/// service account).
+#[derive(clap::Args, Clone, Default)]
+struct KubeArgs {
+    /// kubernetes: the namespace of the pool or template.
+    #[arg(long = "kube-namespace", value_name = "NS")]
+    namespace: Option<String>,
+    /// kubernetes: claim from this SandboxWarmPool.
+    #[arg(long = "warm-pool", value_name = "NAME", conflicts_with = "template")]
+    warm_pool: Option<String>,
+    /// kubernetes: without a pool, make a Sandbox from this SandboxTemplate.
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
+    /// kubernetes: dial the Sandbox's Service name (in-cluster) or the pod's IP.
+    #[arg(long = "kube-address", value_parser = ["service", "pod-ip"])]
+    address: Option<String>,
+    /// kubernetes: KEY=VALUE on the claim (repeatable).
+    #[arg(long = "claim-label", value_parser = parse_kv)]
+    claim_labels: Vec<(String, String)>,
+    /// kubernetes: seconds an acquire may take, polls included.
+    #[arg(long = "ready-timeout", value_name = "SECS")]
+    ready_timeout: Option<u64>,
+}
+
+impl KubeArgs {
+    fn is_empty(&self) -> bool {
+        self.namespace.is_none()
+            && self.warm_pool.is_none()
+            && self.template.is_none()
+            && self.address.is_none()
+            && self.claim_labels.is_empty()
+            && self.ready_timeout.is_none()
+    }
+
+    async fn provider(&self) -> Result<namzu::backend::kubernetes::KubernetesProvider, Fail> {
+        use namzu::backend::kubernetes::{AddressMode, KubernetesOptions, KubernetesProvider};
+        let defaults = KubernetesOptions::default();
+        let opts = KubernetesOptions {
+            namespace: self.namespace.clone().unwrap_or(defaults.namespace.clone()),
+            warm_pool_name: self.warm_pool.clone(),
+            template_name: self.template.clone(),
+            claim_labels: self.claim_labels.iter().cloned().collect(),
+            address_mode: match self.address.as_deref() {
+                Some("pod-ip") => AddressMode::PodIp,
+                _ => AddressMode::Service,
+            },
+            ready_timeout: self
+                .ready_timeout
+                .map_or(defaults.ready_timeout, std::time::Duration::from_secs),
+            ..defaults
+        };
+        Ok(KubernetesProvider::from_env(opts).await?)
+    }
+}
+
 /// What may leave a sandbox (see `namzu::egress`).
 #[derive(clap::Args, Clone, Default)]
 struct NetworkArgs {
@@ -272,6 +328,8 @@ enum Cmd {
         tier: Tier,
         #[command(flatten)]
         resources: ResourceArgs,
+        #[command(flatten)]
+        kube: KubeArgs,
         #[command(flatten)]
         exec: ExecArgs,
     },
@@ -466,6 +524,9 @@ async fn provider(state_dir: &Option<PathBuf>, tier: Tier, runtime: Option<Strin
             };
             Ok(Box::new(DockerProvider::new(dir, opts).await?))
         }
+        Tier::Kubernetes => Err(Fail(
+            "a kubernetes sandbox is not recorded in the state directory: only `namzu run --tier kubernetes` (create, run, destroy in one process) is available from the CLI".into(),
+        )),
         other => Err(Fail(format!(
             "tier {other} is not available yet; use --tier local or docker"
         ))),
@@ -522,8 +583,21 @@ fn warn_host(tier: Tier) {
 
 async fn run(cli: Cli) -> Result<ExitCode, Fail> {
     match cli.cmd {
-        Cmd::Run { tier, resources, exec } => {
-            let p = provider(&cli.state_dir, tier, resources.runtime.clone()).await?;
+        Cmd::Run {
+            tier,
+            resources,
+            kube,
+            exec,
+        } => {
+            let p: Box<dyn Provider> = match tier {
+                Tier::Kubernetes => Box::new(kube.provider().await?),
+                _ if !kube.is_empty() => {
+                    return Err(Fail(format!(
+                        "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
+                    )))
+                }
+                _ => provider(&cli.state_dir, tier, resources.runtime.clone()).await?,
+            };
             warn_host(tier);
             let sb = p.create(resources.spec(Vec::new())?).await?;
             let result = run_command(sb.as_ref(), exec, None).await;

@@ -17,12 +17,15 @@
 //! * merge patch (RFC 7386) and JSON patch (RFC 6902), `test` included;
 //! * `?labelSelector=` on lists ([`selector`]), delete.
 //!
-//! Fault knobs ([`Fault`]): a chosen status (429 with `Retry-After`, 5xx,
-//! 403 …) for the next N requests matching a method and a resource.
+//! Fault knobs: [`Fault`] (a chosen status — 429 with `Retry-After`, 5xx,
+//! 403, 410 … — for the next N requests matching a method and a resource)
+//! and [`Stall`] (a request applied at once and answered late, or never).
 //!
-//! The agent-sandbox controller's behaviour (warm pools, claim binding,
-//! readiness, shutdown, pods that are real `local` sandboxes), latency and
-//! never-answering requests come next.
+//! [`controller`] adds the agent-sandbox controller's documented behaviour
+//! (warm pools, claim binding, readiness, shutdown expiry, owner cascade,
+//! pod replacement) with pods that are REAL `local` sandboxes running the
+//! real agent on TCP, on a simulated pod network ([`podnet`]);
+//! [`cluster`] is a ready-made cluster with the manifests namzu ships.
 
 pub mod cluster;
 pub mod controller;

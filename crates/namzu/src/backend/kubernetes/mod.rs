@@ -1,25 +1,20 @@
-//! The `kubernetes` tier (in progress): task sandboxes on a cluster through
-//! kubernetes-sigs/agent-sandbox. What is here so far:
+//! The `kubernetes` tier: task sandboxes on a cluster through
+//! kubernetes-sigs/agent-sandbox (see `docs/kubernetes.md`).
 //!
-//! * [`crd`]: Rust types for the four kinds (Sandbox, SandboxClaim,
-//!   SandboxTemplate, SandboxWarmPool), version `v1beta1`;
-//! * [`KubernetesOptions`]: the backend's configuration, refused by name
-//!   where it cannot work;
-//! * [`build`]: the objects the backend sends — a claim on a warm pool, or
-//!   a Sandbox made from a template — each proven, in
-//!   `tests/k8s_crds.rs`, to pass the real CRD schemas;
-//! * [`schema`]: the structural OpenAPI check that proof (and the
-//!   control-plane simulator to come) uses;
-//! * [`api`]: the one typed layer every API call goes through: bounded,
-//!   typed errors, and a record of (group, resource, verb);
+//! * [`crd`]: Rust types for the four kinds, version `v1beta1`;
+//! * [`KubernetesOptions`]: the configuration, refused by name where it
+//!   cannot work;
+//! * [`build`]: the objects the backend sends (a claim on a warm pool, or a
+//!   Sandbox from a template), proven in `tests/k8s_crds.rs` to pass the real
+//!   CRD schemas;
+//! * [`schema`]: the structural OpenAPI check;
+//! * [`api`]: the one typed layer every API call goes through — bounded,
+//!   typed errors, a record of (group, resource, verb);
+//! * [`acquire`]: from nothing to a Ready, dialed pod inside one budget;
+//!   [`acquire_error`]: the failure taxonomy;
 //! * [`lease`]: the shutdown time kept ahead while a handle lives;
-//! * [`acquire_error`]: the failure taxonomy of an acquire, and where each
-//!   reason comes from;
-//! * [`ops`]: crash recovery (`release_task_sandboxes`) and headroom
-//!   (`read_task_capacity`).
-//!
-//! Not yet: acquire, the simulator's controller. The tier is
-//! refused by name until they exist.
+//! * [`provider`]: [`KubernetesProvider`] and its handle;
+//! * [`ops`]: crash recovery and headroom.
 
 pub mod acquire;
 pub mod acquire_error;
