@@ -431,14 +431,24 @@ async fn an_unconfined_pod_is_refused_by_the_privilege_probe_and_released() {
     c.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_deleted_behind_the_handle_makes_the_next_call_sandbox_gone() {
+/// A sandbox claimed from a pool of one, on a 2 s lease.
+async fn claimed_with_a_short_lease() -> (
+    Cluster,
+    KubernetesProvider,
+    namzu::backend::kubernetes::KubernetesSandbox,
+) {
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let mut opts = c.options(true);
     opts.claim_ttl = Duration::from_secs(2);
     let p = provider(&c, opts);
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    (c, p, sb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_deleted_behind_the_handle_makes_the_next_call_sandbox_gone() {
+    let (c, p, sb) = claimed_with_a_short_lease().await;
     let name = object_name(sb.id());
     let claims = Resource::of::<SandboxClaim>(NAMESPACE);
     // The lease keeps the claim alive past its TTL …
@@ -469,12 +479,7 @@ async fn a_claim_deleted_behind_the_handle_makes_the_next_call_sandbox_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_claim_expires_at_its_shutdown_time() {
-    let c = Cluster::start(Some(1)).await.unwrap();
-    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
-    let mut opts = c.options(true);
-    opts.claim_ttl = Duration::from_secs(2);
-    let p = provider(&c, opts);
-    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    let (c, _p, sb) = claimed_with_a_short_lease().await;
     let (name, pod) = (object_name(sb.id()), sb.bound().pod.name.clone());
     // The host goes away without a word: no destroy, no more renewals.
     drop(sb);

@@ -53,6 +53,15 @@ pub fn owner_resource(owner: Leased, namespace: &str) -> Resource {
     }
 }
 
+/// What this configuration creates: a claim when it names a pool.
+pub fn owner_kind(opts: &KubernetesOptions) -> Leased {
+    if opts.warm_pool_name.is_some() {
+        Leased::Claim
+    } else {
+        Leased::Sandbox
+    }
+}
+
 /// The pod an acquire bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundPod {
@@ -240,18 +249,8 @@ pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(Stri
         Leased::Sandbox
     };
     let mut pod_hint = None;
-    let outcome = wait_bound(api, opts, &mut b, owner, &name, &mut pod_hint).await;
-    let failure = match outcome {
-        Ok((sandbox, fqdn, pod)) => {
-            return Ok(Bound {
-                id: id.into(),
-                owner,
-                owner_name: name,
-                sandbox,
-                fqdn,
-                pod,
-            })
-        }
+    let failure = match wait_bound(api, opts, &mut b, (owner, &name, id), &mut pod_hint).await {
+        Ok(bound) => return Ok(bound),
         Err(Stop::Fail(e)) => e,
         Err(Stop::Deadline) => {
             // After the budget, before the cleanup: what the pod says.
@@ -298,16 +297,15 @@ async fn read_template(
     }
 }
 
-/// Polls until the owner is bound and Ready; then reads the Sandbox once
-/// and the pod until it is usable.
+/// Polls until the owner (its kind, its name, the sandbox id) is bound and
+/// Ready; then reads the Sandbox once and the pod until it is usable.
 async fn wait_bound(
     api: &Api,
     opts: &KubernetesOptions,
     b: &mut Budget,
-    owner: Leased,
-    name: &str,
+    (owner, name, id): (Leased, &str, &str),
     pod_hint: &mut Option<String>,
-) -> std::result::Result<(String, Option<String>, BoundPod), Stop> {
+) -> std::result::Result<Bound, Stop> {
     let sandboxes = Resource::of::<Sandbox>(&opts.namespace);
     let sandbox_name = match owner {
         Leased::Claim => {
@@ -348,7 +346,14 @@ async fn wait_bound(
     let fqdn = sandbox["status"]["serviceFQDN"].as_str().map(String::from);
     let pod_name = pod_hint.clone().unwrap_or_else(|| sandbox_name.clone());
     let pod = read_pod(api, opts, b, &pod_name, None).await?;
-    Ok((sandbox_name, fqdn, pod))
+    Ok(Bound {
+        id: id.into(),
+        owner,
+        owner_name: name.into(),
+        sandbox: sandbox_name,
+        fqdn,
+        pod,
+    })
 }
 
 /// Reads pod `name` until it is usable: live (no deletion timestamp), a
@@ -492,21 +497,9 @@ async fn connect_any(ips: &[IpAddr], port: u16) -> std::io::Result<tokio::net::T
 pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound> {
     let mut b = Budget::new(opts);
     let name = object_name(id);
-    let owner = if opts.warm_pool_name.is_some() {
-        Leased::Claim
-    } else {
-        Leased::Sandbox
-    };
     let mut hint = None;
-    match wait_bound(api, opts, &mut b, owner, &name, &mut hint).await {
-        Ok((sandbox, fqdn, pod)) => Ok(Bound {
-            id: id.into(),
-            owner,
-            owner_name: name,
-            sandbox,
-            fqdn,
-            pod,
-        }),
+    match wait_bound(api, opts, &mut b, (owner_kind(opts), &name, id), &mut hint).await {
+        Ok(bound) => Ok(bound),
         Err(Stop::Fail(Error::KubernetesApi(ApiError::AlreadyGone { .. }))) => {
             Err(Error::SandboxNotFound { id: id.into() })
         }

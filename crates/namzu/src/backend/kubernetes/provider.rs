@@ -74,11 +74,7 @@ impl KubernetesProvider {
     }
 
     fn owner(&self) -> Leased {
-        if self.opts.warm_pool_name.is_some() {
-            Leased::Claim
-        } else {
-            Leased::Sandbox
-        }
+        acquire::owner_kind(&self.opts)
     }
 
     /// Dials a bound sandbox, probes it, and starts its lease. A probe
