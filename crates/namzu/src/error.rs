@@ -139,6 +139,12 @@ pub enum Error {
     KubernetesApi(#[from] crate::backend::kubernetes::api::ApiError),
     #[error(transparent)]
     KubernetesAcquire(#[from] crate::backend::kubernetes::acquire_error::AcquireError),
+    #[error(transparent)]
+    KubernetesEgressConfig(#[from] crate::backend::kubernetes::netpol::EgressConfigError),
+    #[error(transparent)]
+    KubernetesEgressPolicy(Box<crate::backend::kubernetes::netpol::EgressPolicyError>),
+    #[error(transparent)]
+    KubernetesEgressUnion(Box<crate::backend::kubernetes::egress_union::EgressPolicyUnionError>),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },
     #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
@@ -274,4 +280,10 @@ pub enum AttachRefusal {
 pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     PathBuf::from(std::ffi::OsStr::from_bytes(b))
+}
+
+impl From<crate::backend::kubernetes::netpol::EgressPolicyError> for Error {
+    fn from(e: crate::backend::kubernetes::netpol::EgressPolicyError) -> Self {
+        Self::KubernetesEgressPolicy(Box::new(e))
+    }
 }

@@ -14,14 +14,19 @@
 //!   [`acquire_error`]: the failure taxonomy;
 //! * [`lease`]: the shutdown time kept ahead while a handle lives;
 //! * [`provider`]: [`KubernetesProvider`] and its handle;
-//! * [`ops`]: crash recovery and headroom.
+//! * [`ops`]: crash recovery and headroom;
+//! * [`netpol`]: egress translated to the cluster's policy objects, and
+//!   the check that the named one is applied as translated.
 
 pub mod acquire;
 pub mod acquire_error;
 pub mod api;
 pub mod build;
 pub mod crd;
+pub mod egress_union;
+pub mod labels;
 pub mod lease;
+pub mod netpol;
 pub mod ops;
 pub mod provider;
 pub mod schema;
