@@ -47,6 +47,8 @@ pub const SANDBOXES: Gvr = ("agents.x-k8s.io", "v1beta1", "sandboxes");
 pub const CLAIMS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims");
 pub const TEMPLATES: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates");
 pub const POOLS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools");
+pub const NETWORK_POLICIES: Gvr = ("networking.k8s.io", "v1", "networkpolicies");
+pub const CILIUM_POLICIES: Gvr = ("cilium.io", "v2", "ciliumnetworkpolicies");
 
 /// The label a pool puts on the Sandboxes it holds.
 pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool";
@@ -116,6 +118,9 @@ pub struct Controller {
     host: HostProvider,
     state: Mutex<State>,
     fault: Mutex<Option<PodFault>>,
+    /// Bind claims without giving their pods `additionalPodMetadata`
+    /// (a controller whose label allowlist drops them).
+    drop_claim_labels: std::sync::atomic::AtomicBool,
     net: podnet::Mode,
     /// Whether this controller let go of the pod range's route.
     released: std::sync::atomic::AtomicBool,
@@ -175,6 +180,7 @@ impl Controller {
             cfg,
             state: Mutex::default(),
             fault: Mutex::default(),
+            drop_claim_labels: std::sync::atomic::AtomicBool::new(false),
             net: podnet::Mode::detect(),
             released: std::sync::atomic::AtomicBool::new(false),
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -204,6 +210,12 @@ impl Controller {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on, bind claims without putting their
+    /// `additionalPodMetadata` labels on the pod.
+    pub fn drop_claim_pod_labels(&self, drop: bool) {
+        self.drop_claim_labels.store(drop, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Sets (or clears) the fault of pods created from now on.
@@ -526,7 +538,11 @@ impl Controller {
     /// a running pod cannot take; returns its name.
     fn adopt(&self, sim: &Simulator, claim: &Value, pool: &Value, template: &Value) -> String {
         let ns = meta(claim, "namespace");
-        let extra = claim["spec"]["additionalPodMetadata"]["labels"].clone();
+        let extra = if self.drop_claim_labels.load(std::sync::atomic::Ordering::SeqCst) {
+            Value::Null
+        } else {
+            claim["spec"]["additionalPodMetadata"]["labels"].clone()
+        };
         let owner = owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", claim);
         let mut held: Vec<Value> = sim
             .all(SANDBOXES)

@@ -42,8 +42,9 @@ struct Store {
 }
 
 /// A fault knob: the next `times` requests with this method (any, if
-/// `None`) whose `resource[/name]` contains `target` are answered with
-/// `status` (and `Retry-After`, if given) instead of being served.
+/// `None`) whose `resource[/name]` contains `target` (or, for a target
+/// written `=resource[/name]`, equals it) are answered with `status` (and
+/// `Retry-After`, if given) instead of being served.
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub method: Option<Method>,
@@ -92,6 +93,33 @@ impl Simulator {
                 status_subresource: true,
             },
         );
+        // Policy objects, stored as sent (no schema): what the backend's
+        // egress and ingress checks read.
+        for (group, version, plural, kind) in [
+            ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+            ("cilium.io", "v2", "ciliumnetworkpolicies", "CiliumNetworkPolicy"),
+            (
+                "admissionregistration.k8s.io",
+                "v1",
+                "validatingadmissionpolicies",
+                "ValidatingAdmissionPolicy",
+            ),
+            (
+                "admissionregistration.k8s.io",
+                "v1",
+                "validatingadmissionpolicybindings",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+        ] {
+            types.insert(
+                (group.into(), version.into(), plural.into()),
+                ResourceType {
+                    kind: kind.into(),
+                    schema: None,
+                    status_subresource: false,
+                },
+            );
+        }
         for text in CRDS {
             let Ok(crd) = serde_yaml::from_str::<Value>(text) else {
                 continue;
@@ -158,9 +186,9 @@ impl Simulator {
     /// How long this request's answer is held, if a stall matches it.
     fn stalled(&self, method: &Method, target: &str) -> Option<std::time::Duration> {
         let mut stalls = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
-        let s = stalls
-            .iter_mut()
-            .find(|s| s.times > 0 && s.method.as_ref().is_none_or(|m| m == method) && target.contains(&s.target))?;
+        let s = stalls.iter_mut().find(|s| {
+            s.times > 0 && s.method.as_ref().is_none_or(|m| m == method) && matches_target(&s.target, target)
+        })?;
         s.times -= 1;
         Some(s.delay)
     }
@@ -212,9 +240,9 @@ impl Simulator {
     /// The fault this request trips, if any (and counts it down).
     fn tripped(&self, method: &Method, target: &str) -> Option<Response> {
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        let f = faults
-            .iter_mut()
-            .find(|f| f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && target.contains(&f.target))?;
+        let f = faults.iter_mut().find(|f| {
+            f.times > 0 && f.method.as_ref().is_none_or(|m| m == method) && matches_target(&f.target, target)
+        })?;
         f.times -= 1;
         let code = StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = status(code, "Injected", format!("simulated fault: {}", f.status));
@@ -230,6 +258,14 @@ impl Simulator {
     pub fn object(&self, group: &str, version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
         let key = (group.into(), version.into(), plural.into(), ns.into(), name.into());
         self.lock().objects.get(&key).cloned()
+    }
+}
+
+/// Whether a knob's target names this request's `resource[/name]`.
+fn matches_target(knob: &str, target: &str) -> bool {
+    match knob.strip_prefix('=') {
+        Some(exact) => exact == target,
+        None => target.contains(knob),
     }
 }
 

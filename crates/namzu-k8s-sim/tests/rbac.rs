@@ -103,8 +103,18 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_template_path_and_headroom_stay_inside_the_full_role() {
+    use namzu::backend::kubernetes::netpol::{translate, KubeEgressConfig, KubeEgressPolicy};
     let c = Cluster::start(Some(1)).await.unwrap();
-    let opts = c.options(false);
+    // Egress verified too: the named policy and the union.
+    let egress = KubeEgressConfig::new(namzu_k8s_sim::cluster::TEMPLATE, KubeEgressPolicy::DenyAll);
+    c.sim.put(
+        namzu_k8s_sim::controller::NETWORK_POLICIES,
+        translate(&egress, namzu_k8s_sim::cluster::NAMESPACE),
+    );
+    let opts = namzu::backend::kubernetes::KubernetesOptions {
+        egress: Some(egress),
+        ..c.options(false)
+    };
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     sb.exec(ExecRequest::shell("true")).await.unwrap();
@@ -117,5 +127,6 @@ async fn the_template_path_and_headroom_stay_inside_the_full_role() {
     let outside: Vec<_> = issued.difference(&full).collect();
     assert!(outside.is_empty(), "issued beyond the full Role: {outside:?}");
     assert!(issued.contains(&("agents.x-k8s.io".into(), "sandboxes".into(), "create".into())));
+    assert!(issued.contains(&("networking.k8s.io".into(), "networkpolicies".into(), "list".into())));
     c.stop().await;
 }

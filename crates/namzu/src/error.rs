@@ -143,6 +143,8 @@ pub enum Error {
     KubernetesEgressConfig(#[from] crate::backend::kubernetes::netpol::EgressConfigError),
     #[error(transparent)]
     KubernetesEgressPolicy(Box<crate::backend::kubernetes::netpol::EgressPolicyError>),
+    #[error("pod {pod} does not carry the egress profile label {key}={value} the claim asked for; it would run under whatever policy selects it instead")]
+    EgressProfileLabelMissing { pod: String, key: String, value: String },
     #[error(transparent)]
     KubernetesEgressUnion(Box<crate::backend::kubernetes::egress_union::EgressPolicyUnionError>),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]

@@ -69,6 +69,8 @@ pub struct BoundPod {
     /// The agent's bind token.
     pub uid: String,
     pub ip: Option<IpAddr>,
+    /// Its labels as the cluster reports them.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A Ready sandbox on the cluster, not yet dialed.
@@ -222,7 +224,13 @@ pub async fn release(api: &Api, opts: &KubernetesOptions, owner: Leased, name: &
 /// Acquires sandbox `id`: creates its claim (or Sandbox), with `env` for
 /// its agent, and waits, inside the readiness budget, for a Ready pod. On
 /// any failure after the POST the object is released.
-pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(String, String)]) -> Result<Bound> {
+pub async fn acquire(
+    api: &Api,
+    opts: &KubernetesOptions,
+    id: &str,
+    env: &[(String, String)],
+    verifier: &super::verify::EgressVerifier,
+) -> Result<Bound> {
     let mut b = Budget::new(opts);
     let name = object_name(id);
     let now = SystemTime::now();
@@ -239,6 +247,18 @@ pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(Stri
             Err(Stop::Deadline) => return Err(ae::at_deadline(None, b.last.take(), b.total).into()),
         };
         let mut sandbox = build::sandbox(opts, &template, &name, id, now);
+        // Before the POST: the pod this Sandbox will make carries the
+        // template's labels and ours.
+        if let Some(cfg) = &opts.egress {
+            let labels = sandbox
+                .spec
+                .pod_template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.labels.clone())
+                .unwrap_or_default();
+            verifier.verify(api, cfg, &opts.namespace, &labels).await?;
+        }
         build::sandbox_env(&mut sandbox, opts, env).map_err(|reason| Error::OptionRefused {
             tier: "kubernetes".into(),
             option: "env".into(),
@@ -250,7 +270,10 @@ pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(Stri
     };
     let mut pod_hint = None;
     let failure = match wait_bound(api, opts, &mut b, (owner, &name, id), &mut pod_hint).await {
-        Ok(bound) => return Ok(bound),
+        Ok(bound) => match after_bind(api, opts, &bound, verifier).await {
+            Ok(()) => return Ok(bound),
+            Err(e) => e,
+        },
         Err(Stop::Fail(e)) => e,
         Err(Stop::Deadline) => {
             // After the budget, before the cleanup: what the pod says.
@@ -269,6 +292,31 @@ pub async fn acquire(api: &Api, opts: &KubernetesOptions, id: &str, env: &[(Stri
         tracing::warn!(%name, error = %e, "acquire failed and its object could not be released");
     }
     Err(failure)
+}
+
+/// After a claim's bind: the bound pod must carry the egress profile's
+/// label (else whatever policy does select it would govern it), and the
+/// cluster's policies must bound it as configured.
+async fn after_bind(
+    api: &Api,
+    opts: &KubernetesOptions,
+    bound: &Bound,
+    verifier: &super::verify::EgressVerifier,
+) -> Result<()> {
+    let Some(cfg) = &opts.egress else { return Ok(()) };
+    if bound.owner != Leased::Claim {
+        return Ok(());
+    }
+    if let Some(p) = &cfg.profile {
+        if bound.pod.labels.get(&cfg.profile_label_key) != Some(p) {
+            return Err(Error::EgressProfileLabelMissing {
+                pod: bound.pod.name.clone(),
+                key: cfg.profile_label_key.clone(),
+                value: p.clone(),
+            });
+        }
+    }
+    verifier.verify(api, cfg, &opts.namespace, &bound.pod.labels).await
 }
 
 fn serialize(e: serde_json::Error) -> Error {
@@ -372,10 +420,19 @@ async fn read_pod(
             let ip = pod["status"]["podIP"].as_str().and_then(|s| s.parse::<IpAddr>().ok());
             let live = pod["metadata"]["deletionTimestamp"].is_null() && !uid.is_empty() && Some(uid) != not_uid;
             if live && (opts.address_mode == AddressMode::Service || ip.is_some()) {
+                let labels = pod["metadata"]["labels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 return Ok(BoundPod {
                     name: name.to_owned(),
                     uid: uid.to_owned(),
                     ip,
+                    labels,
                 });
             }
             b.wait().await?;

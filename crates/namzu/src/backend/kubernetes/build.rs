@@ -31,6 +31,18 @@ pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The labels the backend asks for on sandbox `id`'s pod under `opts`: its
+/// own, and the egress profile's when one is configured.
+pub fn pod_labels_for(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, String> {
+    let mut l = pod_labels(id);
+    if let Some(e) = &opts.egress {
+        if let Some(p) = &e.profile {
+            l.insert(e.profile_label_key.clone(), p.clone());
+        }
+    }
+    l
+}
+
 /// `t` as an RFC 3339 UTC date-time, to the second, as Kubernetes writes
 /// them.
 pub fn rfc3339(t: SystemTime) -> String {
@@ -55,7 +67,7 @@ pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) ->
         name: opts.warm_pool_name.clone().unwrap_or_default(),
     };
     c.spec.additional_pod_metadata = Some(PodMetadata {
-        labels: pod_labels(id),
+        labels: pod_labels_for(opts, id),
         annotations: BTreeMap::new(),
     });
     c.spec.lifecycle = Some(Lifecycle {
@@ -76,7 +88,9 @@ pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str,
     }
     let mut pod = template.spec.pod_template.clone();
     let meta = pod.metadata.get_or_insert_with(Default::default);
-    meta.labels.get_or_insert_with(BTreeMap::new).extend(pod_labels(id));
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .extend(pod_labels_for(opts, id));
     if let Some(spec) = pod.spec.as_mut() {
         let agent = match &opts.agent_container {
             Some(n) => spec.containers.iter_mut().find(|c| &c.name == n),

@@ -30,6 +30,7 @@ pub mod netpol;
 pub mod ops;
 pub mod provider;
 pub mod schema;
+pub mod verify;
 
 pub use provider::{KubernetesProvider, KubernetesSandbox};
 
@@ -140,6 +141,10 @@ pub struct KubernetesOptions {
     pub resolution: NameResolution,
     /// Told of every failed lease renewal.
     pub on_lease_renewal_error: Option<lease::RenewalErrorCallback>,
+    /// The egress policy the cluster must enforce on every pod, verified
+    /// before a sandbox is handed out (see [`netpol`] and
+    /// [`egress_union`]). `None`: nothing is verified.
+    pub egress: Option<netpol::KubeEgressConfig>,
 }
 
 impl std::fmt::Debug for KubernetesOptions {
@@ -157,6 +162,7 @@ impl std::fmt::Debug for KubernetesOptions {
             .field("api_request_timeout", &self.api_request_timeout)
             .field("claim_ttl", &self.claim_ttl)
             .field("resolution", &self.resolution)
+            .field("egress", &self.egress)
             .finish_non_exhaustive()
     }
 }
@@ -177,6 +183,7 @@ impl Default for KubernetesOptions {
             claim_ttl: DEFAULT_CLAIM_TTL,
             resolution: NameResolution::System,
             on_lease_renewal_error: None,
+            egress: None,
         }
     }
 }
@@ -224,6 +231,9 @@ impl KubernetesOptions {
         }
         for (k, v) in &self.claim_labels {
             build::check_label(k, v).map_err(|reason| refuse(&format!("claim_labels.{k}"), reason))?;
+        }
+        if let Some(e) = &self.egress {
+            e.validate()?;
         }
         Ok(())
     }

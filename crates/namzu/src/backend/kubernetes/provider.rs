@@ -25,6 +25,7 @@ pub struct KubernetesProvider {
     api: Api,
     opts: Arc<KubernetesOptions>,
     client: ClientOptions,
+    verifier: Arc<super::verify::EgressVerifier>,
 }
 
 impl std::fmt::Debug for KubernetesProvider {
@@ -44,6 +45,7 @@ impl KubernetesProvider {
             api: Api::new(client, opts.api_request_timeout)?,
             opts: Arc::new(opts),
             client: ClientOptions::default(),
+            verifier: Arc::default(),
         })
     }
 
@@ -113,7 +115,7 @@ impl KubernetesProvider {
     }
 
     async fn acquire_as(&self, id: &str, env: &[(String, String)]) -> Result<KubernetesSandbox> {
-        let bound = acquire::acquire(&self.api, &self.opts, id, env).await?;
+        let bound = acquire::acquire(&self.api, &self.opts, id, env, &self.verifier).await?;
         let (owner, name) = (bound.owner, bound.owner_name.clone());
         match self.open(bound).await {
             Ok(sb) => Ok(sb),
