@@ -1,7 +1,7 @@
 //! A ready-made simulated cluster for tests and benchmarks: the simulator,
 //! its controller running pods as real `local` sandboxes, and the task
-//! SandboxTemplate and SandboxWarmPool namzu ships in `deploy/k8s/`,
-//! applied as shipped.
+//! SandboxTemplate, the SandboxWarmPool and the NetworkPolicy closing the
+//! agent port that namzu ships in `deploy/k8s/`, applied as shipped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,7 @@ pub const POOL: &str = "namzu-pool";
 
 const TEMPLATE_YAML: &str = include_str!("../../../deploy/k8s/sandboxtemplate-task.yaml");
 const POOL_YAML: &str = include_str!("../../../deploy/k8s/sandboxwarmpool.yaml");
+const AGENT_PORT_POLICY_YAML: &str = include_str!("../../../deploy/k8s/networkpolicy.yaml");
 
 /// A simulated cluster (see the module docs).
 pub struct Cluster {
@@ -48,6 +49,7 @@ impl Cluster {
         );
         let parse = |y: &str| serde_yaml::from_str::<Value>(y).map_err(std::io::Error::other);
         sim.put(TEMPLATES, parse(TEMPLATE_YAML)?);
+        sim.put(crate::controller::NETWORK_POLICIES, parse(AGENT_PORT_POLICY_YAML)?);
         let c = Self {
             sim,
             ctl,

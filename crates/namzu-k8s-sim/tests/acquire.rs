@@ -68,7 +68,8 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
     let p = provider(&c, opts);
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     assert!(echo(&sb).await.starts_with("hello from"));
-    // POST the claim, poll it, read the Sandbox once, the pod once.
+    // POST the claim, poll it, read the Sandbox once, the pod once, and
+    // list the policies that must close its agent port (ingress check).
     assert_eq!(
         folded(&p),
         [
@@ -76,6 +77,7 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
             call("sandboxclaims", Verb::Get),
             call("sandboxes", Verb::Get),
             call("pods", Verb::Get),
+            call("networkpolicies", Verb::List),
         ]
     );
     let all = calls(&p);
@@ -125,6 +127,8 @@ async fn without_a_pool_a_sandbox_is_made_from_the_template() {
         folded(&p),
         [
             call("sandboxtemplates", Verb::Get),
+            // The ingress check runs before the POST.
+            call("networkpolicies", Verb::List),
             call("sandboxes", Verb::Create),
             call("sandboxes", Verb::Get),
             call("pods", Verb::Get),
@@ -666,6 +670,33 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
     );
     let again = sb.exec(ExecRequest::shell("true")).await;
     assert!(again.is_err(), "a call reached the replacement pod: {again:?}");
+    sb.destroy().await.unwrap();
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen() {
+    use namzu::backend::kubernetes::ingress::{IngressRefusal, IngressVerification};
+    use namzu_k8s_sim::controller::NETWORK_POLICIES;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    // The operator never applied deploy/k8s/networkpolicy.yaml.
+    c.sim.remove(NETWORK_POLICIES, NAMESPACE, "namzu-agent-port");
+    let p = provider(&c, c.options(true));
+    let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
+    let Error::KubernetesIngress(e) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((e.refusal, e.port), (IngressRefusal::NoCoveringPolicy, 1024));
+    assert_eq!(e.pod_labels[build::SANDBOX_LABEL].len(), "sb-".len() + 12);
+    assert_eq!(calls(&p).last(), Some(&call("sandboxclaims", Verb::Delete)));
+    no_objects_left(&c);
+    // Unverified, on purpose: no policy is read at all.
+    let mut opts = c.options(true);
+    opts.ingress = IngressVerification::Unverified;
+    let q = provider(&c, opts);
+    let sb = q.create_task(SandboxSpec::default()).await.unwrap();
+    assert!(calls(&q).iter().all(|c| c.0 != "networkpolicies"), "{:?}", calls(&q));
     sb.destroy().await.unwrap();
     c.stop().await;
 }

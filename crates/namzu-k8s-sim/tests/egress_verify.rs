@@ -124,8 +124,9 @@ async fn a_second_policy_over_the_pods_is_refused_unless_named_object_only_is_ch
     let mut named_only = opts.clone();
     named_only.egress.as_mut().unwrap().verify = Verification::NamedObjectOnly;
     let q = KubernetesProvider::new(c.client(), named_only).unwrap();
+    // (The one list it makes is the agent-port check's.)
     let sb = q.create_task(SandboxSpec::default()).await.unwrap();
-    assert_eq!(count(&q, "networkpolicies", Verb::List), 0);
+    assert_eq!(count(&q, "networkpolicies", Verb::List), 1);
     sb.destroy().await.unwrap();
     c.stop().await;
 }
@@ -163,7 +164,12 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
     c.ctl.drop_claim_pod_labels(true);
     c.add_pool(1).unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
-    let opts = options(&c, true, KubeEgressPolicy::DenyAll);
+    // (The agent-port check would refuse these pods first: it is not what
+    // this test is about.)
+    let opts = KubernetesOptions {
+        ingress: namzu::backend::kubernetes::ingress::IngressVerification::Unverified,
+        ..options(&c, true, KubeEgressPolicy::DenyAll)
+    };
     c.sim
         .put(NETWORK_POLICIES, translate(opts.egress.as_ref().unwrap(), NAMESPACE));
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
@@ -192,6 +198,21 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
     assert_eq!(e.refusal, UnionRefusal::NotEvaluable, "{e}");
     assert_eq!(e.unread[0].status, Some(403));
     assert_eq!(e.unread[0].resource, "networking.k8s.io/networkpolicies");
+    // With the agent-port check on, the same unread list refuses there
+    // first, as its own error.
+    let checked = KubernetesProvider::new(c.client(), options(&c, true, KubeEgressPolicy::DenyAll)).unwrap();
+    c.sim.inject(Fault {
+        method: None,
+        target: "=networkpolicies".into(),
+        status: 404,
+        retry_after: None,
+        times: 1,
+    });
+    let e = checked.create_task(SandboxSpec::default()).await.err().unwrap();
+    let Error::KubernetesIngress(e) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(e.unread[0].status, Some(404));
     c.stop().await;
 }
 

@@ -146,6 +146,8 @@ pub enum Error {
     #[error("pod {pod} does not carry the egress profile label {key}={value} the claim asked for; it would run under whatever policy selects it instead")]
     EgressProfileLabelMissing { pod: String, key: String, value: String },
     #[error(transparent)]
+    KubernetesIngress(Box<crate::backend::kubernetes::ingress::IngressPolicyError>),
+    #[error(transparent)]
     KubernetesEgressUnion(Box<crate::backend::kubernetes::egress_union::EgressPolicyUnionError>),
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },

@@ -229,7 +229,7 @@ pub async fn acquire(
     opts: &KubernetesOptions,
     id: &str,
     env: &[(String, String)],
-    verifier: &super::verify::EgressVerifier,
+    verifier: &super::verify::PolicyVerifier,
 ) -> Result<Bound> {
     let mut b = Budget::new(opts);
     let name = object_name(id);
@@ -249,16 +249,14 @@ pub async fn acquire(
         let mut sandbox = build::sandbox(opts, &template, &name, id, now);
         // Before the POST: the pod this Sandbox will make carries the
         // template's labels and ours.
-        if let Some(cfg) = &opts.egress {
-            let labels = sandbox
-                .spec
-                .pod_template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.labels.clone())
-                .unwrap_or_default();
-            verifier.verify(api, cfg, &opts.namespace, &labels).await?;
-        }
+        let labels = sandbox
+            .spec
+            .pod_template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        verifier.verify(api, opts, &labels).await?;
         build::sandbox_env(&mut sandbox, opts, env).map_err(|reason| Error::OptionRefused {
             tier: "kubernetes".into(),
             option: "env".into(),
@@ -296,27 +294,31 @@ pub async fn acquire(
 
 /// After a claim's bind: the bound pod must carry the egress profile's
 /// label (else whatever policy does select it would govern it), and the
-/// cluster's policies must bound it as configured.
+/// cluster's policies must close its agent port and bound its egress as
+/// configured.
 async fn after_bind(
     api: &Api,
     opts: &KubernetesOptions,
     bound: &Bound,
-    verifier: &super::verify::EgressVerifier,
+    verifier: &super::verify::PolicyVerifier,
 ) -> Result<()> {
-    let Some(cfg) = &opts.egress else { return Ok(()) };
     if bound.owner != Leased::Claim {
         return Ok(());
     }
-    if let Some(p) = &cfg.profile {
-        if bound.pod.labels.get(&cfg.profile_label_key) != Some(p) {
+    if let Some((key, p)) = opts
+        .egress
+        .as_ref()
+        .and_then(|c| Some((&c.profile_label_key, c.profile.as_ref()?)))
+    {
+        if bound.pod.labels.get(key) != Some(p) {
             return Err(Error::EgressProfileLabelMissing {
                 pod: bound.pod.name.clone(),
-                key: cfg.profile_label_key.clone(),
+                key: key.clone(),
                 value: p.clone(),
             });
         }
     }
-    verifier.verify(api, cfg, &opts.namespace, &bound.pod.labels).await
+    verifier.verify(api, opts, &bound.pod.labels).await
 }
 
 fn serialize(e: serde_json::Error) -> Error {

@@ -541,17 +541,48 @@ fn examine(
     out
 }
 
-/// The policy collections to read under this engine.
-fn collections(cfg: &KubeEgressConfig, namespace: &str) -> Vec<(String, Resource)> {
-    let core = KubeEgressConfig {
-        engine: Engine::Core,
-        ..cfg.clone()
+/// The policy collections to read under `engine`: core NetworkPolicy
+/// always, Cilium's CRD under `cilium`.
+fn collections(engine: Engine, namespace: &str) -> Vec<(String, Resource)> {
+    let res = |engine| {
+        let mut c = KubeEgressConfig::new("x", KubeEgressPolicy::DenyAll);
+        c.engine = engine;
+        c.resource(namespace)
     };
-    let mut out = vec![("NetworkPolicy".to_owned(), core.resource(namespace))];
-    if cfg.engine == Engine::Cilium {
-        out.push(("CiliumNetworkPolicy".to_owned(), cfg.resource(namespace)));
+    let mut out = vec![("NetworkPolicy".to_owned(), res(Engine::Core))];
+    if engine == Engine::Cilium {
+        out.push(("CiliumNetworkPolicy".to_owned(), res(Engine::Cilium)));
     }
     out
+}
+
+/// Every policy of every collection read under `engine`, by kind, and the
+/// collections that could not be read.
+pub async fn list_policies(
+    api: &Api,
+    engine: Engine,
+    namespace: &str,
+) -> (Vec<(String, Vec<Value>)>, Vec<UnreadSource>) {
+    let mut lists = Vec::new();
+    let mut unread = Vec::new();
+    for (kind, r) in collections(engine, namespace) {
+        match api.list(&r, None).await {
+            Ok(v) => lists.push((kind, v["items"].as_array().cloned().unwrap_or_default())),
+            Err(e) => {
+                let status = match &e {
+                    ApiError::Credential { status, .. } | ApiError::AlreadyGone { status, .. } => Some(*status),
+                    ApiError::Api { status, .. } => *status,
+                    _ => None,
+                };
+                unread.push(UnreadSource {
+                    resource: format!("{}/{}", r.group, r.plural),
+                    status,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    (lists, unread)
 }
 
 /// Evaluates the union of listed policies (by kind) for a pod; the
@@ -599,28 +630,9 @@ pub async fn verify_union(
     namespace: &str,
     pod_labels: &BTreeMap<String, String>,
 ) -> crate::Result<()> {
-    let mut lists = Vec::new();
-    let mut unread = Vec::new();
-    for (kind, r) in collections(cfg, namespace) {
-        match api.list(&r, None).await {
-            Ok(v) => lists.push((kind, v["items"].as_array().cloned().unwrap_or_default())),
-            Err(e) => {
-                let status = match &e {
-                    ApiError::Credential { status, .. } | ApiError::AlreadyGone { status, .. } => Some(*status),
-                    ApiError::Api { status, .. } => *status,
-                    _ => None,
-                };
-                unread.push(UnreadSource {
-                    resource: format!("{}/{}", r.group, r.plural),
-                    status,
-                    message: e.to_string(),
-                });
-            }
-        }
-    }
+    let (lists, unread) = list_policies(api, cfg.engine, namespace).await;
     evaluate(cfg, namespace, pod_labels, &lists, unread).map_err(|e| crate::Error::KubernetesEgressUnion(Box::new(e)))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ pub mod api;
 pub mod build;
 pub mod crd;
 pub mod egress_union;
+pub mod ingress;
 pub mod labels;
 pub mod lease;
 pub mod netpol;
@@ -45,7 +46,8 @@ use crate::error::{Error, Result};
 /// made, read, renewed (patch), listed (crash recovery by label) and given
 /// back; the bound Sandbox read for readiness and its address; the pod read
 /// for its uid (the bind token), its IP and the diagnosis of one that never
-/// became ready. `deploy/k8s/rbac-claimant.yaml` must say exactly this
+/// became ready; the namespace's NetworkPolicies listed for the ingress
+/// check, on by default. `deploy/k8s/rbac-claimant.yaml` must say exactly this
 /// (tested); the calls the backend records must stay inside it.
 pub const CLAIMANT_RBAC: &[(&str, &str, &[&str])] = &[
     (
@@ -55,6 +57,7 @@ pub const CLAIMANT_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     (crd::AGENTS_GROUP, "sandboxes", &["get"]),
     ("", "pods", &["get"]),
+    ("networking.k8s.io", "networkpolicies", &["list"]),
 ];
 
 /// The agent's TCP port inside a pod.
@@ -145,6 +148,9 @@ pub struct KubernetesOptions {
     /// before a sandbox is handed out (see [`netpol`] and
     /// [`egress_union`]). `None`: nothing is verified.
     pub egress: Option<netpol::KubeEgressConfig>,
+    /// Whether the agent port is shown closed before a sandbox is handed
+    /// out (see [`ingress`]). Default: verify.
+    pub ingress: ingress::IngressVerification,
 }
 
 impl std::fmt::Debug for KubernetesOptions {
@@ -163,6 +169,7 @@ impl std::fmt::Debug for KubernetesOptions {
             .field("claim_ttl", &self.claim_ttl)
             .field("resolution", &self.resolution)
             .field("egress", &self.egress)
+            .field("ingress", &self.ingress)
             .finish_non_exhaustive()
     }
 }
@@ -184,6 +191,7 @@ impl Default for KubernetesOptions {
             resolution: NameResolution::System,
             on_lease_renewal_error: None,
             egress: None,
+            ingress: ingress::IngressVerification::default(),
         }
     }
 }

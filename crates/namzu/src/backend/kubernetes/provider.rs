@@ -25,7 +25,7 @@ pub struct KubernetesProvider {
     api: Api,
     opts: Arc<KubernetesOptions>,
     client: ClientOptions,
-    verifier: Arc<super::verify::EgressVerifier>,
+    verifier: Arc<super::verify::PolicyVerifier>,
 }
 
 impl std::fmt::Debug for KubernetesProvider {
