@@ -49,6 +49,12 @@ pub const TEMPLATES: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtem
 pub const POOLS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools");
 pub const NETWORK_POLICIES: Gvr = ("networking.k8s.io", "v1", "networkpolicies");
 pub const CILIUM_POLICIES: Gvr = ("cilium.io", "v2", "ciliumnetworkpolicies");
+pub const ADMISSION_POLICIES: Gvr = ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies");
+pub const ADMISSION_BINDINGS: Gvr = (
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+);
 
 /// The label a pool puts on the Sandboxes it holds.
 pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool";
@@ -335,6 +341,18 @@ impl Controller {
             }
         }
         let sandboxes = uids(SANDBOXES);
+        // Per-sandbox policies go with their claim (or Sandbox).
+        let claims = uids(CLAIMS);
+        for p in sim.all(CILIUM_POLICIES) {
+            let orphan = match (owner_of(&p, "SandboxClaim"), owner_of(&p, "Sandbox")) {
+                (Some((_, u)), _) => !claims.contains(&u),
+                (None, Some((_, u))) => !sandboxes.contains(&u),
+                (None, None) => false,
+            };
+            if orphan {
+                sim.remove(CILIUM_POLICIES, meta(&p, "namespace"), meta(&p, "name"));
+            }
+        }
         for p in sim.all(PODS) {
             if owner_of(&p, "Sandbox").is_some_and(|(_, u)| !sandboxes.contains(&u)) {
                 sim.remove(PODS, meta(&p, "namespace"), meta(&p, "name"));

@@ -76,6 +76,7 @@ pub struct Simulator {
     types: HashMap<(String, String, String), ResourceType>,
     faults: Mutex<Vec<Fault>>,
     stalls: Mutex<Vec<Stall>>,
+    rewrites: Mutex<Vec<(String, Value)>>,
     /// The agent-sandbox controller, once started.
     pub(crate) controller: std::sync::OnceLock<Arc<crate::controller::Controller>>,
 }
@@ -147,6 +148,7 @@ impl Simulator {
             types,
             faults: Mutex::default(),
             stalls: Mutex::default(),
+            rewrites: Mutex::default(),
             controller: std::sync::OnceLock::new(),
         })
     }
@@ -164,6 +166,9 @@ impl Simulator {
             .route("/apis/:group/:version/namespaces/:ns/:plural", any(route))
             .route("/apis/:group/:version/namespaces/:ns/:plural/:name", any(route))
             .route("/apis/:group/:version/namespaces/:ns/:plural/:name/status", any(route))
+            // Cluster-scoped resources (admission policies): no namespace.
+            .route("/apis/:group/:version/:plural", any(route))
+            .route("/apis/:group/:version/:plural/:name", any(route))
             .with_state(self.clone());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = l.local_addr()?;
@@ -176,6 +181,28 @@ impl Simulator {
     /// Arms a fault knob.
     pub fn inject(&self, fault: Fault) {
         self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(fault);
+    }
+
+    /// After every successful write (POST or PATCH) of an object whose
+    /// `resource/name` matches `target`, merges `patch` into what is stored
+    /// — what a mutating webhook or a controller rewriting the object does.
+    pub fn rewrite_on_write(&self, target: &str, patch: Value) {
+        self.rewrites
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((target.to_owned(), patch));
+    }
+
+    fn rewrite(&self, target: &str, key: &Key) {
+        let rewrites = self.rewrites.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut store = self.lock();
+        for (t, patch) in rewrites {
+            if matches_target(&t, target) {
+                if let Some(o) = store.objects.get_mut(key) {
+                    json_patch::merge(o, &patch);
+                }
+            }
+        }
     }
 
     /// Arms a latency knob.
@@ -337,7 +364,28 @@ async fn route(
     let pod_read = (method == Method::GET && t.group.is_empty() && t.plural == "pods")
         .then(|| t.name.clone().map(|n| (t.ns.clone(), n)))
         .flatten();
+    let written = matches!(method, Method::POST | Method::PATCH);
+    let posted_name = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|b| b["metadata"]["name"].as_str().map(String::from));
+    let key_of = |name: &str| {
+        (
+            t.group.clone(),
+            t.version.clone(),
+            t.plural.clone(),
+            t.ns.clone(),
+            name.to_owned(),
+        )
+    };
+    let written_key = t
+        .name
+        .clone()
+        .or(posted_name)
+        .map(|n| (format!("{}/{n}", t.plural), key_of(&n)));
     let answer = handle(&sim, t, method, &q, &headers, &body);
+    if let (true, true, Some((target, key))) = (written, answer.status().is_success(), &written_key) {
+        sim.rewrite(target, key);
+    }
     if let (Some((ns, name)), Some(ctl)) = (pod_read, sim.controller.get()) {
         if answer.status().is_success() {
             ctl.after_pod_read(&sim, &ns, &name).await;

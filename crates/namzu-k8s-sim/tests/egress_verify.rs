@@ -237,7 +237,7 @@ async fn a_bound_pod_without_the_profile_label_is_refused_and_released() {
     c.ctl.drop_claim_pod_labels(true);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
-        matches!(&e, Error::EgressProfileLabelMissing { key, value, .. } if key == "io.namzu/egress-profile" && value == "builders"),
+        matches!(&e, Error::PodLabelMissing { key, value, .. } if key == "io.namzu/egress-profile" && value == "builders"),
         "{e:?}"
     );
     assert_eq!(ours(&c, CLAIMS), 0);

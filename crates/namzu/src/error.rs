@@ -143,8 +143,10 @@ pub enum Error {
     KubernetesEgressConfig(#[from] crate::backend::kubernetes::netpol::EgressConfigError),
     #[error(transparent)]
     KubernetesEgressPolicy(Box<crate::backend::kubernetes::netpol::EgressPolicyError>),
-    #[error("pod {pod} does not carry the egress profile label {key}={value} the claim asked for; it would run under whatever policy selects it instead")]
-    EgressProfileLabelMissing { pod: String, key: String, value: String },
+    #[error("pod {pod} does not carry the label {key}={value} the claim asked for, which an egress policy selects it by; it would run under whatever policy selects it instead")]
+    PodLabelMissing { pod: String, key: String, value: String },
+    #[error(transparent)]
+    KubernetesPerSandbox(Box<crate::backend::kubernetes::per_sandbox::PerSandboxError>),
     #[error(transparent)]
     KubernetesIngress(Box<crate::backend::kubernetes::ingress::IngressPolicyError>),
     #[error(transparent)]

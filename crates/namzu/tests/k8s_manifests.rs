@@ -138,3 +138,44 @@ fn the_claimant_role_is_exactly_the_constant_and_the_full_role_covers_it() {
     let uncovered: Vec<_> = constant.difference(&full).collect();
     assert!(uncovered.is_empty(), "the full Role lacks {uncovered:?}");
 }
+
+#[test]
+fn the_admission_fence_bounds_per_sandbox_policies_and_is_readable_by_name_only() {
+    use namzu::backend::kubernetes::per_sandbox::{DEFAULT_FENCE, DEFAULT_LABEL_KEY, POLICY_NAME_PREFIX};
+    let vap = manifest("admission-fence.yaml");
+    assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
+    assert_eq!(vap["metadata"]["name"], DEFAULT_FENCE);
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    let rule = &vap["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule["apiGroups"], serde_json::json!(["cilium.io"]));
+    assert_eq!(rule["resources"], serde_json::json!(["ciliumnetworkpolicies"]));
+    assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE"]));
+    let cel: Vec<&str> = vap["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["expression"].as_str().unwrap())
+        .collect();
+    // The constants the backend writes by are the ones the fence names.
+    assert!(cel
+        .iter()
+        .any(|e| e.contains(&format!("startsWith('{POLICY_NAME_PREFIX}')"))));
+    assert!(cel.iter().any(|e| e.contains(&format!("'{DEFAULT_LABEL_KEY}'"))));
+    let binding = manifest("admission-fence-binding.yaml");
+    assert_eq!(binding["metadata"]["name"], DEFAULT_FENCE);
+    assert_eq!(binding["spec"]["policyName"], DEFAULT_FENCE);
+    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+    let reader = manifest("rbac-fence-reader.yaml");
+    assert_eq!(reader["kind"], "ClusterRole");
+    let r = &reader["rules"];
+    assert_eq!(r.as_array().unwrap().len(), 1);
+    assert_eq!(r[0]["verbs"], serde_json::json!(["get"]));
+    assert_eq!(r[0]["resourceNames"], serde_json::json!([DEFAULT_FENCE]));
+    let full = role_set(&manifest("rbac.yaml"));
+    for verb in ["get", "list", "create", "patch", "delete"] {
+        assert!(
+            full.contains(&("cilium.io".into(), "ciliumnetworkpolicies".into(), verb.into())),
+            "{verb}"
+        );
+    }
+}

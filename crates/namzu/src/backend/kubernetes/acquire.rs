@@ -79,6 +79,8 @@ pub struct Bound {
     pub id: String,
     pub owner: Leased,
     pub owner_name: String,
+    /// The claim's (or Sandbox's) uid, as its reads reported it.
+    pub owner_uid: Option<String>,
     pub sandbox: String,
     pub fqdn: Option<String>,
     pub pod: BoundPod,
@@ -302,19 +304,28 @@ async fn after_bind(
     bound: &Bound,
     verifier: &super::verify::PolicyVerifier,
 ) -> Result<()> {
+    let per_sandbox = opts.egress.as_ref().is_some_and(|e| e.per_sandbox.is_some());
+    if per_sandbox && bound.owner_uid.is_none() {
+        return Err(super::per_sandbox::PerSandboxError::OwnerUidMissing { id: bound.id.clone() }.into());
+    }
     if bound.owner != Leased::Claim {
         return Ok(());
     }
-    if let Some((key, p)) = opts
-        .egress
-        .as_ref()
-        .and_then(|c| Some((&c.profile_label_key, c.profile.as_ref()?)))
-    {
-        if bound.pod.labels.get(key) != Some(p) {
-            return Err(Error::EgressProfileLabelMissing {
+    // Every label the backend asked for that a policy selects by: the
+    // profile's, and the per-sandbox policy's.
+    let wanted = build::pod_labels_for(opts, &bound.id);
+    let selecting = opts.egress.as_ref().into_iter().flat_map(|c| {
+        let profile = c.profile.as_ref().map(|_| c.profile_label_key.clone());
+        let own = c.per_sandbox.as_ref().map(|p| p.label_key.clone());
+        profile.into_iter().chain(own)
+    });
+    for key in selecting {
+        let value = wanted.get(&key).cloned().unwrap_or_default();
+        if bound.pod.labels.get(&key) != Some(&value) {
+            return Err(Error::PodLabelMissing {
                 pod: bound.pod.name.clone(),
-                key: key.clone(),
-                value: p.clone(),
+                key,
+                value,
             });
         }
     }
@@ -357,6 +368,7 @@ async fn wait_bound(
     pod_hint: &mut Option<String>,
 ) -> std::result::Result<Bound, Stop> {
     let sandboxes = Resource::of::<Sandbox>(&opts.namespace);
+    let mut owner_uid = None;
     let sandbox_name = match owner {
         Leased::Claim => {
             let claims = Resource::of::<SandboxClaim>(&opts.namespace);
@@ -365,6 +377,7 @@ async fn wait_bound(
                     if let Some(refusal) = ae::claim_refusal(&claim) {
                         return Err(Stop::Fail(refusal.into()));
                     }
+                    owner_uid = claim["metadata"]["uid"].as_str().map(String::from);
                     if let Some(s) = claim["status"]["sandbox"]["name"].as_str().filter(|s| !s.is_empty()) {
                         pod_hint.get_or_insert_with(|| s.to_owned());
                         if is_ready(&claim) {
@@ -394,12 +407,16 @@ async fn wait_bound(
         }
     };
     let fqdn = sandbox["status"]["serviceFQDN"].as_str().map(String::from);
+    if owner == Leased::Sandbox {
+        owner_uid = sandbox["metadata"]["uid"].as_str().map(String::from);
+    }
     let pod_name = pod_hint.clone().unwrap_or_else(|| sandbox_name.clone());
     let pod = read_pod(api, opts, b, &pod_name, None).await?;
     Ok(Bound {
         id: id.into(),
         owner,
         owner_name: name.into(),
+        owner_uid,
         sandbox: sandbox_name,
         fqdn,
         pod,

@@ -143,7 +143,12 @@ impl Resource {
         } else {
             format!("/apis/{}/{}", self.group, self.version)
         };
-        let mut p = format!("{base}/namespaces/{}/{}", self.namespace, self.plural);
+        // An empty namespace is a cluster-scoped resource.
+        let mut p = if self.namespace.is_empty() {
+            format!("{base}/{}", self.plural)
+        } else {
+            format!("{base}/namespaces/{}/{}", self.namespace, self.plural)
+        };
         if let Some(n) = name {
             p.push('/');
             p.push_str(n);

@@ -32,12 +32,16 @@ pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
 }
 
 /// The labels the backend asks for on sandbox `id`'s pod under `opts`: its
-/// own, and the egress profile's when one is configured.
+/// own, the egress profile's when one is configured, and the per-sandbox
+/// policy's selector label when that is.
 pub fn pod_labels_for(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, String> {
     let mut l = pod_labels(id);
     if let Some(e) = &opts.egress {
         if let Some(p) = &e.profile {
             l.insert(e.profile_label_key.clone(), p.clone());
+        }
+        if let Some(ps) = &e.per_sandbox {
+            l.insert(ps.label_key.clone(), id.to_owned());
         }
     }
     l

@@ -29,6 +29,7 @@ pub mod labels;
 pub mod lease;
 pub mod netpol;
 pub mod ops;
+pub mod per_sandbox;
 pub mod provider;
 pub mod schema;
 pub mod verify;

@@ -151,6 +151,9 @@ pub struct KubeEgressConfig {
     pub profile: Option<String>,
     pub profile_label_key: String,
     pub verify: Verification,
+    /// A CiliumNetworkPolicy per sandbox, written by
+    /// `Sandbox::set_network_policy` (see [`super::per_sandbox`]).
+    pub per_sandbox: Option<super::per_sandbox::PerSandboxEgress>,
 }
 
 impl KubeEgressConfig {
@@ -163,6 +166,7 @@ impl KubeEgressConfig {
             profile: None,
             profile_label_key: DEFAULT_PROFILE_LABEL_KEY.into(),
             verify: Verification::Union,
+            per_sandbox: None,
         }
     }
 }
@@ -190,7 +194,7 @@ pub enum EgressConfigError {
     BadField { field: &'static str, reason: String },
 }
 
-fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigError> {
+pub(crate) fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigError> {
     if ports.is_empty() {
         return Err(EgressConfigError::EmptyPortList { field });
     }
@@ -209,7 +213,7 @@ fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigErr
 }
 
 /// The hosts of an allowlist, parsed (canonical, punycode).
-fn parse_hosts(hosts: &[String]) -> Result<Vec<(String, HostPattern)>, EgressConfigError> {
+pub(crate) fn parse_hosts(hosts: &[String]) -> Result<Vec<(String, HostPattern)>, EgressConfigError> {
     hosts
         .iter()
         .map(|h| {
@@ -238,6 +242,16 @@ impl KubeEgressConfig {
         }
         if let Some(p) = &self.profile {
             label_ok("profile", &self.profile_label_key, p)?;
+        }
+        if let Some(ps) = &self.per_sandbox {
+            if self.engine != Engine::Cilium {
+                return Err(EgressConfigError::BadField {
+                    field: "per_sandbox",
+                    reason: "a per-sandbox policy is a CiliumNetworkPolicy; the engine must be cilium".into(),
+                });
+            }
+            label_ok("per_sandbox.label_key", &ps.label_key, "sb-0")?;
+            ps.validate()?;
         }
         match &self.policy {
             KubeEgressPolicy::PublicInternet { except_cidrs } => {
@@ -361,7 +375,7 @@ fn core_dns_rule() -> Value {
 
 /// The cluster resolver, as a Cilium egress rule whose DNS visibility
 /// admits `dns` (a `matchPattern: "*"` unless narrowed).
-fn cilium_dns_rule(dns: Vec<Value>) -> Value {
+pub(crate) fn cilium_dns_rule(dns: Vec<Value>) -> Value {
     json!({
         "toEndpoints": [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}}],
         "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": dns}}]
@@ -402,7 +416,7 @@ fn fqdn_selectors(p: &HostPattern) -> Vec<Value> {
 
 /// The DNS names a narrowed allowlist may look up: each host as is and
 /// under every search suffix the pod's resolver appends.
-fn dns_selectors(hosts: &[(String, HostPattern)], d: &DnsNames, namespace: &str) -> Vec<Value> {
+pub(crate) fn dns_selectors(hosts: &[(String, HostPattern)], d: &DnsNames, namespace: &str) -> Vec<Value> {
     let ns = d.namespace.as_deref().unwrap_or(namespace);
     let mut suffixes = vec![
         String::new(),
@@ -428,7 +442,7 @@ fn dns_selectors(hosts: &[(String, HostPattern)], d: &DnsNames, namespace: &str)
 
 /// The hostname rules of a Cilium allowlist: one shared `toFQDNs` rule
 /// unnarrowed; one rule per host with its ports (and SNI) when narrowed.
-fn cilium_host_rules(hosts: &[(String, HostPattern)], n: Option<&CiliumNarrowing>) -> Vec<Value> {
+pub(crate) fn cilium_host_rules(hosts: &[(String, HostPattern)], n: Option<&CiliumNarrowing>) -> Vec<Value> {
     let per_host = n.is_some_and(|n| n.ports.is_some() || !n.host_ports.is_empty() || n.tls_server_names);
     if !per_host {
         let all: Vec<Value> = hosts.iter().flat_map(|(_, p)| fqdn_selectors(p)).collect();

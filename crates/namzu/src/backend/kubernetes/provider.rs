@@ -98,6 +98,7 @@ impl KubernetesProvider {
             bound,
             client,
             lease,
+            fence_proven: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -194,6 +195,8 @@ pub struct KubernetesSandbox {
     bound: Bound,
     client: AgentClient,
     lease: Lease,
+    /// The admission fence was seen applied (proven once per handle).
+    fence_proven: std::sync::atomic::AtomicBool,
 }
 
 impl KubernetesSandbox {
@@ -225,6 +228,27 @@ impl Sandbox for KubernetesSandbox {
 
     fn agent(&self) -> &AgentClient {
         &self.client
+    }
+
+    /// Replaces this sandbox's per-sandbox CiliumNetworkPolicy (see
+    /// [`super::per_sandbox`]): a hostname allowlist, or an empty one (or
+    /// deny-all) to remove it. Refused by name unless `egress.per_sandbox`
+    /// is configured.
+    async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
+        self.lease.check(&self.bound.id)?;
+        let opts = &self.provider.opts;
+        let Some(cfg) = opts.egress.as_ref().and_then(|e| e.per_sandbox.as_ref()) else {
+            return Err(super::per_sandbox::PerSandboxError::NotConfigured.into());
+        };
+        super::per_sandbox::apply(
+            &self.provider.api,
+            cfg,
+            &opts.namespace,
+            &self.bound,
+            &policy,
+            &self.fence_proven,
+        )
+        .await
     }
 
     async fn destroy(&self) -> Result<()> {
