@@ -291,3 +291,77 @@ async fn without_per_sandbox_egress_the_call_is_refused_by_name() {
     sb.destroy().await.unwrap();
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_without_a_uid_is_refused_at_acquire() {
+    use namzu_k8s_sim::controller::CLAIMS;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    c.sim.put(CILIUM_POLICIES, translate(&egress(), NAMESPACE));
+    // Whatever stores the claim loses its uid: a policy owned by it would
+    // be an orphan.
+    c.sim
+        .rewrite_on_write("sandboxclaims/", json!({"metadata": {"uid": ""}}));
+    let p = KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            egress: Some(egress()),
+            ..c.options(true)
+        },
+    )
+    .unwrap();
+    let e = per_sandbox_error(p.create_task(SandboxSpec::default()).await.err().unwrap());
+    assert!(matches!(e, PerSandboxError::OwnerUidMissing { .. }), "{e}");
+    let left = c
+        .sim
+        .all(CLAIMS)
+        .iter()
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("namzu-sb-")
+        })
+        .count();
+    assert_eq!(left, 0, "the claim was not released");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
+    use namzu_k8s_sim::controller::SANDBOXES;
+    let c = Cluster::start(None).await.unwrap();
+    c.sim.put(CILIUM_POLICIES, translate(&egress(), NAMESPACE));
+    // A controller that builds pods from the template as it was, not as
+    // the Sandbox asked: the per-sandbox label never reaches the pod.
+    c.sim.rewrite_on_write(
+        "sandboxes/",
+        json!({"spec": {"podTemplate": {"metadata": {"labels": {"io.namzu/egress-sandbox": null}}}}}),
+    );
+    let p = KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            egress: Some(egress()),
+            ..c.options(false)
+        },
+    )
+    .unwrap();
+    let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
+    assert!(
+        matches!(&e, Error::PodLabelMissing { key, .. } if key == "io.namzu/egress-sandbox"),
+        "{e:?}"
+    );
+    let left = c
+        .sim
+        .all(SANDBOXES)
+        .iter()
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("namzu-sb-")
+        })
+        .count();
+    assert_eq!(left, 0, "the Sandbox was not released");
+    c.stop().await;
+}

@@ -294,10 +294,11 @@ pub async fn acquire(
     Err(failure)
 }
 
-/// After a claim's bind: the bound pod must carry the egress profile's
-/// label (else whatever policy does select it would govern it), and the
-/// cluster's policies must close its agent port and bound its egress as
-/// configured.
+/// After the bind: the owner must have a uid where a per-sandbox policy
+/// will be owned by it; the bound pod must carry the labels policies
+/// select it by (else whatever policy does select it would govern it);
+/// and, for a claim, the cluster's policies must close its agent port and
+/// bound its egress as configured.
 async fn after_bind(
     api: &Api,
     opts: &KubernetesOptions,
@@ -308,11 +309,9 @@ async fn after_bind(
     if per_sandbox && bound.owner_uid.is_none() {
         return Err(super::per_sandbox::PerSandboxError::OwnerUidMissing { id: bound.id.clone() }.into());
     }
-    if bound.owner != Leased::Claim {
-        return Ok(());
-    }
-    // Every label the backend asked for that a policy selects by: the
-    // profile's, and the per-sandbox policy's.
+    // Every label the backend asked for that a policy selects by (the
+    // profile's, and the per-sandbox policy's), on either path: a
+    // controller may drop what it was asked to write.
     let wanted = build::pod_labels_for(opts, &bound.id);
     let selecting = opts.egress.as_ref().into_iter().flat_map(|c| {
         let profile = c.profile.as_ref().map(|_| c.profile_label_key.clone());
@@ -328,6 +327,10 @@ async fn after_bind(
                 value,
             });
         }
+    }
+    // A direct Sandbox was verified before its POST.
+    if bound.owner != Leased::Claim {
+        return Ok(());
     }
     verifier.verify(api, opts, &bound.pod.labels).await
 }
@@ -377,7 +380,10 @@ async fn wait_bound(
                     if let Some(refusal) = ae::claim_refusal(&claim) {
                         return Err(Stop::Fail(refusal.into()));
                     }
-                    owner_uid = claim["metadata"]["uid"].as_str().map(String::from);
+                    owner_uid = claim["metadata"]["uid"]
+                        .as_str()
+                        .filter(|u| !u.is_empty())
+                        .map(String::from);
                     if let Some(s) = claim["status"]["sandbox"]["name"].as_str().filter(|s| !s.is_empty()) {
                         pod_hint.get_or_insert_with(|| s.to_owned());
                         if is_ready(&claim) {
@@ -408,7 +414,10 @@ async fn wait_bound(
     };
     let fqdn = sandbox["status"]["serviceFQDN"].as_str().map(String::from);
     if owner == Leased::Sandbox {
-        owner_uid = sandbox["metadata"]["uid"].as_str().map(String::from);
+        owner_uid = sandbox["metadata"]["uid"]
+            .as_str()
+            .filter(|u| !u.is_empty())
+            .map(String::from);
     }
     let pod_name = pod_hint.clone().unwrap_or_else(|| sandbox_name.clone());
     let pod = read_pod(api, opts, b, &pod_name, None).await?;
