@@ -89,6 +89,26 @@ impl Cluster {
         }
     }
 
+    /// An object in the cluster's namespace, as stored.
+    pub fn get(&self, (g, v, p): crate::Gvr, name: &str) -> Option<Value> {
+        self.sim.object(g, v, p, NAMESPACE, name)
+    }
+
+    /// How many objects of `gvr` namzu made for a sandbox (`namzu-sb-*`):
+    /// what a released acquire leaves behind, which must be none.
+    pub fn sandbox_objects(&self, gvr: crate::Gvr) -> usize {
+        self.sim
+            .all(gvr)
+            .iter()
+            .filter(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with("namzu-sb-")
+            })
+            .count()
+    }
+
     /// Waits until the pool reports `replicas` ready pods.
     pub async fn pool_ready(&self, replicas: i64, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;

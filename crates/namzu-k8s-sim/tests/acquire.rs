@@ -48,7 +48,7 @@ fn call(resource: &str, verb: Verb) -> (String, Verb) {
 }
 
 fn exists(c: &Cluster, gvr: namzu_k8s_sim::Gvr, name: &str) -> bool {
-    c.sim.object(gvr.0, gvr.1, gvr.2, NAMESPACE, name).is_some()
+    c.get(gvr, name).is_some()
 }
 
 async fn echo(sb: &dyn Sandbox) -> String {
@@ -85,12 +85,9 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
     assert_eq!(all.iter().filter(|c| c.0 == "pods").count(), 1, "{all:?}");
     // claim_labels on the claim only; the pod carries the sandbox's labels.
     let name = object_name(sb.id());
-    let claim = c.sim.object(CLAIMS.0, CLAIMS.1, CLAIMS.2, NAMESPACE, &name).unwrap();
+    let claim = c.get(CLAIMS, &name).unwrap();
     assert_eq!(claim["metadata"]["labels"], serde_json::json!({"team": "agents"}));
-    let pod = c
-        .sim
-        .object(PODS.0, PODS.1, PODS.2, NAMESPACE, &sb.bound().pod.name)
-        .unwrap();
+    let pod = c.get(PODS, &sb.bound().pod.name).unwrap();
     assert_eq!(pod["metadata"]["labels"][build::SANDBOX_LABEL], sb.id());
     assert_eq!(pod["metadata"]["labels"].get("team"), None);
     assert_eq!(pod["metadata"]["uid"], sb.bound().pod.uid.as_str());
@@ -136,10 +133,7 @@ async fn without_a_pool_a_sandbox_is_made_from_the_template() {
     );
     assert_eq!(calls(&p).iter().filter(|c| c.0 == "pods").count(), 1);
     let name = object_name(sb.id());
-    let made = c
-        .sim
-        .object(SANDBOXES.0, SANDBOXES.1, SANDBOXES.2, NAMESPACE, &name)
-        .unwrap();
+    let made = c.get(SANDBOXES, &name).unwrap();
     assert_eq!(made["spec"]["shutdownPolicy"], "Delete");
     // Another process finds it by id, and lists it.
     let other = provider(&c, c.options(false));
@@ -165,14 +159,7 @@ fn acquire_error(e: Error) -> namzu::backend::kubernetes::acquire_error::Acquire
 
 fn no_objects_left(c: &Cluster) {
     for gvr in [CLAIMS, SANDBOXES] {
-        let left: Vec<String> = c
-            .sim
-            .all(gvr)
-            .iter()
-            .filter_map(|o| o["metadata"]["name"].as_str().map(String::from))
-            .filter(|n| n.starts_with("namzu-sb-"))
-            .collect();
-        assert!(left.is_empty(), "left behind in {}: {left:?}", gvr.2);
+        assert_eq!(c.sandbox_objects(gvr), 0, "left behind in {}", gvr.2);
     }
 }
 
@@ -369,10 +356,7 @@ async fn pod_ip_mode_follows_a_pod_replaced_between_the_read_and_the_dial() {
     c.ctl.replace_next_pod_read();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     assert!(echo(&sb).await.starts_with("hello from"));
-    let pod = c
-        .sim
-        .object(PODS.0, PODS.1, PODS.2, NAMESPACE, &sb.bound().pod.name)
-        .unwrap();
+    let pod = c.get(PODS, &sb.bound().pod.name).unwrap();
     assert_eq!(
         pod["metadata"]["uid"],
         sb.bound().pod.uid.as_str(),
@@ -525,10 +509,7 @@ async fn env_reaches_commands_only_where_the_template_allows_it() {
         other => panic!("{other:?}"),
     }
     // A template that disallows injection refuses the claim for good.
-    let mut t = c
-        .sim
-        .object(TEMPLATES.0, TEMPLATES.1, TEMPLATES.2, NAMESPACE, TEMPLATE)
-        .unwrap();
+    let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
     t["spec"]["envVarsInjectionPolicy"] = "Disallowed".into();
     c.sim.put(TEMPLATES, t);
     let e = acquire_error(p.create(spec).await.err().unwrap());
@@ -653,7 +634,7 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
     // so the handle refuses — typed — rather than hand back an empty one.
     let deadline = Instant::now() + Duration::from_secs(20);
     let replacement_up = loop {
-        let now = c.sim.object(PODS.0, PODS.1, PODS.2, NAMESPACE, &pod);
+        let now = c.get(PODS, &pod);
         if now.as_ref().is_some_and(|p| p["status"]["phase"] == "Running") || Instant::now() > deadline {
             break now.unwrap();
         }

@@ -34,16 +34,7 @@ fn count(p: &KubernetesProvider, resource: &str, verb: Verb) -> usize {
 }
 
 fn ours(c: &Cluster, gvr: namzu_k8s_sim::Gvr) -> usize {
-    c.sim
-        .all(gvr)
-        .iter()
-        .filter(|o| {
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("namzu-sb-")
-        })
-        .count()
+    c.sandbox_objects(gvr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,10 +146,7 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
     let c = Cluster::start(None).await.unwrap();
     // A template whose pods carry no label of namzu's, and a controller
     // that drops the claim's: the named policy selects nothing of ours.
-    let mut t = c
-        .sim
-        .object(TEMPLATES.0, TEMPLATES.1, TEMPLATES.2, NAMESPACE, TEMPLATE)
-        .unwrap();
+    let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
     t["spec"]["podTemplate"]["metadata"]["labels"] = json!({"app": "bare"});
     c.sim.put(TEMPLATES, t);
     c.ctl.drop_claim_pod_labels(true);

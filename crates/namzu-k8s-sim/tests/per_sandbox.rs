@@ -132,16 +132,7 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
         .unwrap();
     let uid = sb.bound().owner_uid.clone().unwrap();
     let name = policy_name(&uid);
-    let got = c
-        .sim
-        .object(
-            CILIUM_POLICIES.0,
-            CILIUM_POLICIES.1,
-            CILIUM_POLICIES.2,
-            NAMESPACE,
-            &name,
-        )
-        .unwrap();
+    let got = c.get(CILIUM_POLICIES, &name).unwrap();
     assert_eq!(got["metadata"]["ownerReferences"][0]["kind"], "SandboxClaim");
     assert_eq!(got["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     assert_eq!(
@@ -163,16 +154,7 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
         hosts: vec![HostRule::parse("git.example.com", Some(vec![22, 443])).unwrap()],
     };
     sb.set_network_policy(with_ports).await.unwrap();
-    let got = c
-        .sim
-        .object(
-            CILIUM_POLICIES.0,
-            CILIUM_POLICIES.1,
-            CILIUM_POLICIES.2,
-            NAMESPACE,
-            &name,
-        )
-        .unwrap();
+    let got = c.get(CILIUM_POLICIES, &name).unwrap();
     assert_eq!(
         got["spec"]["egress"][1],
         json!({"toFQDNs": [{"matchName": "git.example.com"}],
@@ -188,45 +170,16 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
     assert_eq!(fence_reads, 1);
     // [] removes it; deny-all too (and is idempotent).
     sb.set_network_policy(allow(&[])).await.unwrap();
-    assert!(c
-        .sim
-        .object(
-            CILIUM_POLICIES.0,
-            CILIUM_POLICIES.1,
-            CILIUM_POLICIES.2,
-            NAMESPACE,
-            &name
-        )
-        .is_none());
+    assert!(c.get(CILIUM_POLICIES, &name).is_none());
     sb.set_network_policy(EgressPolicy::DenyAll).await.unwrap();
     // The policy goes with the claim.
     sb.set_network_policy(allow(&["api.example.com"])).await.unwrap();
     sb.destroy().await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while c
-        .sim
-        .object(
-            CILIUM_POLICIES.0,
-            CILIUM_POLICIES.1,
-            CILIUM_POLICIES.2,
-            NAMESPACE,
-            &name,
-        )
-        .is_some()
-        && tokio::time::Instant::now() < deadline
-    {
+    while c.get(CILIUM_POLICIES, &name).is_some() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(c
-        .sim
-        .object(
-            CILIUM_POLICIES.0,
-            CILIUM_POLICIES.1,
-            CILIUM_POLICIES.2,
-            NAMESPACE,
-            &name
-        )
-        .is_none());
+    assert!(c.get(CILIUM_POLICIES, &name).is_none());
     c.stop().await;
 }
 
@@ -312,17 +265,7 @@ async fn an_owner_without_a_uid_is_refused_at_acquire() {
     .unwrap();
     let e = per_sandbox_error(p.create_task(SandboxSpec::default()).await.err().unwrap());
     assert!(matches!(e, PerSandboxError::OwnerUidMissing { .. }), "{e}");
-    let left = c
-        .sim
-        .all(CLAIMS)
-        .iter()
-        .filter(|o| {
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("namzu-sb-")
-        })
-        .count();
+    let left = c.sandbox_objects(CLAIMS);
     assert_eq!(left, 0, "the claim was not released");
     c.stop().await;
 }
@@ -351,17 +294,7 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
         matches!(&e, Error::PodLabelMissing { key, .. } if key == "io.namzu/egress-sandbox"),
         "{e:?}"
     );
-    let left = c
-        .sim
-        .all(SANDBOXES)
-        .iter()
-        .filter(|o| {
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("namzu-sb-")
-        })
-        .count();
+    let left = c.sandbox_objects(SANDBOXES);
     assert_eq!(left, 0, "the Sandbox was not released");
     c.stop().await;
 }

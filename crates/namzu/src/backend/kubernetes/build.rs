@@ -54,9 +54,21 @@ pub fn rfc3339(t: SystemTime) -> String {
         .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
 }
 
+/// `t` as an RFC 3339 date-time to the second, rounded UP: a deadline
+/// written to the second must never fall before the one meant (a lease
+/// rounded down could expire up to a second before its renewal).
+pub fn rfc3339_ceil(t: SystemTime) -> String {
+    let frac = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    if frac == 0 {
+        rfc3339(t)
+    } else {
+        rfc3339(t + Duration::from_nanos(u64::from(1_000_000_000 - frac)))
+    }
+}
+
 /// The shutdown time of a lease taken at `now`.
 pub fn shutdown_time(opts: &KubernetesOptions, now: SystemTime) -> String {
-    rfc3339(now + opts.claim_ttl)
+    rfc3339_ceil(now + opts.claim_ttl)
 }
 
 /// A claim named `name` on the configured warm pool for sandbox `id`.
@@ -258,6 +270,12 @@ mod tests {
             "2026-11-29T13:29:42Z"
         );
         let now = UNIX_EPOCH + Duration::from_secs(1_795_958_982);
+        assert_eq!(
+            rfc3339_ceil(now + Duration::from_millis(1)),
+            "2026-11-29T13:29:43Z",
+            "a deadline is never rounded down"
+        );
+        assert_eq!(rfc3339_ceil(now), "2026-11-29T13:29:42Z");
         let later = rfc3339(now + Duration::from_secs(3600));
         assert_eq!(until(&later, now), Some(Duration::from_secs(3600)));
         assert_eq!(until("1970-01-01T00:00:00Z", now), None);

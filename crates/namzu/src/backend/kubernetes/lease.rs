@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Value};
 
 use super::api::{Api, ApiError, Resource};
-use super::build::rfc3339;
+use super::build::rfc3339_ceil;
 
 /// Called with every failed renewal.
 pub type RenewalErrorCallback = Arc<dyn Fn(&ApiError) + Send + Sync>;
@@ -29,7 +29,7 @@ pub enum Leased {
 
 impl Leased {
     fn patch(self, until: SystemTime) -> Value {
-        let t = rfc3339(until);
+        let t = rfc3339_ceil(until);
         match self {
             Self::Claim => json!({"spec": {"lifecycle": {"shutdownTime": t}}}),
             Self::Sandbox => json!({"spec": {"shutdownTime": t}}),
