@@ -286,3 +286,82 @@ pub async fn apply(
         .into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kubernetes::acquire::BoundPod;
+    use crate::backend::kubernetes::netpol::DnsNames;
+
+    fn bound() -> Bound {
+        Bound {
+            id: "sb-000000000001".into(),
+            owner: Leased::Claim,
+            owner_name: "namzu-sb-000000000001".into(),
+            owner_uid: Some("u-1".into()),
+            sandbox: "pool-abcde".into(),
+            fqdn: None,
+            pod: BoundPod {
+                name: "pool-abcde".into(),
+                uid: "p-1".into(),
+                ip: None,
+                labels: Default::default(),
+            },
+        }
+    }
+
+    fn hosts(entries: &[&str]) -> Vec<HostRule> {
+        entries.iter().map(|e| HostRule::parse(e, None).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_same_narrowing_applies_per_sandbox() {
+        let cfg = PerSandboxEgress {
+            narrowing: Some(CiliumNarrowing {
+                tls_server_names: true,
+                dns_names: Some(DnsNames::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let p = policy_for(&cfg, "sandboxes", &bound(), &hosts(&["api.example.com"])).unwrap();
+        assert_eq!(p["metadata"]["name"], "namzu-sbx-u-1");
+        assert_eq!(
+            p["spec"]["egress"][1],
+            json!({"toFQDNs": [{"matchName": "api.example.com"}],
+                "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}], "serverNames": ["api.example.com"]}]})
+        );
+        let dns = p["spec"]["egress"][0]["toPorts"][0]["rules"]["dns"].as_array().unwrap();
+        assert!(dns.contains(&json!({"matchName": "api.example.com"})));
+        assert!(!dns.contains(&json!({"matchPattern": "*"})));
+        // SNI needs exact names: a .domain is refused, as for the template.
+        let e = policy_for(&cfg, "sandboxes", &bound(), &hosts(&[".example.com"])).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                crate::Error::KubernetesEgressConfig(EgressConfigError::TlsServerNameOnDomain { .. })
+            ),
+            "{e:?}"
+        );
+        // Without a uid there is nothing to own the policy.
+        let mut orphan = bound();
+        orphan.owner_uid = None;
+        let e = policy_for(
+            &PerSandboxEgress::default(),
+            "sandboxes",
+            &orphan,
+            &hosts(&["a.example.com"]),
+        )
+        .unwrap_err();
+        assert!(matches!(e, crate::Error::KubernetesPerSandbox(_)), "{e:?}");
+        // host_ports has no hosts to name at configuration time.
+        let bad = PerSandboxEgress {
+            narrowing: Some(CiliumNarrowing {
+                host_ports: [("a.example.com".to_owned(), vec![443])].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}
