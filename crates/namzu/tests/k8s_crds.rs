@@ -92,8 +92,9 @@ fn a_claim_passes_the_sandboxclaim_schema() {
     assert_eq!(v["spec"]["warmPoolRef"]["name"], "namzu-pool");
     assert_eq!(v["apiVersion"], "extensions.agents.x-k8s.io/v1beta1");
     let ahead = build::until(v["spec"]["lifecycle"]["shutdownTime"].as_str().unwrap(), now).unwrap();
+    // Rounded up to the second: never short of the TTL, at most a second over.
     assert!(
-        ahead > Duration::from_secs(3590) && ahead <= Duration::from_secs(3600),
+        ahead >= Duration::from_secs(3600) && ahead < Duration::from_secs(3601),
         "{ahead:?}"
     );
 }
