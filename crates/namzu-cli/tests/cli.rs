@@ -118,6 +118,17 @@ fn dead_sandbox_is_reported(st: &Path, tier: &str) {
     );
     assert!(namzu(st, &["rm", &id]).status.success(), "rm of a dead {tier} sandbox");
     assert!(!st.join(tier).join(&id).exists(), "rm left the {tier} state behind");
+    // Nor a process: the sandbox outlived its anchor, not its removal.
+    let dir = st.join(tier).join(&id).display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&dir))
+        .collect();
+    assert!(left.is_empty(), "rm of a dead {tier} sandbox left {left:?}");
 }
 
 #[test]

@@ -131,6 +131,8 @@ pub struct Controller {
     /// Whether this controller let go of the pod range's route.
     released: std::sync::atomic::AtomicBool,
     stopped: std::sync::atomic::AtomicBool,
+    /// Tells this controller's veth pairs from another's in the process.
+    id: u64,
 }
 
 fn key(ns: &str, name: &str) -> String {
@@ -190,6 +192,7 @@ impl Controller {
             net: podnet::Mode::detect(),
             released: std::sync::atomic::AtomicBool::new(false),
             stopped: std::sync::atomic::AtomicBool::new(false),
+            id: rand::random(),
         });
         if sim.controller.set(ctl.clone()).is_err() {
             return sim.controller.get().cloned().unwrap_or(ctl);
@@ -240,6 +243,7 @@ impl Controller {
     /// does it, and a dropped test cluster if shutdown never ran).
     pub fn release_network(&self) {
         if self.net == podnet::Mode::Veth && !self.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            podnet::remove_all(self.id);
             podnet::release_range();
         }
     }
@@ -811,7 +815,7 @@ impl Controller {
         let tier = if unconfined { "host" } else { "local" };
         let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
         let net = if veth {
-            podnet::attach_veth(&dir).await
+            podnet::attach_veth(&dir, self.id).await
         } else {
             podnet::attach_relay(dir.join("agent.sock"), port).await
         };

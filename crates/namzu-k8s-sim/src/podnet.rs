@@ -69,6 +69,27 @@ pub struct PodNet {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 static USERS: Mutex<usize> = Mutex::new(0);
+/// Host ends of the veth pairs this process made and has not removed,
+/// with the controller that owns each: what a torn-down controller
+/// removes even when its pods' teardown never ran.
+static LIVE: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<(String, u64)>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes every veth pair `owner` made that is still there.
+pub fn remove_all(owner: u64) {
+    let mine: Vec<String> = {
+        let mut l = live();
+        let (mine, rest): (Vec<_>, Vec<_>) = l.drain(..).partition(|(_, o)| *o == owner);
+        *l = rest;
+        mine.into_iter().map(|(n, _)| n).collect()
+    };
+    for host_if in mine {
+        run_now(&["link", "del", &host_if]);
+    }
+}
 
 async fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd.output().await.map_err(|e| e.to_string())?;
@@ -130,7 +151,7 @@ fn inner_pid(launcher: u32) -> Option<u32> {
 
 /// Attaches the sandbox whose state lives in `dir` (its `meta.json` names
 /// the launcher) to the pod network: a fresh /30 and a veth pair.
-pub async fn attach_veth(dir: &Path) -> Result<PodNet, String> {
+pub async fn attach_veth(dir: &Path, owner: u64) -> Result<PodNet, String> {
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("meta.json")).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
@@ -160,6 +181,7 @@ pub async fn attach_veth(dir: &Path) -> Result<PodNet, String> {
             last = e;
             continue;
         }
+        live().push((host_if.clone(), owner));
         let setup = async {
             run(Command::new("ip").args(["link", "set", &pod_if, "netns", &pid.to_string()])).await?;
             run(Command::new("ip").args(["addr", "add", &format!("{host_ip}/30"), "dev", &host_if])).await?;
@@ -185,6 +207,7 @@ pub async fn attach_veth(dir: &Path) -> Result<PodNet, String> {
             }
             Err(e) => {
                 let _ = run(Command::new("ip").args(["link", "del", &host_if])).await;
+                live().retain(|(n, _)| *n != host_if);
                 last = e;
             }
         }
@@ -237,6 +260,7 @@ impl PodNet {
         match self.attachment {
             Attachment::Veth { host_if } => {
                 let _ = run(Command::new("ip").args(["link", "del", &host_if])).await;
+                live().retain(|(n, _)| *n != host_if);
             }
             Attachment::Relay { task } => {
                 task.abort();

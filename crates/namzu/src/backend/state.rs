@@ -226,6 +226,10 @@ impl StateDir {
                 let _ = kill(pid, Signal::SIGKILL);
             }
         }
+        // An anchor killed behind namzu's back leaves the sandbox's own
+        // processes orphaned, still running: every process started for
+        // this sandbox names its directory on its command line.
+        kill_stragglers(id, &dir).await;
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(Some(meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(meta)),
@@ -386,5 +390,36 @@ impl Sandbox for StateSandbox {
             .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
         let reply = request(&self.id, dir, &Request::Show).await?;
         Ok((reply.config.unwrap_or_default(), reply.open))
+    }
+}
+
+/// Kills, by SIGKILL, every process whose command line names `dir` (the
+/// launcher and the sandbox's init, which takes its pid namespace with it)
+/// and waits briefly for them to go.
+async fn kill_stragglers(id: &str, dir: &Path) {
+    let marker = dir.to_string_lossy().into_owned();
+    let own = std::process::id();
+    for round in 0..20 {
+        let mut found = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if u32::try_from(pid).ok() == Some(own) {
+                continue;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                found += 1;
+                if round == 0 {
+                    tracing::warn!(%id, pid, "killing a process left behind by a dead anchor");
+                }
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        if found == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
