@@ -228,6 +228,15 @@ async fn without_per_sandbox_egress_the_call_is_refused_by_name() {
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
     assert_eq!(e, PerSandboxError::NotConfigured);
+    // Nor is there a record on the host to show: refused by name, saying
+    // where the record is.
+    match sb.network_policy().await.unwrap_err() {
+        Error::OptionRefused { tier, option, reason } => {
+            assert_eq!((tier.as_str(), option.as_str()), ("kubernetes", "network_policy"));
+            assert!(reason.contains("namzu-sbx-"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     // And per-sandbox egress under core is refused at construction.
     let core = KubeEgressConfig {
         per_sandbox: Some(PerSandboxEgress::default()),

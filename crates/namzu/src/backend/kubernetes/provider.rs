@@ -251,6 +251,18 @@ impl Sandbox for KubernetesSandbox {
         .await
     }
 
+    /// Refused by name: this tier keeps no policy or connection count of
+    /// its own; the cluster's policy objects are the record.
+    async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
+        Err(Error::OptionRefused {
+            tier: Tier::Kubernetes.name().into(),
+            option: "network_policy".into(),
+            reason: "the cluster's policy objects are the record (the template's <template>-egress policy, and \
+                     namzu-sbx-<owner uid> for a per-sandbox one); open connections are not observable from the host"
+                .into(),
+        })
+    }
+
     async fn destroy(&self) -> Result<()> {
         self.client.close();
         acquire::release(
