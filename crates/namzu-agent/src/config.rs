@@ -83,7 +83,7 @@ impl Limits {
     pub fn from_env() -> Result<Self, BadOverride> {
         let mut l = Self::default();
         for (name, slot) in l.slots_mut() {
-            let var = format!("NAMZU_{}", name.to_ascii_uppercase());
+            let var = namzu_proto::limits::env_var(name);
             if let Ok(value) = std::env::var(&var) {
                 *slot = value.trim().parse().map_err(|_| BadOverride { var, value })?;
             }

@@ -139,18 +139,7 @@ impl Drop for Cluster {
         self.ctl.release_network();
         let marker = self._state.path().to_string_lossy().into_owned();
         for _ in 0..3 {
-            let mut found = false;
-            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                    continue;
-                };
-                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-                if String::from_utf8_lossy(&cmdline).contains(&marker) {
-                    found = true;
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                }
-            }
-            if !found {
+            if namzu::backend::kill_processes_naming(&marker) == 0 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -331,35 +331,23 @@ impl Controller {
                 sim.remove(SANDBOXES, meta(&s, "namespace"), meta(&s, "name"));
             }
         }
-        // Owner references cascade.
-        let uids = |gvr: Gvr| -> HashSet<String> { sim.all(gvr).iter().map(|o| meta(o, "uid").to_owned()).collect() };
-        let (claims, pools) = (uids(CLAIMS), uids(POOLS));
-        for s in sim.all(SANDBOXES) {
-            let orphan = match (owner_of(&s, "SandboxClaim"), owner_of(&s, "SandboxWarmPool")) {
-                (Some((_, u)), _) => !claims.contains(&u),
-                (None, Some((_, u))) => !pools.contains(&u),
-                (None, None) => false,
-            };
-            if orphan {
-                sim.remove(SANDBOXES, meta(&s, "namespace"), meta(&s, "name"));
-            }
-        }
-        let sandboxes = uids(SANDBOXES);
-        // Per-sandbox policies go with their claim (or Sandbox).
-        let claims = uids(CLAIMS);
-        for p in sim.all(CILIUM_POLICIES) {
-            let orphan = match (owner_of(&p, "SandboxClaim"), owner_of(&p, "Sandbox")) {
-                (Some((_, u)), _) => !claims.contains(&u),
-                (None, Some((_, u))) => !sandboxes.contains(&u),
-                (None, None) => false,
-            };
-            if orphan {
-                sim.remove(CILIUM_POLICIES, meta(&p, "namespace"), meta(&p, "name"));
-            }
-        }
-        for p in sim.all(PODS) {
-            if owner_of(&p, "Sandbox").is_some_and(|(_, u)| !sandboxes.contains(&u)) {
-                sim.remove(PODS, meta(&p, "namespace"), meta(&p, "name"));
+        // Owner references cascade, as the garbage collector does: an
+        // object whose owner's uid is gone goes too (claim or pool →
+        // Sandbox → its pod and its per-sandbox policy).
+        for gvr in [SANDBOXES, PODS, CILIUM_POLICIES] {
+            let live: HashSet<String> = [CLAIMS, POOLS, SANDBOXES]
+                .into_iter()
+                .flat_map(|g| sim.all(g))
+                .map(|o| meta(&o, "uid").to_owned())
+                .collect();
+            for o in sim.all(gvr) {
+                let owners = o["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+                if owners
+                    .iter()
+                    .any(|r| !live.contains(r["uid"].as_str().unwrap_or_default()))
+                {
+                    sim.remove(gvr, meta(&o, "namespace"), meta(&o, "name"));
+                }
             }
         }
         self.pools(sim);
@@ -791,10 +779,10 @@ impl Controller {
             let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) else {
                 continue;
             };
-            let limit = name
-                .strip_prefix("NAMZU_")
-                .map(str::to_ascii_lowercase)
-                .filter(|l| namzu::limits::ALL.contains(&l.as_str()));
+            let limit = namzu::limits::ALL
+                .iter()
+                .find(|l| namzu::limits::env_var(l) == name)
+                .map(|l| (*l).to_owned());
             match (limit, value.parse::<u64>()) {
                 (Some(l), Ok(v)) => spec.limits.push((l, v)),
                 _ => spec.env.push((name.to_owned(), value.to_owned())),

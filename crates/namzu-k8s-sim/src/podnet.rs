@@ -32,7 +32,7 @@ pub enum Mode {
 impl Mode {
     /// Veth where this process may make one, else the relay.
     pub fn detect() -> Self {
-        let root = nix_euid_is_root();
+        let root = nix::unistd::geteuid().is_root();
         let tools = ["ip", "nsenter"]
             .iter()
             .all(|t| std::process::Command::new(t).arg("-V").output().is_ok());
@@ -42,17 +42,6 @@ impl Mode {
             Self::Relay
         }
     }
-}
-
-fn nix_euid_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// A pod's attachment to the network.

@@ -30,6 +30,19 @@ fn egress() -> KubeEgressConfig {
     }
 }
 
+/// A provider claiming from the pool (or making Sandboxes) with
+/// per-sandbox egress configured.
+fn with_per_sandbox(c: &Cluster, pool: bool) -> KubernetesProvider {
+    KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            egress: Some(egress()),
+            ..c.options(pool)
+        },
+    )
+    .unwrap()
+}
+
 fn fence(c: &Cluster) {
     let parse = |y: &str| serde_yaml::from_str::<Value>(y).unwrap();
     c.sim.put(
@@ -48,14 +61,7 @@ async fn setup() -> (Cluster, KubernetesProvider, KubernetesSandbox) {
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     c.sim.put(CILIUM_POLICIES, translate(&egress(), NAMESPACE));
-    let p = KubernetesProvider::new(
-        c.client(),
-        KubernetesOptions {
-            egress: Some(egress()),
-            ..c.options(true)
-        },
-    )
-    .unwrap();
+    let p = with_per_sandbox(&c, true);
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     (c, p, sb)
 }
@@ -264,14 +270,7 @@ async fn an_owner_without_a_uid_is_refused_at_acquire() {
     // be an orphan.
     c.sim
         .rewrite_on_write("sandboxclaims/", json!({"metadata": {"uid": ""}}));
-    let p = KubernetesProvider::new(
-        c.client(),
-        KubernetesOptions {
-            egress: Some(egress()),
-            ..c.options(true)
-        },
-    )
-    .unwrap();
+    let p = with_per_sandbox(&c, true);
     let e = per_sandbox_error(p.create_task(SandboxSpec::default()).await.err().unwrap());
     assert!(matches!(e, PerSandboxError::OwnerUidMissing { .. }), "{e}");
     let left = c.sandbox_objects(CLAIMS);
@@ -290,14 +289,7 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
         "sandboxes/",
         json!({"spec": {"podTemplate": {"metadata": {"labels": {"io.namzu/egress-sandbox": null}}}}}),
     );
-    let p = KubernetesProvider::new(
-        c.client(),
-        KubernetesOptions {
-            egress: Some(egress()),
-            ..c.options(false)
-        },
-    )
-    .unwrap();
+    let p = with_per_sandbox(&c, false);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
         matches!(&e, Error::PodLabelMissing { key, .. } if key == "io.namzu/egress-sandbox"),

@@ -98,6 +98,12 @@ pub mod limits {
     /// Longest request head the HTTP proxy reads.
     pub const EGRESS_MAX_HEAD_BYTES: &str = "egress_max_head_bytes";
 
+    /// The environment variable that overrides limit `name` in the agent
+    /// (`NAMZU_<NAME>`): what a boundary sets, what the agent reads.
+    pub fn env_var(name: &str) -> String {
+        format!("NAMZU_{}", name.to_ascii_uppercase())
+    }
+
     /// Every limit name, for validating overrides.
     pub const ALL: &[&str] = &[
         MAX_WRITE_BYTES,

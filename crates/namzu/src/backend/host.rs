@@ -67,7 +67,7 @@ impl HostProvider {
             .envs(
                 spec.limits
                     .iter()
-                    .map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())),
+                    .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
             );
         let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
         let meta = Meta {

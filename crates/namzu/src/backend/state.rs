@@ -398,27 +398,13 @@ impl Sandbox for StateSandbox {
 /// and waits briefly for them to go.
 async fn kill_stragglers(id: &str, dir: &Path) {
     let marker = dir.to_string_lossy().into_owned();
-    let own = std::process::id();
     for round in 0..20 {
-        let mut found = 0;
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if u32::try_from(pid).ok() == Some(own) {
-                continue;
-            }
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&marker) {
-                found += 1;
-                if round == 0 {
-                    tracing::warn!(%id, pid, "killing a process left behind by a dead anchor");
-                }
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
+        let found = super::kill_processes_naming(&marker);
         if found == 0 {
             return;
+        }
+        if round == 0 {
+            tracing::warn!(%id, found, "killed processes left behind by a dead anchor");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

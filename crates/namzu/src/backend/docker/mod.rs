@@ -424,7 +424,7 @@ impl DockerProvider {
         }
         let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         for (k, v) in &spec.limits {
-            env.push(format!("NAMZU_{}={v}", k.to_ascii_uppercase()));
+            env.push(format!("{}={v}", namzu_proto::limits::env_var(k)));
         }
         let r = &spec.resources;
         let pids = r.pids.or(self.opts.default_pids_limit).unwrap_or(4096);

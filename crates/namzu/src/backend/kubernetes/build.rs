@@ -152,7 +152,7 @@ pub fn agent_env(spec: &crate::sandbox::SandboxSpec) -> Vec<(String, String)> {
     env.extend(
         spec.limits
             .iter()
-            .map(|(k, v)| (format!("NAMZU_{}", k.to_ascii_uppercase()), v.to_string())),
+            .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
     );
     env
 }

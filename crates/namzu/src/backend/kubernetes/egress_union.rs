@@ -26,7 +26,9 @@ use serde_json::Value;
 
 use super::api::{Api, ApiError, Resource};
 use super::labels::selects;
-use super::netpol::{Engine, KubeEgressConfig, KubeEgressPolicy, PUBLIC_INTERNET_EXCEPT_V4, PUBLIC_INTERNET_EXCEPT_V6};
+use super::netpol::{
+    policy_resource, Engine, KubeEgressConfig, KubeEgressPolicy, PUBLIC_INTERNET_EXCEPT_V4, PUBLIC_INTERNET_EXCEPT_V6,
+};
 use crate::egress::policy::HostPattern;
 
 /// Which refusal.
@@ -544,14 +546,12 @@ fn examine(
 /// The policy collections to read under `engine`: core NetworkPolicy
 /// always, Cilium's CRD under `cilium`.
 fn collections(engine: Engine, namespace: &str) -> Vec<(String, Resource)> {
-    let res = |engine| {
-        let mut c = KubeEgressConfig::new("x", KubeEgressPolicy::DenyAll);
-        c.engine = engine;
-        c.resource(namespace)
-    };
-    let mut out = vec![("NetworkPolicy".to_owned(), res(Engine::Core))];
+    let mut out = vec![("NetworkPolicy".to_owned(), policy_resource(Engine::Core, namespace))];
     if engine == Engine::Cilium {
-        out.push(("CiliumNetworkPolicy".to_owned(), res(Engine::Cilium)));
+        out.push((
+            "CiliumNetworkPolicy".to_owned(),
+            policy_resource(Engine::Cilium, namespace),
+        ));
     }
     out
 }
@@ -623,16 +623,6 @@ pub fn evaluate(
     }
 }
 
-/// Lists every policy that could select the pod and evaluates the union.
-pub async fn verify_union(
-    api: &Api,
-    cfg: &KubeEgressConfig,
-    namespace: &str,
-    pod_labels: &BTreeMap<String, String>,
-) -> crate::Result<()> {
-    let (lists, unread) = list_policies(api, cfg.engine, namespace).await;
-    evaluate(cfg, namespace, pod_labels, &lists, unread).map_err(|e| crate::Error::KubernetesEgressUnion(Box::new(e)))
-}
 #[cfg(test)]
 mod tests {
     use super::*;

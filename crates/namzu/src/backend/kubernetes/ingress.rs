@@ -27,9 +27,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::api::Api;
 use super::build::AGENT_PORT_NAME;
-use super::egress_union::{list_policies, UnreadSource};
+use super::egress_union::UnreadSource;
 use super::labels::selects;
 use super::netpol::Engine;
 
@@ -425,18 +424,6 @@ pub fn evaluate(
             unread,
         }),
     }
-}
-
-/// Lists the policies and decides.
-pub async fn verify(
-    api: &Api,
-    engine: Engine,
-    namespace: &str,
-    labels: &BTreeMap<String, String>,
-    port: u16,
-) -> crate::Result<()> {
-    let (lists, unread) = list_policies(api, engine, namespace).await;
-    evaluate(&lists, unread, labels, namespace, port).map_err(|e| crate::Error::KubernetesIngress(Box::new(e)))
 }
 
 #[cfg(test)]

@@ -345,20 +345,21 @@ impl KubeEgressConfig {
 
     /// The policy resource under this engine.
     pub fn resource(&self, namespace: &str) -> Resource {
-        match self.engine {
-            Engine::Core => Resource {
-                group: "networking.k8s.io".into(),
-                version: "v1".into(),
-                plural: "networkpolicies".into(),
-                namespace: namespace.into(),
-            },
-            Engine::Cilium => Resource {
-                group: "cilium.io".into(),
-                version: "v2".into(),
-                plural: "ciliumnetworkpolicies".into(),
-                namespace: namespace.into(),
-            },
-        }
+        policy_resource(self.engine, namespace)
+    }
+}
+
+/// The policy resource of `engine` in `namespace`.
+pub fn policy_resource(engine: Engine, namespace: &str) -> Resource {
+    let (group, version, plural) = match engine {
+        Engine::Core => ("networking.k8s.io", "v1", "networkpolicies"),
+        Engine::Cilium => ("cilium.io", "v2", "ciliumnetworkpolicies"),
+    };
+    Resource {
+        group: group.into(),
+        version: version.into(),
+        plural: plural.into(),
+        namespace: namespace.into(),
     }
 }
 

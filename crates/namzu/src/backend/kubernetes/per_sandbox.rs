@@ -31,8 +31,8 @@ use super::build::{MANAGED_BY, MANAGED_BY_LABEL};
 use super::crd::{Kind, Sandbox, SandboxClaim, VERSION};
 use super::lease::Leased;
 use super::netpol::{
-    check_ports, first_difference, translate, CiliumNarrowing, EgressConfigError, Engine, KubeEgressConfig,
-    KubeEgressPolicy,
+    check_ports, first_difference, policy_resource, translate, CiliumNarrowing, EgressConfigError, Engine,
+    KubeEgressConfig, KubeEgressPolicy,
 };
 use crate::egress::policy::{HostPattern, HostRule};
 use crate::egress::EgressPolicy;
@@ -123,13 +123,6 @@ impl From<PerSandboxError> for crate::Error {
     fn from(e: PerSandboxError) -> Self {
         Self::KubernetesPerSandbox(Box::new(e))
     }
-}
-
-/// The CiliumNetworkPolicy resource in `namespace`.
-fn resource(namespace: &str) -> Resource {
-    let mut c = KubeEgressConfig::new("x", KubeEgressPolicy::DenyAll);
-    c.engine = Engine::Cilium;
-    c.resource(namespace)
 }
 
 /// The policy's name for a sandbox whose owner has `uid`.
@@ -257,7 +250,7 @@ pub async fn apply(
         prove_fence(api, cfg).await?;
         fence_proven.store(true, Ordering::SeqCst);
     }
-    let r = resource(namespace);
+    let r = policy_resource(Engine::Cilium, namespace);
     let name = policy_name(&uid);
     let Some(body) = body else {
         return match api.delete(&r, &name).await {
