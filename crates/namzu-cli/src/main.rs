@@ -158,6 +158,11 @@ struct NetworkArgs {
     /// (like docker's --add-host): NAME=IP (repeatable; at create only).
     #[arg(long = "egress-host", value_name = "NAME=IP")]
     egress_hosts: Vec<String>,
+    /// Let the policy reach this link-local or cloud-metadata range
+    /// (169.254.169.254/32, fe80::/10 …), refused under every policy
+    /// otherwise, --network all included (repeatable; at create only).
+    #[arg(long = "reach-link-local", value_name = "CIDR")]
+    reach_link_local: Vec<String>,
 }
 
 impl NetworkArgs {
@@ -222,6 +227,8 @@ impl NetworkArgs {
         Ok(namzu::egress::EgressConfig {
             policy: self.policy()?.unwrap_or_default(),
             hosts,
+            reach_link_local: namzu::egress::policy::parse_cidrs(&self.reach_link_local)
+                .map_err(|e| Fail(e.to_string()))?,
         })
     }
 }
@@ -618,9 +625,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let sb = p.connect(&id).await?;
             match action {
                 NetworkAction::Set { network } => {
-                    if !network.egress_hosts.is_empty() {
+                    if !network.egress_hosts.is_empty() || !network.reach_link_local.is_empty() {
                         return Err(Fail(
-                            "--egress-host is set at create; `network set` changes the policy".into(),
+                            "--egress-host and --reach-link-local are set at create; `network set` changes the policy"
+                                .into(),
                         ));
                     }
                     let policy = network

@@ -14,7 +14,7 @@ use std::time::Duration;
 use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
 use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
 
-use crate::netlab::{NetLab, PRIVATE, PUB1, PUB2, STREAM_PORT};
+use crate::netlab::{NetLab, LINK_LOCAL, PRIVATE, PUB1, PUB2, STREAM_PORT};
 use crate::{Factory, Outcome};
 
 /// What the cases run against.
@@ -57,6 +57,10 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         ("a_live_change_applies_at_once_and_closes_refused_connections", |e| {
             Box::pin(a_live_change_applies_at_once_and_closes_refused_connections(e))
         }),
+        (
+            "link_local_and_metadata_are_refused_under_every_policy_unless_named",
+            |e| Box::pin(link_local_and_metadata_are_refused_under_every_policy_unless_named(e)),
+        ),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
         }),
@@ -73,10 +77,19 @@ pub fn allow(entries: &[&str]) -> EgressPolicy {
 }
 
 async fn sandbox(env: &Env, policy: EgressPolicy) -> Result<Box<dyn Sandbox>, String> {
+    sandbox_with(env, policy, Vec::new()).await
+}
+
+async fn sandbox_with(
+    env: &Env,
+    policy: EgressPolicy,
+    reach_link_local: Vec<ipnet::IpNet>,
+) -> Result<Box<dyn Sandbox>, String> {
     let sb = (env.factory)(SandboxSpec {
         egress: EgressConfig {
             policy,
             hosts: NetLab::hosts(),
+            reach_link_local,
         },
         ..Default::default()
     })
@@ -251,6 +264,92 @@ pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
     // 7: could not connect (no route), not a timeout and not a response.
     check("raw TCP", code == 7 && out.is_empty(), (code, &out, &err))?;
     sb.destroy().await.map_err(|e| e.to_string())
+}
+
+/// Audit item 2: the supervisor connects from the host's network stack, so
+/// a sandbox under allow-all or public-internet would reach the HOST's
+/// metadata service. The lab's link-local server is reachable from the
+/// host (the control), refused from the sandbox under both policies, by
+/// IP and by a name resolving to it, and reached only when named in
+/// `reach_link_local`. The real metadata addresses are attempted only
+/// where they must be refused before any connection is made.
+pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named(env: &Env) -> Outcome {
+    let control = std::net::TcpStream::connect_timeout(
+        &format!("{LINK_LOCAL}:80").parse().map_err(|_| "addr")?,
+        Duration::from_secs(5),
+    );
+    check("the host reaches the link-local server", control.is_ok(), &control)?;
+    let metadata = [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/",
+        "http://100.100.100.200/",
+        "http://168.63.129.16/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[fe80::1]/",
+    ];
+    let link_local = format!("http://{LINK_LOCAL}/");
+    for policy in [
+        EgressPolicy::AllowAll,
+        EgressPolicy::PublicInternet { except_cidrs: vec![] },
+    ] {
+        let sb = sandbox(env, policy.clone()).await?;
+        let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+        check("a public address (control)", codes.starts_with("200"), &codes)?;
+        for url in metadata.iter().copied().chain([link_local.as_str()]) {
+            let (codes, body) = curl(sb.as_ref(), url).await;
+            check(
+                &format!("{} {url}", policy.kind()),
+                codes.starts_with("403") && (body.contains("link-local") || body.contains("metadata")),
+                (&codes, &body),
+            )?;
+        }
+        sb.destroy().await.map_err(|e| e.to_string())?;
+    }
+    // By name: an allowlisted name resolving to link-local space.
+    let sb = sandbox(env, allow(&["metadata.allowed.test"])).await?;
+    let (codes, body) = curl(sb.as_ref(), "http://metadata.allowed.test/").await;
+    check(
+        "an allowlisted name resolving link-local",
+        codes.starts_with("403"),
+        (&codes, &body),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())?;
+
+    // Named: that address is reached, and nothing else opens with it.
+    let opt_in = vec![format!("{LINK_LOCAL}/32").parse().map_err(|_| "cidr")?];
+    for policy in [EgressPolicy::AllowAll, allow(&["metadata.allowed.test"])] {
+        let sb = sandbox_with(env, policy.clone(), opt_in.clone()).await?;
+        let url = if policy == EgressPolicy::AllowAll {
+            link_local.as_str()
+        } else {
+            "http://metadata.allowed.test/"
+        };
+        let (codes, body) = curl(sb.as_ref(), url).await;
+        check(
+            &format!("{} {url} with the opt-in", policy.kind()),
+            codes.starts_with("200") && body.contains(LINK_LOCAL),
+            (&codes, &body),
+        )?;
+        let (codes, _) = curl(sb.as_ref(), metadata[0]).await;
+        check("169.254.169.254 stays refused", codes.starts_with("403"), &codes)?;
+        sb.destroy().await.map_err(|e| e.to_string())?;
+    }
+    // deny-all stays deny-all, opt-in or not; a range outside link-local
+    // space is refused at create.
+    let sb = sandbox_with(env, EgressPolicy::DenyAll, opt_in).await?;
+    let (codes, _) = curl(sb.as_ref(), &link_local).await;
+    check("deny-all with the opt-in", codes.starts_with("403"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())?;
+    match sandbox_with(
+        env,
+        EgressPolicy::AllowAll,
+        vec!["10.0.0.0/8".parse().map_err(|_| "cidr")?],
+    )
+    .await
+    {
+        Err(e) => check("a private range as opt-in", e.contains("not inside link-local"), &e),
+        Ok(_) => Err("a private range was accepted as a link-local opt-in".into()),
+    }
 }
 
 pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -> Outcome {

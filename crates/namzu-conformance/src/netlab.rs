@@ -22,6 +22,10 @@ pub const PUB1: &str = "203.0.113.10";
 pub const PUB2: &str = "203.0.113.11";
 /// A private test host (the DNS-rebinding target).
 pub const PRIVATE: &str = "10.231.0.10";
+/// A link-local test host (169.254.0.0/16, like cloud metadata services).
+/// Not 169.254.169.254 itself: a cloud machine routes that address to its
+/// real metadata service, which no test may touch or re-route.
+pub const LINK_LOCAL: &str = "169.254.77.1";
 /// The port of the ticking stream on [`PUB1`].
 pub const STREAM_PORT: u16 = 9000;
 
@@ -90,11 +94,11 @@ impl NetLab {
             tls: None,
         };
         ip(&["link", "add", &vh, "type", "veth", "peer", "name", &vn, "netns", &ns])?;
-        for a in ["203.0.113.1/24", "10.231.0.1/24"] {
+        for a in ["203.0.113.1/24", "10.231.0.1/24", "169.254.77.2/24"] {
             ip(&["addr", "add", a, "dev", &vh])?;
         }
         ip(&["link", "set", &vh, "up"])?;
-        for a in [PUB1, PUB2, PRIVATE] {
+        for a in [PUB1, PUB2, PRIVATE, LINK_LOCAL] {
             ip(&["-n", &ns, "addr", "add", &format!("{a}/24"), "dev", &vn])?;
         }
         ip(&["-n", &ns, "link", "set", &vn, "up"])?;
@@ -114,6 +118,7 @@ impl NetLab {
             ("evil-allowed.test".to_owned(), a(PUB2)),
             ("other.test".to_owned(), a(PUB2)),
             ("internal.allowed.test".to_owned(), a(PRIVATE)),
+            ("metadata.allowed.test".to_owned(), a(LINK_LOCAL)),
         ])
     }
 
@@ -127,7 +132,14 @@ impl NetLab {
                 .and_then(|f| nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string()));
             let mut listeners = Vec::new();
             let bound = entered.and_then(|()| {
-                for (addr, port) in [(PUB1, 80), (PUB1, 8080), (PUB2, 80), (PRIVATE, 80), (PUB1, STREAM_PORT)] {
+                for (addr, port) in [
+                    (PUB1, 80),
+                    (PUB1, 8080),
+                    (PUB2, 80),
+                    (PRIVATE, 80),
+                    (LINK_LOCAL, 80),
+                    (PUB1, STREAM_PORT),
+                ] {
                     let l = TcpListener::bind((addr, port)).map_err(|e| format!("bind {addr}:{port}: {e}"))?;
                     listeners.push((addr, port, l));
                 }

@@ -110,6 +110,15 @@ pub enum Error {
     },
     #[error("{}: not an image: {reason}", path.display())]
     NotAnImage { path: PathBuf, reason: String },
+    /// An entry of an image layer would have reached outside the rootfs
+    /// (or could not be placed beneath it safely); nothing was published.
+    #[error("{}: layer {layer}: {reason} (entry {entry:?})", path.display())]
+    ImageEntryRefused {
+        path: PathBuf,
+        layer: String,
+        entry: String,
+        reason: crate::image::layer::Refusal,
+    },
     #[error("no image {reference:?} (import it with `namzu image import FILE`)")]
     ImageNotFound { reference: String },
     #[error("tier {tier} is not available: {reason}")]

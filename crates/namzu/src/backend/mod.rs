@@ -138,7 +138,7 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             });
         }
     }
-    spec.egress.policy.validate()?;
+    spec.egress.validate()?;
     let egress_boundary = matches!(tier, Tier::Local | Tier::Docker);
     if !egress_boundary && spec.egress != crate::egress::EgressConfig::default() {
         return Err(Error::OptionRefused {

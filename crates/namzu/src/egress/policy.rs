@@ -83,6 +83,8 @@ pub enum PolicyError {
     Port { entry: String, port: u32 },
     #[error("egress entry {entry:?} is not a CIDR")]
     Cidr { entry: String },
+    #[error("reach_link_local entry {cidr} is not inside link-local or cloud-metadata space ({reason}); it opens only those")]
+    NotLinkLocal { cidr: IpNet, reason: String },
 }
 
 impl HostRule {
@@ -249,6 +251,7 @@ impl PolicyError {
             Self::InvalidCharacter { ch, .. } => Self::InvalidCharacter { entry: e, ch },
             Self::Port { port, .. } => Self::Port { entry: e, port },
             Self::Cidr { .. } => Self::Cidr { entry: e },
+            other @ Self::NotLinkLocal { .. } => other,
         }
     }
 }
@@ -331,6 +334,12 @@ impl EgressPolicy {
     /// May a connection to `host` (a name or an IP literal) at `port` be
     /// attempted? Addresses are checked again by [`Self::may_reach`].
     pub fn may_connect(&self, host: &str, port: u16) -> Result<Target, Refusal> {
+        self.may_connect_with(host, port, &[])
+    }
+
+    /// [`Self::may_connect`], with the link-local and metadata addresses in
+    /// `link_local` reachable.
+    pub fn may_connect_with(&self, host: &str, port: u16, link_local: &[IpNet]) -> Result<Target, Refusal> {
         match self {
             Self::NoNetwork => return Err(Refusal::NoNetwork),
             Self::DenyAll => return Err(Refusal::DenyAll),
@@ -340,7 +349,7 @@ impl EgressPolicy {
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return match self {
                 Self::AllowAll | Self::PublicInternet { .. } => {
-                    self.may_reach(ip)?;
+                    self.may_reach_with(ip, link_local)?;
                     Ok(Target::Address(ip))
                 }
                 _ => Err(Refusal::IpLiteral { host: host.to_owned() }),
@@ -364,8 +373,29 @@ impl EgressPolicy {
     /// May this address be reached? Under an allowlist and the public
     /// internet every resolved address must be public (a permitted name
     /// resolving inside is DNS rebinding); under allow-all, anything but
-    /// the host itself.
+    /// the host itself. Under every policy, link-local and cloud-metadata
+    /// addresses are refused ([`addr::check_not_link_local`]): only
+    /// [`EgressConfig::reach_link_local`](super::EgressConfig) lifts that,
+    /// through [`Self::may_reach_with`].
     pub fn may_reach(&self, ip: IpAddr) -> Result<(), Refusal> {
+        self.may_reach_with(ip, &[])
+    }
+
+    /// [`Self::may_reach`], with the link-local and metadata addresses in
+    /// `link_local` reachable (and nothing else they contain).
+    pub fn may_reach_with(&self, ip: IpAddr, link_local: &[IpNet]) -> Result<(), Refusal> {
+        match self {
+            Self::NoNetwork => return Err(Refusal::NoNetwork),
+            Self::DenyAll => return Err(Refusal::DenyAll),
+            _ => {}
+        }
+        if let Err(why) = addr::check_not_link_local(ip) {
+            let c = addr::canonical(ip);
+            return match link_local.iter().any(|n| n.contains(&c)) {
+                true => Ok(()),
+                false => Err(why),
+            };
+        }
         match self {
             Self::NoNetwork => Err(Refusal::NoNetwork),
             Self::DenyAll => Err(Refusal::DenyAll),
@@ -609,5 +639,68 @@ mod tests {
             }],
         };
         assert!(matches!(forged.validate(), Err(PolicyError::PublicSuffix { .. })));
+    }
+
+    /// Audit item 2: link-local and metadata addresses are refused under
+    /// every policy, allow-all included, in every form; the opt-in opens
+    /// exactly what it names, and never under deny-all.
+    #[test]
+    fn link_local_and_metadata_need_the_opt_in_under_every_policy() {
+        let pi = EgressPolicy::PublicInternet { except_cidrs: vec![] };
+        let policies = [EgressPolicy::AllowAll, pi.clone(), allow(&["a.example.com"])];
+        let targets = [
+            "169.254.169.254",
+            "169.254.1.1",
+            "100.100.100.200",
+            "168.63.129.16",
+            "fd00:ec2::254",
+            "fe80::1",
+            "::ffff:169.254.169.254",
+            "2002:a9fe:a9fe::",
+        ];
+        for p in &policies {
+            for t in targets {
+                let ip: IpAddr = t.parse().unwrap();
+                assert!(
+                    matches!(p.may_reach(ip), Err(Refusal::Address { .. })),
+                    "{} reached {t}",
+                    p.kind()
+                );
+            }
+        }
+        for lit in ["169.254.169.254", "[fd00:ec2::254]", "100.100.100.200"] {
+            assert!(EgressPolicy::AllowAll.may_connect(lit, 80).is_err(), "{lit}");
+        }
+        let opt_in: Vec<IpNet> = vec!["169.254.169.254/32".parse().unwrap()];
+        let imds: IpAddr = "169.254.169.254".parse().unwrap();
+        for p in &policies {
+            assert!(p.may_reach_with(imds, &opt_in).is_ok(), "{}", p.kind());
+            assert!(p.may_reach_with("169.254.1.1".parse().unwrap(), &opt_in).is_err());
+            assert!(p.may_reach_with("10.0.0.1".parse().unwrap(), &opt_in).is_err() || *p == EgressPolicy::AllowAll);
+        }
+        assert!(EgressPolicy::AllowAll
+            .may_connect_with("169.254.169.254", 80, &opt_in)
+            .is_ok());
+        assert!(pi.may_connect_with("169.254.169.254", 80, &opt_in).is_ok());
+        assert_eq!(
+            EgressPolicy::DenyAll.may_reach_with(imds, &opt_in),
+            Err(Refusal::DenyAll)
+        );
+        assert_eq!(
+            EgressPolicy::NoNetwork.may_reach_with(imds, &opt_in),
+            Err(Refusal::NoNetwork)
+        );
+
+        let mut cfg = super::super::EgressConfig {
+            policy: EgressPolicy::AllowAll,
+            reach_link_local: opt_in,
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_ok());
+        assert!(cfg.may_reach(imds).is_ok());
+        cfg.reach_link_local = vec!["10.0.0.0/8".parse().unwrap()];
+        assert!(matches!(cfg.validate(), Err(PolicyError::NotLinkLocal { .. })));
+        cfg.reach_link_local = vec!["169.0.0.0/8".parse().unwrap()];
+        assert!(matches!(cfg.validate(), Err(PolicyError::NotLinkLocal { .. })));
     }
 }

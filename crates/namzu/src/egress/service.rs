@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::policy::{EgressPolicy, Refusal, Target};
+use ipnet::IpNet;
+
+use super::addr;
+use super::policy::{EgressPolicy, PolicyError, Refusal, Target};
 use crate::client::AgentClient;
 use crate::error::Result;
 
@@ -27,15 +30,49 @@ use crate::error::Result;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 64 * 1024;
 
-/// A sandbox's egress settings: the policy, and names the host resolves
-/// itself (like `docker run --add-host`), consulted before the system
-/// resolver.
+/// A sandbox's egress settings: the policy, names the host resolves itself
+/// (like `docker run --add-host`), consulted before the system resolver,
+/// and the link-local or cloud-metadata addresses the sandbox may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressConfig {
     #[serde(default)]
     pub policy: EgressPolicy,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
+    /// Link-local and cloud-metadata addresses ([`addr::LINK_LOCAL`]) that
+    /// the policy may reach. Empty by default, and then they are refused
+    /// under every policy, allow-all included: the connection would leave
+    /// from the host's own network stack and reach the HOST's metadata
+    /// service (its credentials). Only ranges inside that space are
+    /// accepted ([`PolicyError::NotLinkLocal`]); naming one opens nothing
+    /// else, and the policy still decides (deny-all reaches nothing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reach_link_local: Vec<IpNet>,
+}
+
+impl EgressConfig {
+    /// The policy's entries, and every `reach_link_local` range inside
+    /// link-local or metadata space.
+    pub fn validate(&self) -> std::result::Result<(), PolicyError> {
+        self.policy.validate()?;
+        match self.reach_link_local.iter().find(|n| !addr::is_link_local_net(n)) {
+            Some(n) => Err(PolicyError::NotLinkLocal {
+                cidr: *n,
+                reason: "169.254.0.0/16, fe80::/10 and the metadata addresses are the space".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`EgressPolicy::may_connect`] with this configuration's opt-ins.
+    pub fn may_connect(&self, host: &str, port: u16) -> std::result::Result<Target, Refusal> {
+        self.policy.may_connect_with(host, port, &self.reach_link_local)
+    }
+
+    /// [`EgressPolicy::may_reach`] with this configuration's opt-ins.
+    pub fn may_reach(&self, ip: IpAddr) -> std::result::Result<(), Refusal> {
+        self.policy.may_reach_with(ip, &self.reach_link_local)
+    }
 }
 
 /// One open connection, as the policy sees it.
@@ -68,10 +105,6 @@ impl Service {
         self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn policy(&self) -> EgressPolicy {
-        self.config.read().unwrap_or_else(|p| p.into_inner()).policy.clone()
-    }
-
     /// Connections open now.
     pub fn open_connections(&self) -> usize {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -85,9 +118,8 @@ impl Service {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         for c in conns.values() {
             let verdict = config
-                .policy
                 .may_connect(&c.host, c.port)
-                .and_then(|_| config.policy.may_reach(c.addr));
+                .and_then(|_| config.may_reach(c.addr));
             if let Err(why) = verdict {
                 tracing::info!(sandbox = %self.id, host = %c.host, port = c.port, address = %c.addr, reason = %why, "egress: open connection closed by a policy change");
                 c.close.cancel();
@@ -137,7 +169,7 @@ impl Service {
         };
         match ask.what? {
             egress_ask::What::Resolve(q) => {
-                let name = match self.policy().may_resolve(&q.name) {
+                let name = match self.config().policy.may_resolve(&q.name) {
                     Ok(n) => n,
                     Err(why) => {
                         self.log(&q.name, 0, "resolve", Err(&why));
@@ -167,7 +199,7 @@ impl Service {
                 let Ok(port) = u16::try_from(c.port) else {
                     return Some(refuse(format!("port {} is not a port", c.port)));
                 };
-                let policy = self.policy();
+                let policy = self.config();
                 let (host, addrs) = match policy.may_connect(&c.host, port) {
                     Err(why) => {
                         self.log(&c.host, port, &c.via, Err(&why));

@@ -94,7 +94,7 @@ where
         source,
     };
     let config = read_config(dir).map_err(io)?;
-    config.policy.validate()?;
+    config.validate()?;
     let service = Service::new(id, config);
     let sock = dir.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&sock);
@@ -164,7 +164,7 @@ async fn control_conn(service: &Arc<Service>, dir: &Path, conn: tokio::net::Unix
             open: service.open_connections(),
             ..Default::default()
         },
-        Ok(Request::Set { config }) => match config.policy.validate() {
+        Ok(Request::Set { config }) => match config.validate() {
             Err(e) => Reply {
                 error: Some(e.to_string()),
                 ..Default::default()

@@ -9,10 +9,13 @@
 //!
 //! Import verifies every OCI blob against its digest, applies layers in
 //! order with whiteouts (`.wh.NAME` deletes, `.wh..wh..opq` empties a
-//! directory), never writes outside the rootfs (absolute and `..` paths are
-//! refused by the unpacker), skips device nodes, and publishes the rootfs by
-//! one rename, so a failed import leaves nothing behind. Importing the same
-//! image twice reuses the first copy.
+//! directory) strictly beneath the rootfs by file descriptor ([`layer`]:
+//! an entry that would reach outside through a symlink, `..` or an absolute
+//! path is refused as [`Error::ImageEntryRefused`] naming it), skips device
+//! nodes, and publishes the rootfs by one rename, so a failed import leaves
+//! nothing behind. Manifest and blob paths must stay inside the archive,
+//! symlinks it carries included. Importing the same image twice reuses the
+//! first copy.
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -21,6 +24,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+
+pub mod layer;
 
 /// An image in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,7 +283,7 @@ impl ImageStore {
             if alg != "sha256" || hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(not_an_image(file, format!("unsupported digest {digest:?}")));
             }
-            let p = layout.join("blobs").join(alg).join(hex);
+            let p = within(file, layout, &format!("blobs/{alg}/{hex}"))?;
             let got = sha256_file(&p).map_err(|e| not_an_image(file, format!("blob {digest}: {e}")))?;
             if got != hex {
                 return Err(not_an_image(
@@ -338,29 +343,14 @@ fn docker(file: &Path, layout: &Path) -> Result<(PathBuf, Vec<PathBuf>, Vec<Stri
         .into_iter()
         .next()
         .ok_or_else(|| not_an_image(file, "manifest.json lists no image"))?;
-    let inside = |rel: &str| -> Result<PathBuf> {
-        let p = Path::new(rel);
-        if p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(not_an_image(file, format!("manifest path {rel:?} leaves the archive")));
-        }
-        let full = layout.join(p);
-        if full.is_file() {
-            Ok(full)
-        } else {
-            Err(not_an_image(
-                file,
-                format!("manifest names {rel:?}, which is not in the archive"),
-            ))
-        }
-    };
+    let inside = |rel: &str| within(file, layout, rel);
     let config = inside(&m.config)?;
     let layers = m.layers.iter().map(|l| inside(l)).collect::<Result<Vec<_>>>()?;
     Ok((config, layers, m.repo_tags.unwrap_or_default()))
 }
 
-/// Applies one layer (tar, or gzip'd tar) onto `rootfs`.
+/// Applies one layer (tar, or gzip'd tar) onto `rootfs`, beneath it by
+/// file descriptor (see [`layer`]).
 fn apply_layer(file: &Path, layer: &Path, rootfs: &Path) -> Result<()> {
     let bad = |e: std::io::Error| not_an_image(file, format!("layer {}: {e}", layer.display()));
     let mut f = std::fs::File::open(layer).map_err(bad)?;
@@ -372,57 +362,44 @@ fn apply_layer(file: &Path, layer: &Path, rootfs: &Path) -> Result<()> {
     } else {
         Box::new(f)
     };
-    let mut ar = tar::Archive::new(reader);
-    ar.set_preserve_permissions(true);
-    ar.set_preserve_mtime(true);
-    ar.set_overwrite(true);
-    ar.set_unpack_xattrs(false);
-    for entry in ar.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        let path = entry.path().map_err(bad)?.into_owned();
-        // Only plain relative paths; anything else is skipped, never followed.
-        let rel: PathBuf = path.components().filter(|c| !matches!(c, Component::CurDir)).collect();
-        if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-            continue;
-        }
-        let name = rel
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let parent = rel.parent().map(Path::to_path_buf).unwrap_or_default();
-        if name == ".wh..wh..opq" {
-            if let Ok(rd) = std::fs::read_dir(rootfs.join(&parent)) {
-                for e in rd.flatten() {
-                    remove_any(&e.path()).map_err(bad)?;
-                }
-            }
-            continue;
-        }
-        if let Some(hidden) = name.strip_prefix(".wh.") {
-            remove_any(&rootfs.join(&parent).join(hidden)).map_err(bad)?;
-            continue;
-        }
-        let kind = entry.header().entry_type();
-        if kind.is_character_special() || kind.is_block_special() {
-            continue;
-        }
-        let target = rootfs.join(&rel);
-        if let Ok(existing) = std::fs::symlink_metadata(&target) {
-            if !(existing.is_dir() && kind.is_dir()) {
-                remove_any(&target).map_err(bad)?;
-            }
-        }
-        entry.unpack_in(rootfs).map_err(bad)?;
-    }
-    Ok(())
+    let layer_name = layer
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    layer::apply(reader, rootfs).map_err(|e| match e {
+        layer::LayerError::Refused { entry, reason } => Error::ImageEntryRefused {
+            path: file.to_path_buf(),
+            layer: layer_name,
+            entry,
+            reason,
+        },
+        layer::LayerError::Read(e) => bad(e),
+        layer::LayerError::Io { entry, source } => Error::LocalIo {
+            op: format!("image import: layer {layer_name}: entry {entry:?}"),
+            source,
+        },
+    })
 }
 
-fn remove_any(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+/// `rel` inside the unpacked `layout`, as a regular file: neither `..` nor
+/// a symlink the archive carries may take a manifest's path outside it.
+fn within(file: &Path, layout: &Path, rel: &str) -> Result<PathBuf> {
+    let p = Path::new(rel);
+    if p.components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(not_an_image(file, format!("manifest path {rel:?} leaves the archive")));
+    }
+    let missing = || not_an_image(file, format!("manifest names {rel:?}, which is not in the archive"));
+    let full = layout.join(p).canonicalize().map_err(|_| missing())?;
+    let base = layout.canonicalize().map_err(|e| not_an_image(file, e.to_string()))?;
+    if !full.starts_with(&base) {
+        return Err(not_an_image(file, format!("manifest path {rel:?} leaves the archive")));
+    }
+    if full.is_file() {
+        Ok(full)
+    } else {
+        Err(missing())
     }
 }
 
