@@ -227,7 +227,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
                 source,
             })?;
             tokio::spawn(async move {
-                while let Ok((s, _)) = l.accept().await {
+                while let Some((s, _)) = namzu_proto::accept::next(|| l.accept(), "agent link").await {
                     gate.admit(s, None);
                 }
             })
@@ -242,7 +242,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             tracing::info!(path = %path.display(), "listening");
             unix_path = Some(path);
             tokio::spawn(async move {
-                while let Ok((s, _)) = l.accept().await {
+                while let Some((s, _)) = namzu_proto::accept::next(|| l.accept(), "agent link").await {
                     gate.admit(s, None);
                 }
             })
@@ -254,7 +254,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             })?;
             tracing::info!(addr = %l.local_addr().map_or(addr, |a| a), "listening");
             tokio::spawn(async move {
-                while let Ok((s, _)) = l.accept().await {
+                while let Some((s, _)) = namzu_proto::accept::next(|| l.accept(), "agent link").await {
                     let _ = s.set_nodelay(true);
                     gate.admit(s, None);
                 }
@@ -290,7 +290,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             tracing::info!(addr = ?l.local_addr().ok(), "listening on TCP too");
             let gate = gate_for_tcp;
             Some(tokio::spawn(async move {
-                while let Ok((s, _)) = l.accept().await {
+                while let Some((s, _)) = namzu_proto::accept::next(|| l.accept(), "agent link").await {
                     let _ = s.set_nodelay(true);
                     gate.admit(s, None);
                 }

@@ -163,6 +163,10 @@ struct NetworkArgs {
     /// otherwise, --network all included (repeatable; at create only).
     #[arg(long = "reach-link-local", value_name = "CIDR")]
     reach_link_local: Vec<String>,
+    /// Egress connections open or opening at once (default 256); one more
+    /// is refused and logged (at create only).
+    #[arg(long = "egress-max-connections", value_name = "N")]
+    egress_max_connections: Option<usize>,
 }
 
 impl NetworkArgs {
@@ -229,6 +233,7 @@ impl NetworkArgs {
             hosts,
             reach_link_local: namzu::egress::policy::parse_cidrs(&self.reach_link_local)
                 .map_err(|e| Fail(e.to_string()))?,
+            max_connections: self.egress_max_connections,
         })
     }
 }
@@ -625,9 +630,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let sb = p.connect(&id).await?;
             match action {
                 NetworkAction::Set { network } => {
-                    if !network.egress_hosts.is_empty() || !network.reach_link_local.is_empty() {
+                    if !network.egress_hosts.is_empty()
+                        || !network.reach_link_local.is_empty()
+                        || network.egress_max_connections.is_some()
+                    {
                         return Err(Fail(
-                            "--egress-host and --reach-link-local are set at create; `network set` changes the policy"
+                            "--egress-host, --reach-link-local and --egress-max-connections are set at create; `network set` changes the policy"
                                 .into(),
                         ));
                     }
@@ -807,7 +815,16 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
                     accepted = listener.accept() => {
-                        let (mut conn, peer) = accepted.map_err(|e| Fail(e.to_string()))?;
+                        let (mut conn, peer) = match accepted {
+                            Ok(c) => c,
+                            // Out of descriptors and the like: the forward
+                            // goes on once some are free.
+                            Err(e) if namzu_proto::accept::is_transient(&e) => {
+                                tokio::time::sleep(namzu_proto::accept::BACKOFF).await;
+                                continue;
+                            }
+                            Err(e) => return Err(Fail(e.to_string())),
+                        };
                         let sb = sb.clone();
                         tokio::spawn(async move {
                             match sb.open_tcp_connection(remote).await {

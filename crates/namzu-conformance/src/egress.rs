@@ -61,6 +61,9 @@ pub fn cases() -> Vec<(&'static str, Case)> {
             "link_local_and_metadata_are_refused_under_every_policy_unless_named",
             |e| Box::pin(link_local_and_metadata_are_refused_under_every_policy_unless_named(e)),
         ),
+        ("egress_connections_are_bounded_and_one_supervisor_serves", |e| {
+            Box::pin(egress_connections_are_bounded_and_one_supervisor_serves(e))
+        }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
         }),
@@ -85,12 +88,22 @@ async fn sandbox_with(
     policy: EgressPolicy,
     reach_link_local: Vec<ipnet::IpNet>,
 ) -> Result<Box<dyn Sandbox>, String> {
-    let sb = (env.factory)(SandboxSpec {
-        egress: EgressConfig {
+    sandbox_of(
+        env,
+        EgressConfig {
             policy,
-            hosts: NetLab::hosts(),
             reach_link_local,
+            ..Default::default()
         },
+    )
+    .await
+}
+
+/// A sandbox with `config`, the lab's names added to its hosts.
+async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Box<dyn Sandbox>, String> {
+    config.hosts.extend(NetLab::hosts());
+    let sb = (env.factory)(SandboxSpec {
+        egress: config,
         ..Default::default()
     })
     .await
@@ -350,6 +363,135 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         Err(e) => check("a private range as opt-in", e.contains("not inside link-local"), &e),
         Ok(_) => Err("a private range was accepted as a link-local opt-in".into()),
     }
+}
+
+/// Live `namzu-egress` processes serving sandbox `id`.
+fn supervisors_of(id: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+                .filter(|e| {
+                    let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                    let mut args = cmd.split(|b| *b == 0).map(String::from_utf8_lossy);
+                    let exe = args.next().unwrap_or_default();
+                    Path::new(exe.as_ref()).file_name().is_some_and(|n| n == "namzu-egress") && args.any(|a| a == id)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Audit item 3: a sandbox opening more connections than its bound gets
+/// the excess refused by name while the host's calls keep working; a
+/// tightening then leaves no connection open; a second supervisor started
+/// for the sandbox finds the lock held and leaves, so one serves.
+pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env) -> Outcome {
+    const LIMIT: usize = 4;
+    const STREAMS: usize = 7;
+    let sb: Arc<dyn Sandbox> = Arc::from(
+        sandbox_of(
+            env,
+            EgressConfig {
+                policy: EgressPolicy::AllowAll,
+                max_connections: Some(LIMIT),
+                ..Default::default()
+            },
+        )
+        .await?,
+    );
+    let id = sb.id().to_owned();
+    check("one supervisor at start", supervisors_of(&id) == 1, supervisors_of(&id))?;
+    let streaming = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            sh(
+                sb.as_ref(),
+                &format!(
+                    "for i in $(seq {STREAMS}); do curl -sN -m 40 http://{PUB1}:{STREAM_PORT}/ > /tmp/s$i 2>&1 & done; wait"
+                ),
+            )
+            .await
+        })
+    };
+    let mut open = 0;
+    for _ in 0..200 {
+        open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+        let (_, refused, _) = sh(sb.as_ref(), "grep -l max_connections /tmp/s* 2>/dev/null | wc -l").await;
+        if open == LIMIT && refused.trim() == (STREAMS - LIMIT).to_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check("open connections at the bound", open == LIMIT, open)?;
+    let (_, refused, _) = sh(sb.as_ref(), "grep -l max_connections /tmp/s* | wc -l").await;
+    check(
+        "the excess refused by name",
+        refused.trim() == (STREAMS - LIMIT).to_string(),
+        &refused,
+    )?;
+    // The host's calls are unaffected by the saturated egress.
+    let (code, out, _) = sh(sb.as_ref(), "echo alive").await;
+    check("exec while saturated", code == 0 && out == "alive\n", (code, &out))?;
+    sb.write_file(Path::new("/workspace/x"), b"x".to_vec().into(), Default::default())
+        .await
+        .map_err(|e| format!("write while saturated: {e}"))?;
+    let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
+    check(
+        "the refusals are logged",
+        log.lines().filter(|l| l.contains("max_connections")).count() >= STREAMS - LIMIT,
+        log.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>(),
+    )?;
+
+    // A second supervisor for the same sandbox finds the lock held.
+    let dir = (env.log_of)(&id)
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("no state dir")?;
+    let tier = dir
+        .parent()
+        .and_then(|p| p.file_name())
+        .ok_or("no tier dir")?
+        .to_owned();
+    let root = dir.parent().and_then(Path::parent).ok_or("no state root")?;
+    let bin = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("namzu-egress"))
+        .ok_or("no target dir")?;
+    let second = tokio::process::Command::new(&bin)
+        .arg("--state-dir")
+        .arg(root)
+        .arg("--tier")
+        .arg(&tier)
+        .args(["--id", &id])
+        .output()
+        .await
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    check(
+        "a second supervisor leaves",
+        second.status.success() && second.stdout == b"held\n",
+        (&second.status, String::from_utf8_lossy(&second.stdout)),
+    )?;
+    check("one supervisor after", supervisors_of(&id) == 1, supervisors_of(&id))?;
+
+    sb.set_network_policy(EgressPolicy::NoNetwork)
+        .await
+        .map_err(|e| e.to_string())?;
+    let open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    check("no connection open right after the change", open == 0, open)?;
+    let (code, _, _) = tokio::time::timeout(Duration::from_secs(30), streaming)
+        .await
+        .map_err(|_| "the streams outlived the change")?
+        .map_err(|e| e.to_string())?;
+    check("the streams ended", code == 0, code)?;
+    check(
+        "one supervisor at the end",
+        supervisors_of(&id) == 1,
+        supervisors_of(&id),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())
 }
 
 pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -> Outcome {

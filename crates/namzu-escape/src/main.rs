@@ -389,6 +389,25 @@ fn attempts(a: &Args) -> Vec<(&'static str, Outcome)> {
         )),
     );
     t("userfaultfd", must_fail(raw(libc::SYS_userfaultfd, [0, 0, 0, 0, 0])));
+    // vsock is not network-namespaced: a socket of it could reach the
+    // host's (or other guests') vsock services. Creation only; nothing is
+    // ever connected.
+    t(
+        "create an AF_VSOCK socket",
+        must_fail(raw(
+            libc::SYS_socket,
+            [libc::AF_VSOCK as _, libc::SOCK_STREAM as _, 0, 0, 0],
+        )),
+    );
+    // x32 ABI: same audit arch as x86_64, number | 0x40000000.
+    #[cfg(target_arch = "x86_64")]
+    t(
+        "ptrace through the x32 ABI",
+        must_fail(raw(
+            libc::SYS_ptrace | 0x4000_0000,
+            [libc::PTRACE_TRACEME as _, 0, 0, 0, 0],
+        )),
+    );
     t("io_uring_setup", {
         let params = [0u8; 120];
         must_fail(raw(libc::SYS_io_uring_setup, [1, params.as_ptr() as _, 0, 0, 0]))

@@ -10,6 +10,7 @@
 //!   it calls an optional op, and the codec for the typed error carried in a
 //!   gRPC status ([`status_with_error`], [`error_from_status`]).
 
+pub mod accept;
 pub mod launch;
 pub mod preface;
 

@@ -30,7 +30,7 @@ where
     Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
     tokio::spawn(async move {
-        while let Ok((c, _)) = listener.accept().await {
+        while let Some((c, _)) = namzu_proto::accept::next(|| listener.accept(), what).await {
             let b = broker.clone();
             tokio::spawn(async move {
                 if let Err(e) = client(b, c).await {

@@ -12,8 +12,12 @@
 //! 6. seccomp: the syscalls Docker's default profile withholds from an
 //!    unprivileged container, plus new namespaces, keyrings, bpf, perf,
 //!    userfaultfd, kexec, modules, the whole mount family and io_uring,
-//!    all answering EPERM; `clone3` answers ENOSYS so libc falls back to
-//!    `clone`, whose namespace flags the filter can see.
+//!    all answering EPERM, as does `socket(AF_VSOCK)` (vsock is not
+//!    network-namespaced: it would reach the host's and other guests'
+//!    vsock services); `clone3` answers ENOSYS so libc falls back to
+//!    `clone`, whose namespace flags the filter can see; on x86_64 every
+//!    x32-ABI syscall (`nr | 0x40000000`, same audit arch) answers ENOSYS,
+//!    since the per-number rules above would not match it.
 //!
 //! What was applied is reported in Health (`hardening`).
 
@@ -144,6 +148,17 @@ pub fn eperm_filter() -> Result<BpfProgram, HardenError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
+    rules.insert(
+        libc::SYS_socket,
+        vec![SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::AF_VSOCK as u64,
+        )
+        .map_err(se)?])
+        .map_err(se)?],
+    );
     // Device nodes: Linux already wants CAP_MKNOD, gVisor does not; a
     // command has no business making one either way.
     for (nr, mode_arg) in [(libc::SYS_mknod, 1), (libc::SYS_mknodat, 2)] {
@@ -189,6 +204,42 @@ fn clone3_filter() -> Result<BpfProgram, HardenError> {
     filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+}
+
+/// The bit that marks an x32-ABI syscall number on x86_64.
+pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// On x86_64, every x32-ABI syscall answers ENOSYS. seccompiler's filters
+/// check the audit arch (x32 shares AUDIT_ARCH_X86_64) and then match
+/// syscall numbers exactly, so `ptrace | 0x40000000` would fall through to
+/// their default, Allow. Another arch is left to those filters (they kill
+/// the process on a mismatch).
+pub fn x32_filter() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        op(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        op(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// Every filter [`apply_seccomp`] installs, in installation order.
+pub fn filters() -> Result<Vec<BpfProgram>, HardenError> {
+    let mut all = vec![clone3_filter()?, eperm_filter()?];
+    if cfg!(target_arch = "x86_64") {
+        all.push(x32_filter());
+    }
+    Ok(all)
 }
 
 /// The Landlock ABI the running kernel offers (0: none).
@@ -274,16 +325,24 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
 /// command it starts), stacked on whatever filter is already there: the
 /// kernel answers with the most restrictive. Needs no_new_privs set.
 pub fn apply_seccomp() -> Result<String, HardenError> {
-    let eperm = eperm_filter()?;
-    let clone3 = clone3_filter()?;
     let se = |e: seccompiler::Error| HardenError::Seccomp(e.to_string());
-    seccompiler::apply_filter(&clone3).map_err(se)?;
-    seccompiler::apply_filter(&eperm).map_err(se)?;
+    for f in filters()? {
+        seccompiler::apply_filter(&f).map_err(se)?;
+    }
     Ok(format!(
-        "{} syscalls EPERM, clone with namespace flags EPERM, clone3 ENOSYS",
-        denied_syscalls().len()
+        "{} syscalls EPERM, clone with namespace flags EPERM, socket(AF_VSOCK) EPERM, clone3 ENOSYS{}",
+        denied_syscalls().len(),
+        if cfg!(target_arch = "x86_64") {
+            ", x32 ABI ENOSYS"
+        } else {
+            ""
+        }
     ))
 }
+
+#[cfg(test)]
+#[path = "seccomp_tests.rs"]
+mod seccomp_tests;
 
 /// Brings up `lo` in the new network namespace (it starts down).
 pub fn loopback_up() -> std::io::Result<()> {

@@ -74,10 +74,31 @@ async fn run(args: Args) -> namzu::Result<()> {
         }
     };
     let dir = args.state_dir.join(tier.name()).join(&args.id);
+    let lock = match namzu::egress::supervisor::claim(&dir) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            tracing::info!(sandbox = %args.id, "another supervisor holds the lock; exiting");
+            let mut out = std::io::stdout();
+            let _ = out.write_all(b"held\n");
+            let _ = out.flush();
+            return Ok(());
+        }
+        Err(source) => {
+            return Err(namzu::Error::LocalIo {
+                op: "egress supervisor lock".into(),
+                source,
+            })
+        }
+    };
+    match namzu::egress::supervisor::raise_nofile() {
+        Ok(n) => tracing::info!(nofile = n, "open-file limit"),
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
     let id = args.id.clone();
     namzu::egress::supervisor::run(
         &args.id,
         &dir,
+        lock,
         || async { provider.connect(&id).await.map(|sb| sb.agent().clone()) },
         || {
             let mut out = std::io::stdout();

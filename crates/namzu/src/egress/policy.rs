@@ -288,6 +288,8 @@ pub enum Refusal {
     Address { address: IpAddr, class: &'static str },
     #[error("{address} is in the excepted {cidr}")]
     Excepted { address: IpAddr, cidr: IpNet },
+    #[error("{limit} egress connections are open or opening already (max_connections)")]
+    TooManyConnections { limit: usize },
 }
 
 impl EgressPolicy {

@@ -26,6 +26,11 @@ use super::policy::{EgressPolicy, PolicyError, Refusal, Target};
 use crate::client::AgentClient;
 use crate::error::Result;
 
+/// Egress connections one sandbox may have open or opening at once, unless
+/// its [`EgressConfig::max_connections`] says otherwise. Each costs the
+/// supervisor a socket (a file descriptor) on the host.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 /// How long one connection attempt to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 64 * 1024;
@@ -48,6 +53,12 @@ pub struct EgressConfig {
     /// else, and the policy still decides (deny-all reaches nothing).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reach_link_local: Vec<IpNet>,
+    /// `max_connections`: egress connections open or opening at once;
+    /// `None` is [`DEFAULT_MAX_CONNECTIONS`]. One more is refused
+    /// ([`Refusal::TooManyConnections`]) and logged; the host's other
+    /// calls are unaffected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
 }
 
 impl EgressConfig {
@@ -64,6 +75,11 @@ impl EgressConfig {
         }
     }
 
+    /// The connection bound in force.
+    pub fn connection_limit(&self) -> usize {
+        self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+
     /// [`EgressPolicy::may_connect`] with this configuration's opt-ins.
     pub fn may_connect(&self, host: &str, port: u16) -> std::result::Result<Target, Refusal> {
         self.policy.may_connect_with(host, port, &self.reach_link_local)
@@ -72,6 +88,28 @@ impl EgressConfig {
     /// [`EgressPolicy::may_reach`] with this configuration's opt-ins.
     pub fn may_reach(&self, ip: IpAddr) -> std::result::Result<(), Refusal> {
         self.policy.may_reach_with(ip, &self.reach_link_local)
+    }
+}
+
+/// A string from the sandbox (a host name as asked, a refusal quoting it,
+/// the proxy it came through) as written to the decision log: every
+/// control character escaped (`\n`, `\u{1b}` …), so no name can end a
+/// log line and forge the next one, whatever subscriber writes it.
+pub struct Clean<'a, T: std::fmt::Display + ?Sized>(pub &'a T);
+
+impl<T: std::fmt::Display + ?Sized> std::fmt::Display for Clean<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        for ch in self.0.to_string().chars() {
+            if ch.is_control() {
+                for e in ch.escape_default() {
+                    f.write_char(e)?;
+                }
+            } else {
+                f.write_char(ch)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -84,11 +122,29 @@ struct Conn {
 }
 
 /// The egress decisions of one sandbox.
+///
+/// Lock order: `conns`, then `config`. [`Service::set`] replaces the
+/// configuration while holding `conns`, and a connection is registered
+/// under `conns` after deciding again against the configuration read
+/// there: so a connection decided under an old policy either registered
+/// before the change (and the change closes it) or registers after it
+/// (and is refused), never survives in between.
 pub struct Service {
     id: String,
     config: RwLock<EgressConfig>,
     conns: Mutex<HashMap<u64, Conn>>,
     next: AtomicU64,
+    /// Connections open or being opened: the `max_connections` bound.
+    slots: std::sync::atomic::AtomicUsize,
+}
+
+/// One reserved connection slot, given back when dropped.
+struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Service {
@@ -98,6 +154,7 @@ impl Service {
             config: RwLock::new(config),
             conns: Mutex::default(),
             next: AtomicU64::new(0),
+            slots: Default::default(),
         })
     }
 
@@ -113,20 +170,53 @@ impl Service {
     /// Replaces the policy (and host overrides) and closes every open
     /// connection the new policy refuses. Returns how many it closed.
     pub fn set(&self, config: EgressConfig) -> usize {
-        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config.clone();
-        let mut closed = 0;
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        for c in conns.values() {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config.clone();
+        let mut conns = conns;
+        let mut refused = Vec::new();
+        for (key, c) in conns.iter() {
             let verdict = config
                 .may_connect(&c.host, c.port)
                 .and_then(|_| config.may_reach(c.addr));
             if let Err(why) = verdict {
-                tracing::info!(sandbox = %self.id, host = %c.host, port = c.port, address = %c.addr, reason = %why, "egress: open connection closed by a policy change");
+                tracing::info!(sandbox = %self.id, host = %Clean(&c.host), port = c.port, address = %c.addr, reason = %Clean(&why), "egress: open connection closed by a policy change");
                 c.close.cancel();
-                closed += 1;
+                refused.push(*key);
             }
         }
-        closed
+        // Gone from the count before `set` returns; each splice ends on
+        // its token and drops both sockets.
+        for key in &refused {
+            conns.remove(key);
+        }
+        refused.len()
+    }
+
+    /// Reserves one connection slot, or refuses past `max_connections`.
+    fn reserve(&self) -> std::result::Result<Slot<'_>, Refusal> {
+        let limit = self.config.read().unwrap_or_else(|p| p.into_inner()).connection_limit();
+        let taken = self.slots.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(&self.slots);
+        if taken >= limit {
+            return Err(Refusal::TooManyConnections { limit });
+        }
+        Ok(slot)
+    }
+
+    /// Registers an established connection after deciding it again
+    /// against the configuration in force now (see the lock order on
+    /// [`Service`]). Returns its key.
+    fn register(&self, conn: Conn) -> std::result::Result<u64, Refusal> {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let config = self.config.read().unwrap_or_else(|p| p.into_inner());
+            config
+                .may_connect(&conn.host, conn.port)
+                .and_then(|_| config.may_reach(conn.addr))?;
+        }
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        conns.insert(key, conn);
+        Ok(key)
     }
 
     /// Answers asks on the agent's `Egress` call until it ends;
@@ -178,7 +268,7 @@ impl Service {
                 };
                 match self.resolve(&name).await {
                     Ok(addrs) => {
-                        tracing::info!(sandbox = %self.id, host = %name, verdict = "resolved", count = addrs.len(), "egress");
+                        tracing::info!(sandbox = %self.id, host = %Clean(&name), verdict = "resolved", count = addrs.len(), "egress");
                         Some(EgressVerdict {
                             id,
                             addresses: addrs
@@ -200,6 +290,13 @@ impl Service {
                     return Some(refuse(format!("port {} is not a port", c.port)));
                 };
                 let policy = self.config();
+                let slot = match policy.may_connect(&c.host, port).and_then(|_| self.reserve()) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        self.log(&c.host, port, &c.via, Err(&why));
+                        return Some(refuse(why.to_string()));
+                    }
+                };
                 let (host, addrs) = match policy.may_connect(&c.host, port) {
                     Err(why) => {
                         self.log(&c.host, port, &c.via, Err(&why));
@@ -223,14 +320,31 @@ impl Service {
                     let sa = SocketAddr::new(*addr, port);
                     match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(sa)).await {
                         Ok(Ok(stream)) => {
+                            let close = CancellationToken::new();
+                            let conn = Conn {
+                                host: host.clone(),
+                                port,
+                                addr: *addr,
+                                close: close.clone(),
+                            };
+                            let key = match self.register(conn) {
+                                Ok(key) => key,
+                                Err(why) => {
+                                    self.log(&host, port, &c.via, Err(&why));
+                                    return Some(refuse(why.to_string()));
+                                }
+                            };
                             self.log(&host, port, &c.via, Ok(*addr));
-                            return self.splice(client, id, host, port, *addr, stream).await.err().map(fail);
+                            let spliced = self.splice(client, id, close, stream).await;
+                            self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                            drop(slot);
+                            return spliced.err().map(fail);
                         }
                         Ok(Err(e)) => last = format!("connect {sa}: {e}"),
                         Err(_) => last = format!("connect {sa}: no answer within {CONNECT_TIMEOUT:?}"),
                     }
                 }
-                tracing::info!(sandbox = %self.id, host = %host, port, via = %c.via, verdict = "failed", reason = %last, "egress");
+                tracing::info!(sandbox = %self.id, host = %Clean(&host), port, via = %Clean(&c.via), verdict = "failed", reason = %Clean(&last), "egress");
                 Some(fail(last))
             }
         }
@@ -239,38 +353,25 @@ impl Service {
     fn log(&self, host: &str, port: u16, via: &str, verdict: std::result::Result<IpAddr, &Refusal>) {
         match verdict {
             Ok(addr) => {
-                tracing::info!(sandbox = %self.id, host, port, via, address = %addr, verdict = "allowed", "egress")
+                tracing::info!(sandbox = %self.id, host = %Clean(&host), port, via = %Clean(&via), address = %addr, verdict = "allowed", "egress")
             }
             Err(why) => {
-                tracing::info!(sandbox = %self.id, host, port, via, verdict = "refused", reason = %why, "egress")
+                tracing::info!(sandbox = %self.id, host = %Clean(&host), port, via = %Clean(&via), verdict = "refused", reason = %Clean(why), "egress")
             }
         }
     }
 
     /// Joins `stream` to the agent's client for ask `id` until either side
-    /// ends or a policy change closes it.
+    /// ends or `close` fires (a policy change).
     async fn splice(
         self: &Arc<Self>,
         client: &AgentClient,
         id: u64,
-        host: String,
-        port: u16,
-        addr: IpAddr,
+        close: CancellationToken,
         stream: tokio::net::TcpStream,
     ) -> std::result::Result<(), String> {
         let (to_sandbox, mut from_sandbox) = client.egress_splice(id).await.map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
-        let close = CancellationToken::new();
-        let key = self.next.fetch_add(1, Ordering::Relaxed);
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            key,
-            Conn {
-                host,
-                port,
-                addr,
-                close: close.clone(),
-            },
-        );
         let (mut rd, mut wr) = stream.into_split();
         let up = async {
             while let Some(Ok(m)) = from_sandbox.next().await {
@@ -302,7 +403,153 @@ impl Service {
             _ = async { tokio::join!(up, down) } => {}
             _ = close.cancelled() => {}
         }
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::egress::HostRule;
+
+    // TEST-NET-2: public to the classifier, never one of this host's.
+    const ADDR: [u8; 4] = [198, 51, 100, 7];
+
+    fn allow_a() -> EgressConfig {
+        EgressConfig {
+            policy: EgressPolicy::Allowlist {
+                hosts: vec![HostRule::parse("a.test", None).unwrap()],
+            },
+            ..Default::default()
+        }
+    }
+
+    fn deny() -> EgressConfig {
+        EgressConfig {
+            policy: EgressPolicy::DenyAll,
+            ..Default::default()
+        }
+    }
+
+    fn conn() -> (Conn, CancellationToken) {
+        let close = CancellationToken::new();
+        let c = Conn {
+            host: "a.test".into(),
+            port: 80,
+            addr: IpAddr::from(ADDR),
+            close: close.clone(),
+        };
+        (c, close)
+    }
+
+    /// Audit item 13: a name with control characters cannot forge a line
+    /// of the decision log. Rendered by a real fmt subscriber, through the
+    /// service's own log call.
+    #[test]
+    fn decision_log_lines_cannot_be_forged_by_a_name() {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let svc = Service::new("t", allow_a());
+        let evil = "evil.test\n2026-01-01T00:00:00Z INFO egress: sandbox=t host=x verdict=\"allowed\"\r\x1b[2K";
+        tracing::subscriber::with_default(subscriber, || {
+            let why = svc.config().may_connect(evil, 80).unwrap_err();
+            svc.log(evil, 80, "socks5\nforged", Err(&why));
+            svc.log(evil, 80, "http", Ok(IpAddr::from(ADDR)));
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
+        assert!(text.contains("evil.test\\n2026"), "{text}");
+        assert!(text.lines().all(|l| l.contains("egress")), "{text}");
+    }
+
+    /// Audit item 4: a connection decided under the old policy whose
+    /// registration comes after `set` is refused at registration; one
+    /// registered before is closed and out of the count when `set`
+    /// returns.
+    #[test]
+    fn a_tightening_catches_connections_decided_before_it() {
+        let svc = Service::new("t", allow_a());
+        assert!(
+            svc.config().may_connect("a.test", 80).is_ok(),
+            "decided under the old policy"
+        );
+        let (late, _) = conn();
+        svc.set(deny());
+        assert_eq!(svc.register(late).err(), Some(Refusal::DenyAll));
+        assert_eq!(svc.open_connections(), 0);
+
+        svc.set(allow_a());
+        let (early, token) = conn();
+        svc.register(early).unwrap();
+        assert_eq!(svc.open_connections(), 1);
+        assert_eq!(svc.set(deny()), 1);
+        assert!(token.is_cancelled());
+        assert_eq!(
+            svc.open_connections(),
+            0,
+            "a closed connection still counted after set returned"
+        );
+    }
+
+    /// The same, raced: registrations on one thread, one tightening on
+    /// another; afterwards no registered connection is both open and
+    /// uncancelled.
+    #[test]
+    fn registrations_racing_a_tightening_never_survive_it() {
+        for _ in 0..200 {
+            let svc = Service::new("t", allow_a());
+            let barrier = Arc::new(std::sync::Barrier::new(2));
+            let (s2, b2) = (svc.clone(), barrier.clone());
+            let registrar = std::thread::spawn(move || {
+                b2.wait();
+                let mut tokens = Vec::new();
+                for _ in 0..50 {
+                    let (c, t) = conn();
+                    if s2.register(c).is_ok() {
+                        tokens.push(t);
+                    }
+                }
+                tokens
+            });
+            barrier.wait();
+            svc.set(deny());
+            let tokens = registrar.join().unwrap();
+            assert!(
+                tokens.iter().all(|t| t.is_cancelled()),
+                "a connection survived the tightening"
+            );
+            assert_eq!(svc.open_connections(), 0);
+        }
+    }
+
+    /// Audit item 3: past `max_connections` a connection is refused by
+    /// name; slots come back when connections end.
+    #[test]
+    fn the_connection_bound_refuses_past_its_limit() {
+        let mut cfg = allow_a();
+        cfg.max_connections = Some(3);
+        let svc = Service::new("t", cfg);
+        let held: Vec<_> = (0..3).map(|_| svc.reserve().unwrap()).collect();
+        assert_eq!(svc.reserve().err(), Some(Refusal::TooManyConnections { limit: 3 }));
+        drop(held);
+        assert!(svc.reserve().is_ok());
+        assert_eq!(EgressConfig::default().connection_limit(), DEFAULT_MAX_CONNECTIONS);
     }
 }

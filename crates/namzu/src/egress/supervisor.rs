@@ -8,7 +8,12 @@
 //!   every change, so a restarted supervisor resumes the same policy;
 //! * [`CONTROL_SOCKET`]: one JSON request per connection ([`Request`]),
 //!   one JSON [`Reply`]; how `set_network_policy` reaches it;
-//! * [`PID_FILE`], and [`LOG_FILE`] (every decision, through `tracing`).
+//! * [`PID_FILE`], and [`LOG_FILE`] (every decision, through `tracing`);
+//! * [`LOCK_FILE`]: flocked by the running supervisor for its whole life,
+//!   so there is never a second one for a sandbox (two would both splice,
+//!   and a policy change would reach only one). A supervisor started while
+//!   the lock is held prints `held` and exits; the starter then uses the
+//!   one that holds it.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,7 @@ pub const CONFIG_FILE: &str = "egress.json";
 pub const CONTROL_SOCKET: &str = "egress.sock";
 pub const PID_FILE: &str = "egress.pid";
 pub const LOG_FILE: &str = "egress.log";
+pub const LOCK_FILE: &str = "egress.lock";
 /// The supervisor's executable, found next to the agent's.
 pub const BINARY: &str = "namzu-egress";
 /// How long a spawner waits for the supervisor to hold the `Egress` call.
@@ -80,11 +86,44 @@ pub fn read_config(dir: &Path) -> std::io::Result<EgressConfig> {
     serde_json::from_slice(&text).map_err(std::io::Error::other)
 }
 
+/// The supervisor lock of one sandbox, held while this value lives.
+#[derive(Debug)]
+pub struct SupervisorLock(#[allow(dead_code)] std::fs::File);
+
+/// Takes the supervisor lock of the sandbox in `dir`; `None` when another
+/// process holds it.
+pub fn claim(dir: &Path) -> std::io::Result<Option<SupervisorLock>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join(LOCK_FILE))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(SupervisorLock(f))),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Raises this process's open-file soft limit to its hard limit: every
+/// egress connection costs the supervisor a descriptor. Returns the limit
+/// now in force.
+pub fn raise_nofile() -> std::io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
+}
+
 /// Runs the supervisor of the sandbox whose state is `dir`: serves the
 /// control socket, and holds the `Egress` call of the agent `connect`
 /// reaches, reconnecting while the sandbox exists. `ready` runs once the
 /// first call is up. Returns when the sandbox is gone.
-pub async fn run<C, F>(id: &str, dir: &Path, connect: C, ready: impl FnOnce()) -> Result<()>
+pub async fn run<C, F>(id: &str, dir: &Path, _lock: SupervisorLock, connect: C, ready: impl FnOnce()) -> Result<()>
 where
     C: Fn() -> F,
     F: Future<Output = Result<AgentClient>>,
@@ -107,7 +146,7 @@ where
     let control = {
         let (service, dir) = (service.clone(), dir.to_path_buf());
         tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
+            while let Some((conn, _)) = namzu_proto::accept::next(|| listener.accept(), "egress control socket").await {
                 let (service, dir) = (service.clone(), dir.clone());
                 tokio::spawn(async move { control_conn(&service, &dir, conn).await });
             }
@@ -247,13 +286,21 @@ pub async fn spawn(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, a
     let mut child = cmd
         .spawn()
         .map_err(|e| unavailable(format!("start {}: {e}", bin.display())))?;
-    let mut out = child.stdout.take().ok_or_else(|| unavailable("no stdout".into()))?;
-    let mut buf = [0u8; 6];
-    let got = tokio::time::timeout(START_TIMEOUT, out.read_exact(&mut buf)).await;
+    let out = child.stdout.take().ok_or_else(|| unavailable("no stdout".into()))?;
+    let mut line = String::new();
+    let got = tokio::time::timeout(START_TIMEOUT, BufReader::new(out).read_line(&mut line)).await;
     // tokio reaps it whenever it exits, while this process lives.
     let waited = tokio::spawn(async move { child.wait().await });
-    match got {
-        Ok(Ok(_)) if &buf == b"ready\n" => Ok(()),
+    match (got, line.trim()) {
+        (Ok(Ok(_)), "ready") => Ok(()),
+        // Another supervisor holds the lock: use it, if it answers. Never
+        // `stop` here: the pid file names the one that holds it.
+        (Ok(Ok(_)), "held") => match request(id, dir, &Request::Show).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(unavailable(format!(
+                "a supervisor holds {LOCK_FILE} but does not answer: {e}"
+            ))),
+        },
         _ => {
             waited.abort();
             stop(dir);

@@ -196,7 +196,7 @@ pub fn apply(layer: impl Read, rootfs: &Path) -> Result<(), LayerError> {
     // Directories last and deepest first, so a read-only mode cannot stop
     // the entries beneath it and no later write moves an mtime. A directory
     // a later entry replaced, or reached through a symlink, is left alone.
-    dirs.sort_by(|a, b| b.0.components().count().cmp(&a.0.components().count()));
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0.components().count()));
     for (rel, mode, mtime) in dirs {
         if let Ok(Opened::Dir(fd)) = open_beneath(root.as_fd(), &rel) {
             let entry = rel.display().to_string();
