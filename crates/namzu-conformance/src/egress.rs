@@ -14,7 +14,7 @@ use std::time::Duration;
 use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
 use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
 
-use crate::netlab::{NetLab, LINK_LOCAL, PRIVATE, PUB1, PUB2, STREAM_PORT};
+use crate::netlab::{NetLab, LINK_LOCAL, PRIVATE, PUB1, PUB2, STREAM_PORT, VHOST_PORT};
 use crate::{Factory, Outcome};
 
 /// What the cases run against.
@@ -63,6 +63,9 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         ),
         ("egress_connections_are_bounded_and_one_supervisor_serves", |e| {
             Box::pin(egress_connections_are_bounded_and_one_supervisor_serves(e))
+        }),
+        ("the_plain_http_proxy_sends_only_the_checked_host", |e| {
+            Box::pin(the_plain_http_proxy_sends_only_the_checked_host(e))
         }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
@@ -363,6 +366,70 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         Err(e) => check("a private range as opt-in", e.contains("not inside link-local"), &e),
         Ok(_) => Err("a private range was accepted as a link-local opt-in".into()),
     }
+}
+
+/// Audit item 7: through the plain-HTTP proxy, allowlisting one name must
+/// not admit every site sharing its server. The lab's virtual-host server
+/// answers each request on a connection with the Host it was sent, and
+/// ignores `Connection: close`; a Host naming another site is refused by
+/// name, and a second, pipelined request for another site on the same
+/// connection never reaches it.
+pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outcome {
+    let sb = sandbox(env, allow(&["allowed.test"])).await?;
+    let url = format!("http://allowed.test:{VHOST_PORT}/");
+    let (codes, body) = curl(sb.as_ref(), &url).await;
+    check(
+        "the allowed name (control)",
+        codes.starts_with("200") && body.trim() == format!("vhost allowed.test:{VHOST_PORT}"),
+        (&codes, &body),
+    )?;
+    let (codes, body) = curl(sb.as_ref(), &format!("-H 'Host: other.test' {url}")).await;
+    check(
+        "another site in Host",
+        codes.starts_with("403") && body.contains("Host header") && !body.contains("vhost"),
+        (&codes, &body),
+    )?;
+    // Raw requests on one proxy connection (curl would not send these):
+    // busybox nc in images, bash's /dev/tcp in the host view.
+    let raw = |req: String| {
+        let sb = &sb;
+        async move {
+            let (_, out, err) = sh(
+                sb.as_ref(),
+                &format!(
+                    "if command -v nc >/dev/null 2>&1; then (printf '{req}'; sleep 2) | nc 127.0.0.1 3128; \
+                     else bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128; printf \"$0\" >&3; timeout 3 cat <&3' '{req}'; fi"
+                ),
+            )
+            .await;
+            (out, err)
+        }
+    };
+    let (out, err) = raw(format!(
+        "GET {url} HTTP/1.1\\r\\nHost: allowed.test:{VHOST_PORT}\\r\\nHost: other.test\\r\\n\\r\\n"
+    ))
+    .await;
+    check(
+        "two Host headers",
+        out.starts_with("HTTP/1.1 403") && out.contains("more than one Host") && !out.contains("vhost"),
+        (&out, &err),
+    )?;
+    // Two requests on one proxy connection, the second for another site.
+    let (out, err) = raw(format!(
+        "GET {url} HTTP/1.1\\r\\nHost: allowed.test:{VHOST_PORT}\\r\\n\\r\\nGET {url} HTTP/1.1\\r\\nHost: other.test:{VHOST_PORT}\\r\\n\\r\\n"
+    ))
+    .await;
+    check(
+        "pipelined: the first request answered",
+        out.contains(&format!("vhost allowed.test:{VHOST_PORT}")),
+        (&out, &err),
+    )?;
+    check(
+        "pipelined: the second never reached the server",
+        !out.contains("other.test"),
+        (&out, &err),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())
 }
 
 /// Live `namzu-egress` processes serving sandbox `id`.

@@ -26,6 +26,11 @@ pub const PRIVATE: &str = "10.231.0.10";
 /// Not 169.254.169.254 itself: a cloud machine routes that address to its
 /// real metadata service, which no test may touch or re-route.
 pub const LINK_LOCAL: &str = "169.254.77.1";
+/// A port on [`PUB1`] where a virtual-host server answers every request
+/// on a connection (keep-alive, pipelining, `Connection: close` ignored,
+/// as a careless CDN edge might) with the Host it was sent:
+/// `vhost <Host>`.
+pub const VHOST_PORT: u16 = 8081;
 /// The port of the ticking stream on [`PUB1`].
 pub const STREAM_PORT: u16 = 9000;
 
@@ -138,6 +143,7 @@ impl NetLab {
                     (PUB2, 80),
                     (PRIVATE, 80),
                     (LINK_LOCAL, 80),
+                    (PUB1, VHOST_PORT),
                     (PUB1, STREAM_PORT),
                 ] {
                     let l = TcpListener::bind((addr, port)).map_err(|e| format!("bind {addr}:{port}: {e}"))?;
@@ -214,6 +220,9 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
     for conn in l.incoming() {
         let Ok(mut c) = conn else { continue };
         std::thread::spawn(move || {
+            if port == VHOST_PORT {
+                return vhost(c);
+            }
             let mut head = Vec::new();
             let mut buf = [0u8; 1024];
             while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -243,6 +252,38 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
                 .as_bytes(),
             );
         });
+    }
+}
+
+/// Answers each request on the connection with the Host it named.
+fn vhost(mut c: std::net::TcpStream) {
+    let mut pending = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..end]).into_owned();
+            pending.drain(..end + 4);
+            let host = head
+                .lines()
+                .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("host")))
+                .map_or("(none)", |(_, v)| v.trim())
+                .to_owned();
+            let body = format!("vhost {host}\n");
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if c.write_all(reply.as_bytes()).is_err() {
+                return;
+            }
+        }
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+        if pending.len() > 64 * 1024 {
+            return;
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! namespace holds only loopback).
 
 pub mod dns;
+pub mod http1;
 pub mod proxy;
 
 use std::collections::HashMap;

@@ -106,7 +106,7 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
         return match connect(&broker, host, port, "http-connect").await {
             Answer::Spliced(s) => {
                 client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?;
-                join(client, s, Bytes::from(rest)).await
+                join(client, s, Bytes::from(rest), None).await
             }
             other => refuse_http(&mut client, other).await,
         };
@@ -127,16 +127,25 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
     let Some((host, port)) = split_authority(authority, 80) else {
         return respond(&mut client, "400 Bad Request", "bad host in URL").await;
     };
+    // The Host the server sees is the one checked: a request naming
+    // another (one allowlisted name on a shared CDN, another site in Host)
+    // is refused before anything is asked.
+    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    let mut body = match super::http1::check_head(headers.iter().copied(), authority, 80) {
+        Ok(b) => b,
+        Err(e) => return respond(&mut client, "403 Forbidden", &format!("namzu egress refused: {e}")).await,
+    };
     match connect(&broker, host, port, "http").await {
         Answer::Spliced(s) => {
-            // Origin form to the server; one request per connection, so a
-            // client reusing it for another host cannot ride this splice.
-            let mut out = format!("{method} {path} {version}\r\n");
-            for l in lines.filter(|l| !l.is_empty()) {
+            // Origin form to the server, our own Host, and exactly one
+            // request: whatever the client sends after this request's body
+            // is never forwarded.
+            let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
+            for l in headers {
                 let name = l.split(':').next().unwrap_or_default().trim().to_ascii_lowercase();
                 if !matches!(
                     name.as_str(),
-                    "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
+                    "host" | "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
                 ) {
                     out.push_str(l);
                     out.push_str("\r\n");
@@ -144,8 +153,12 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
             }
             out.push_str("Connection: close\r\n\r\n");
             let mut first = out.into_bytes();
-            first.extend_from_slice(&rest);
-            join(client, s, Bytes::from(first)).await
+            let taken = match body.feed(&rest) {
+                Ok(n) => n,
+                Err(e) => return respond(&mut client, "400 Bad Request", e).await,
+            };
+            first.extend_from_slice(&rest[..taken]);
+            join(client, s, Bytes::from(first), Some(body)).await
         }
         other => refuse_http(&mut client, other).await,
     }
@@ -220,7 +233,7 @@ async fn socks_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Re
     match connect(&broker, host, u16::from_be_bytes(port), "socks5").await {
         Answer::Spliced(s) => {
             socks_reply(&mut client, SOCKS_OK).await?;
-            join(client, s, Bytes::new()).await
+            join(client, s, Bytes::new(), None).await
         }
         Answer::Refused(_) => socks_reply(&mut client, SOCKS_NOT_ALLOWED).await,
         Answer::Failed(_) => socks_reply(&mut client, SOCKS_HOST_UNREACHABLE).await,
@@ -235,8 +248,16 @@ async fn socks_reply(client: &mut TcpStream, code: u8) -> std::io::Result<()> {
 /// Joins `client` to the host's splice: `first` (bytes already read past
 /// what the proxy consumed) goes out before anything else. Each direction
 /// half-closes on its own EOF; a splice the host drops (a policy change)
-/// closes the client.
-async fn join(client: TcpStream, s: Box<Splice>, first: Bytes) -> std::io::Result<()> {
+/// closes the client. With `body` (one plain-HTTP request), only the rest
+/// of that request's body goes upstream; later client bytes are read and
+/// dropped, and the client is closed when the response ends.
+async fn join(
+    client: TcpStream,
+    s: Box<Splice>,
+    first: Bytes,
+    body: Option<super::http1::Body>,
+) -> std::io::Result<()> {
+    let framed = body.is_some();
     let _ = client.set_nodelay(true);
     let (mut rd, mut wr) = client.into_split();
     let Splice { mut from_host, to_host } = *s;
@@ -246,6 +267,7 @@ async fn join(client: TcpStream, s: Box<Splice>, first: Bytes) -> std::io::Resul
             return;
         }
         let mut buf = vec![0u8; CHUNK];
+        let mut body = body;
         loop {
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => {
@@ -253,6 +275,17 @@ async fn join(client: TcpStream, s: Box<Splice>, first: Bytes) -> std::io::Resul
                     return;
                 }
                 Ok(n) => {
+                    let n = match body.as_mut() {
+                        None => n,
+                        Some(b) if b.done() => 0,
+                        Some(b) => match b.feed(&buf[..n]) {
+                            Ok(k) => k,
+                            Err(_) => return,
+                        },
+                    };
+                    if n == 0 {
+                        continue;
+                    }
                     let data = Bytes::copy_from_slice(&buf[..n]);
                     if to_host.send(out(v1::tcp_output::Msg::Data(data))).await.is_err() {
                         return;
@@ -281,9 +314,10 @@ async fn join(client: TcpStream, s: Box<Splice>, first: Bytes) -> std::io::Resul
         true
     }
     .await;
-    if dropped {
-        // A policy change (or the host going away): close both halves now,
-        // whatever the client is doing.
+    if dropped || framed {
+        // A policy change (or the host going away), or the one request's
+        // response is over: close both halves now, whatever the client is
+        // doing.
         upstream.abort();
     } else {
         let _ = upstream.await;
