@@ -5,7 +5,8 @@
 //! Modules, each owning one job:
 //! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd), the preface gate,
 //!   shutdown on SIGTERM;
-//! * [`service`]: the gRPC service, the retiring fence, error mapping;
+//! * [`service`]: the gRPC service, error mapping;
+//! * [`fence`]: the retiring fence in front of every RPC;
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
@@ -29,6 +30,7 @@ pub mod config;
 pub mod egress;
 pub mod exec;
 pub mod exec_log;
+pub mod fence;
 pub mod files;
 pub mod identity;
 pub mod jail;

@@ -353,11 +353,15 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         .max_frame_size(Some(1 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(
+        .add_service(crate::fence::Fence::new(
             AgentServer::new(service)
                 .max_decoding_message_size(msg_max)
                 .max_encoding_message_size(msg_max),
-        )
+            {
+                let execs = execs.clone();
+                std::sync::Arc::new(move || execs.retiring())
+            },
+        ))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });

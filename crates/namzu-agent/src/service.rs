@@ -1,4 +1,5 @@
-//! The gRPC service: decodes requests, applies the fence, runs file work on
+//! The gRPC service: decodes requests (the retiring fence stands in front
+//! of it, [`crate::fence`]), runs file work on
 //! blocking threads, and turns every failure into a status carrying a typed
 //! [`v1::AgentError`].
 
@@ -113,25 +114,11 @@ impl AgentService {
         Ok(())
     }
 
-    /// The fence: a retiring agent serves only Health and Cancel.
-    fn gate(&self, op: &str) -> Result<(), Status> {
-        if self.execs.retiring() {
-            return Err(agent_err(
-                Kind::Retiring,
-                op,
-                "agent is retiring after an unconfirmed kill; only health and cancel are served",
-            )
-            .into_status());
-        }
-        Ok(())
-    }
-
     async fn blocking<T: Send + 'static>(
         &self,
         op: &'static str,
         f: impl FnOnce(&Jail) -> Result<T, OpError> + Send + 'static,
     ) -> Result<T, Status> {
-        self.gate(op)?;
         let jail = self.jail.clone();
         match tokio::task::spawn_blocking(move || f(&jail)).await {
             Ok(r) => r.map_err(IntoStatus::into_status),
@@ -198,7 +185,6 @@ impl Agent for AgentService {
 
     async fn reserve_exec(&self, req: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
         self.admit("reserve_exec", namzu_proto::features::EXEC)?;
-        self.gate("reserve_exec")?;
         let name = req.into_inner().exec_id;
         if !name.is_empty() {
             self.feature("reserve_exec", namzu_proto::features::EXEC_ATTACH)?;
@@ -214,7 +200,6 @@ impl Agent for AgentService {
 
     async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
         self.admit("exec", namzu_proto::features::EXEC)?;
-        self.gate("exec")?;
         let mut input = req.into_inner();
         let mut start = match input.next().await {
             Some(Ok(ExecInput {
@@ -270,7 +255,6 @@ impl Agent for AgentService {
     ) -> Result<Response<WriteFileResponse>, Status> {
         const OP: &str = "write_file";
         self.admit("write_file", namzu_proto::features::FILES_WRITE)?;
-        self.gate(OP)?;
         let mut input = req.into_inner();
         let begin = match input.next().await {
             Some(Ok(WriteFileRequest {
@@ -389,7 +373,6 @@ impl Agent for AgentService {
     async fn walk_files(&self, req: Request<WalkFilesRequest>) -> Result<Response<Self::WalkFilesStream>, Status> {
         const OP: &str = "walk_files";
         self.admit("walk_files", namzu_proto::features::FILES_WALK)?;
-        self.gate(OP)?;
         let r = req.into_inner();
         let cap = self.limits().max_walk_entries;
         let max_entries = match u64::from(r.max_entries) {
@@ -418,7 +401,6 @@ impl Agent for AgentService {
         req: Request<v1::StartDetachedRequest>,
     ) -> Result<Response<v1::SessionInfo>, Status> {
         self.admit("start_detached", namzu_proto::features::SESSIONS)?;
-        self.gate("start_detached")?;
         let info = self
             .sessions
             .start_detached(req.into_inner())
@@ -477,7 +459,6 @@ impl Agent for AgentService {
 
     async fn flush(&self, req: Request<v1::FlushRequest>) -> Result<Response<v1::FlushResponse>, Status> {
         self.admit("flush", namzu_proto::features::FLUSH)?;
-        self.gate("flush")?;
         let timeout = match req.into_inner().timeout_ms {
             0 => std::time::Duration::from_secs(30),
             ms => std::time::Duration::from_millis(ms),
@@ -499,7 +480,6 @@ impl Agent for AgentService {
     ) -> Result<Response<Self::TerminalStream>, Status> {
         const OP: &str = "terminal";
         self.admit(OP, namzu_proto::features::TERMINAL)?;
-        self.gate(OP)?;
         let mut input = req.into_inner();
         let first = match input.next().await {
             Some(Ok(v1::TerminalInput { msg: Some(m) })) => m,
@@ -540,7 +520,6 @@ impl Agent for AgentService {
 
     async fn egress(&self, req: Request<Streaming<v1::EgressVerdict>>) -> Result<Response<Self::EgressStream>, Status> {
         self.admit("egress", namzu_proto::features::EGRESS)?;
-        self.gate("egress")?;
         Ok(Response::new(ReceiverStream::new(self.egress.attach(req.into_inner()))))
     }
 
@@ -551,7 +530,6 @@ impl Agent for AgentService {
         req: Request<Streaming<v1::EgressSpliceInput>>,
     ) -> Result<Response<Self::EgressSpliceStream>, Status> {
         self.admit("egress_splice", namzu_proto::features::EGRESS)?;
-        self.gate("egress_splice")?;
         let rx = self.egress.splice(req.into_inner()).await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -564,7 +542,6 @@ impl Agent for AgentService {
     ) -> Result<Response<Self::TcpConnectStream>, Status> {
         const OP: &str = "tcp_connect";
         self.admit(OP, namzu_proto::features::TCP_CONNECT)?;
-        self.gate(OP)?;
         let mut input = req.into_inner();
         let port = match input.next().await {
             Some(Ok(v1::TcpInput {

@@ -419,6 +419,25 @@ async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcome {
             Err(Error::AgentRetiring { .. }) => {}
             other => return Err(format!("retired sandbox still runs commands: {other:?}")),
         }
+        // Audit item 13.9: reads, lists and metadata ops were served by a
+        // retiring agent before; every one is fenced now.
+        let ws = Path::new("/workspace");
+        let fenced: Vec<(&str, Result<(), Error>)> = vec![
+            ("read_file", sb.read_file(&ws.join("x"), None).await.map(drop)),
+            ("list_files", sb.list_files(ws).await.map(drop)),
+            ("stat", sb.stat(ws).await.map(drop)),
+            ("mkdir", sb.mkdir(&ws.join("d"), false).await),
+            ("remove", sb.remove(&ws.join("x"), false).await),
+            ("rename", sb.rename(&ws.join("x"), &ws.join("y")).await),
+            ("list_sessions", sb.list_sessions().await.map(drop)),
+            ("quiesce", sb.quiesce(Duration::from_millis(10)).await.map(drop)),
+        ];
+        for (op, r) in fenced {
+            ensure!(
+                matches!(r, Err(Error::AgentRetiring { .. })),
+                "a retiring agent served {op}: {r:?}"
+            );
+        }
         let h = sb.agent().health().await.ctx("health of a retiring agent")?;
         ensure!(h.retiring, "health does not say retiring");
         Ok(())
