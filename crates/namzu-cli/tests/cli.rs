@@ -116,10 +116,24 @@ fn dead_sandbox_is_reported(st: &Path, tier: &str) {
         [format!("namzu: sandbox {id} is not running (its agent is gone)")],
         "{tier}"
     );
+    // An operator's process that merely names the sandbox's directory
+    // (audit item 14): not the sandbox's, so rm must leave it alone.
+    let dir = st.join(tier).join(&id).display().to_string();
+    let mut operator = std::process::Command::new("tail")
+        .args(["-f", &format!("{dir}/agent.log")])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     assert!(namzu(st, &["rm", &id]).status.success(), "rm of a dead {tier} sandbox");
     assert!(!st.join(tier).join(&id).exists(), "rm left the {tier} state behind");
-    // Nor a process: the sandbox outlived its anchor, not its removal.
-    let dir = st.join(tier).join(&id).display().to_string();
+    assert!(
+        operator.try_wait().unwrap().is_none(),
+        "rm killed an operator's tail -f of the {tier} sandbox's log"
+    );
+    let _ = operator.kill();
+    let _ = operator.wait();
+    // Nor a process of the sandbox's: it outlived its anchor, not its
+    // removal (on local its init, a fork of the launcher, names the dir).
     let left: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()

@@ -134,12 +134,13 @@ impl Cluster {
 impl Drop for Cluster {
     /// The safety net of a test that panicked before [`Cluster::stop`]:
     /// pods are sandboxes built to outlive their host process, so every
-    /// process started for this cluster's state directory is killed.
+    /// process recorded for this cluster's pods is killed, by identity.
     fn drop(&mut self) {
         self.ctl.release_network();
-        let marker = self._state.path().to_string_lossy().into_owned();
+        let pods = namzu::backend::local::LocalProvider::with_agent(self._state.path(), "namzu-agent");
+        let procs = pods.recorded_processes();
         for _ in 0..3 {
-            if namzu::backend::kill_processes_naming(&marker) == 0 {
+            if procs.iter().filter(|p| p.kill()).count() == 0 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

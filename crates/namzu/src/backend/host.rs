@@ -70,7 +70,7 @@ impl HostProvider {
                     .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
             );
         let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
-        let meta = Meta {
+        let mut meta = Meta {
             id: id.clone(),
             tier: Tier::Host.name().into(),
             pid: child.id().unwrap_or(0),
@@ -79,9 +79,11 @@ impl HostProvider {
             uid_slot: None,
             cgroups: None,
             container: None,
+            procs: Vec::new(),
         };
         self.state.write_meta(&dir, &meta)?;
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;
+        self.state.record_processes(&dir, &mut meta)?;
         made.keep();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
         Ok(Box::new(StateSandbox {

@@ -245,7 +245,7 @@ impl LocalProvider {
             .env_clear()
             .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)));
         let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
-        let meta = Meta {
+        let mut meta = Meta {
             id: id.into(),
             tier: Tier::Local.name().into(),
             pid: child.id().unwrap_or(0),
@@ -254,9 +254,14 @@ impl LocalProvider {
             uid_slot: slot,
             cgroups,
             container: None,
+            procs: Vec::new(),
         };
         self.state.write_meta(dir, &meta)?;
-        match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
+        let attached = match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
+            Ok(client) => self.state.record_processes(dir, &mut meta).map(|()| client),
+            Err(e) => Err(e),
+        };
+        match attached {
             Ok(client) => Ok(StateSandbox {
                 id: id.into(),
                 tier: Tier::Local,
@@ -266,6 +271,9 @@ impl LocalProvider {
                 egress_dir: Some(dir.to_path_buf()),
             }),
             Err(e) => {
+                // The launcher's descendants first: the sandbox's init
+                // would outlive a launcher killed alone.
+                crate::backend::procid::kill_all(&crate::backend::procid::tree(meta.pid)).await;
                 let _ = child.start_kill();
                 let _ = child.wait().await;
                 Err(e)
@@ -279,6 +287,13 @@ fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 }
 
 impl LocalProvider {
+    /// Every process recorded for this provider's sandboxes, by identity:
+    /// what a caller that must leave none behind (a test harness that
+    /// panicked) kills.
+    pub fn recorded_processes(&self) -> Vec<crate::backend::procid::ProcId> {
+        self.state.recorded_processes()
+    }
+
     /// Creates a sandbox whose agent takes `token` as its bind token (a
     /// fresh random one if `None`) and, with `tcp_listen`, also serves on
     /// TCP at that address inside the sandbox's own network namespace: how

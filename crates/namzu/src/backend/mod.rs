@@ -6,6 +6,7 @@ pub mod docker;
 pub mod host;
 pub mod kubernetes;
 pub mod local;
+pub mod procid;
 pub(crate) mod state;
 
 use std::path::PathBuf;
@@ -49,31 +50,6 @@ pub fn find_agent_binary() -> Result<PathBuf> {
         }
     }
     Err(Error::AgentBinaryNotFound { searched })
-}
-
-/// Sends SIGKILL to every process but this one whose command line
-/// contains `marker` (a sandbox's own state directory: every process
-/// started for it names it); returns how many it found. One pass: the
-/// caller waits and asks again until none is left.
-pub fn kill_processes_naming(marker: &str) -> usize {
-    let own = std::process::id();
-    let mut found = 0;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(marker) {
-            found += 1;
-            if let Ok(raw) = i32::try_from(pid) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-    found
 }
 
 /// Checks a command's view of its own privileges.

@@ -40,6 +40,10 @@ pub(crate) struct Meta {
     /// `docker`: the container, and how the host reaches its agent.
     #[serde(default)]
     pub container: Option<crate::backend::docker::ContainerMeta>,
+    /// The anchor and its descendants once the agent answered, by identity:
+    /// what a dead anchor's leftovers are killed by (never by name).
+    #[serde(default)]
+    pub procs: Vec<crate::backend::procid::ProcId>,
 }
 
 /// The state directory of one tier.
@@ -123,6 +127,24 @@ impl StateDir {
             .and_then(|mut f| std::io::Write::write_all(&mut f, &token))
             .map_err(io)?;
         Ok((id, dir, token, guard))
+    }
+
+    /// Every process recorded for the sandboxes of this tier, by identity.
+    pub fn recorded_processes(&self) -> Vec<crate::backend::procid::ProcId> {
+        std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("meta.json")).ok())
+            .filter_map(|raw| serde_json::from_slice::<Meta>(&raw).ok())
+            .flat_map(|m| m.procs)
+            .collect()
+    }
+
+    /// Records the anchor's process tree in `meta` once the agent answers.
+    pub fn record_processes(&self, dir: &Path, meta: &mut Meta) -> Result<()> {
+        meta.procs = crate::backend::procid::tree(meta.pid);
+        self.write_meta(dir, meta)
     }
 
     pub fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<()> {
@@ -227,9 +249,12 @@ impl StateDir {
             }
         }
         // An anchor killed behind namzu's back leaves the sandbox's own
-        // processes orphaned, still running: every process started for
-        // this sandbox names its directory on its command line.
-        kill_stragglers(id, &dir).await;
+        // processes orphaned, still running: those recorded at create are
+        // killed by identity (on local, the init takes its pid namespace).
+        let found = crate::backend::procid::kill_all(&meta.procs).await;
+        if found > 0 {
+            tracing::warn!(%id, found, "killed processes left behind by a dead anchor");
+        }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(Some(meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(meta)),
@@ -390,22 +415,5 @@ impl Sandbox for StateSandbox {
             .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
         let reply = request(&self.id, dir, &Request::Show).await?;
         Ok((reply.config.unwrap_or_default(), reply.open))
-    }
-}
-
-/// Kills, by SIGKILL, every process whose command line names `dir` (the
-/// launcher and the sandbox's init, which takes its pid namespace with it)
-/// and waits briefly for them to go.
-async fn kill_stragglers(id: &str, dir: &Path) {
-    let marker = dir.to_string_lossy().into_owned();
-    for round in 0..20 {
-        let found = super::kill_processes_naming(&marker);
-        if found == 0 {
-            return;
-        }
-        if round == 0 {
-            tracing::warn!(%id, found, "killed processes left behind by a dead anchor");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -701,6 +701,7 @@ impl DockerProvider {
                 uid_slot: None,
                 cgroups: None,
                 container: Some(meta.clone()),
+                procs: Vec::new(),
             },
         )?;
         self.docker
