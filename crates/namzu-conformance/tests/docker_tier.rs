@@ -554,10 +554,64 @@ async fn gc_removes_stopped_sandboxes_and_containers_whose_host_is_gone() {
     // B leaves A's live sandbox alone while A's state exists...
     assert!(!b.gc().await.unwrap().contains(&alive.id().to_owned()));
     assert!(namzu_containers(&b).await.contains(&alive.id().to_owned()));
-    // ...and removes it once A's state directory is gone.
+    // Audit item 6: a state directory B cannot read proves nothing (as
+    // root, EACCES cannot be made; a symlink loop's ELOOP can): left.
     let a_state = std::env::temp_dir().join(format!("namzu-tier-gc-a-{}", std::process::id()));
-    std::fs::remove_dir_all(&a_state).unwrap();
-    assert!(b.gc().await.unwrap().contains(&alive.id().to_owned()));
+    let moved = a_state.with_extension("moved");
+    std::fs::rename(&a_state, &moved).unwrap();
+    std::os::unix::fs::symlink(&a_state, &a_state).unwrap();
+    assert!(!b.gc().await.unwrap().contains(&alive.id().to_owned()));
+    assert!(
+        namzu_containers(&b).await.contains(&alive.id().to_owned()),
+        "gc removed a container whose state it could not read"
+    );
+    // A container labelled from another machine sharing the daemon: its
+    // state path is absent HERE, which proves nothing. Left.
+    let foreign = format!("namzu-gc-foreign-{}", std::process::id());
+    let d = b.docker();
+    d.create_container(
+        Some(bollard::container::CreateContainerOptions {
+            name: foreign.clone(),
+            platform: None,
+        }),
+        bollard::container::Config {
+            image: Some(TEST_IMAGE.to_owned()),
+            cmd: Some(vec!["sleep".to_owned(), "60".to_owned()]),
+            network_disabled: Some(true),
+            labels: Some(HashMap::from([
+                (labels::SANDBOX.to_owned(), "sb-f0f0f0f0f0f0".to_owned()),
+                (labels::INSTANCE.to_owned(), "another-instance".to_owned()),
+                (labels::STATE_DIR.to_owned(), "/nonexistent/namzu-state".to_owned()),
+                (labels::MACHINE.to_owned(), "another-machine".to_owned()),
+            ])),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!b.gc().await.unwrap().contains(&"sb-f0f0f0f0f0f0".to_owned()));
+    assert!(
+        namzu_containers(&b).await.contains(&"sb-f0f0f0f0f0f0".to_owned()),
+        "gc removed another machine's container"
+    );
+    d.remove_container(
+        &foreign,
+        Some(bollard::container::RemoveContainerOptions {
+            force: true,
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    // ...and removes A's once A's state directory is proven gone.
+    std::fs::remove_file(&a_state).unwrap();
+    std::fs::remove_dir_all(&moved).unwrap();
+    let removed = b.gc().await.unwrap();
+    assert!(
+        removed.contains(&alive.id().to_owned()),
+        "{removed:?}, left: {:?}",
+        namzu_containers(&b).await
+    );
     assert!(!namzu_containers(&b).await.contains(&alive.id().to_owned()));
 }
 

@@ -50,7 +50,8 @@
 //! [`DockerProvider::gc`] finds containers whose host is gone. A create that
 //! fails part-way removes what it made.
 
-pub mod link;
+pub mod gc;
+mod link;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -122,6 +123,9 @@ pub mod labels {
     pub const INSTANCE: &str = "io.namzu.instance";
     /// That state directory's path, so another host can tell it is gone.
     pub const STATE_DIR: &str = "io.namzu.state-dir";
+    /// The machine that state directory is on (its machine id): a path on
+    /// another machine sharing the daemon says nothing here.
+    pub const MACHINE: &str = "io.namzu.machine";
     /// Prefix of caller labels ([`super::DockerOptions::labels`]).
     pub const USER_PREFIX: &str = "io.namzu.user.";
 }
@@ -393,6 +397,7 @@ impl DockerProvider {
             (labels::SANDBOX.to_owned(), id.to_owned()),
             (labels::INSTANCE.to_owned(), self.instance.clone()),
             (labels::STATE_DIR.to_owned(), self.state_root.display().to_string()),
+            (labels::MACHINE.to_owned(), gc::machine_id()),
         ]);
         for (k, v) in &self.opts.labels {
             labels.insert(format!("{}{k}", labels::USER_PREFIX), v.clone());
@@ -772,16 +777,6 @@ fn instance_id(root: &Path) -> Result<String> {
     Ok(id)
 }
 
-/// True if the host instance that labelled a container is gone: its state
-/// directory no longer exists or now belongs to another instance.
-fn host_gone(labels: &HashMap<String, String>) -> bool {
-    let (Some(instance), Some(dir)) = (labels.get(labels::INSTANCE), labels.get(labels::STATE_DIR)) else {
-        return true;
-    };
-    let file = Path::new(dir).join("docker").join(".instance");
-    std::fs::read_to_string(file).map_or(true, |s| s.trim() != instance)
-}
-
 #[async_trait]
 impl Provider for DockerProvider {
     fn tier(&self) -> Tier {
@@ -872,28 +867,11 @@ impl Provider for DockerProvider {
         }
     }
 
-    /// Removes sandboxes whose container stopped, and containers whose host
-    /// instance is gone (or whose sandbox this instance no longer knows).
+    /// Removes sandboxes whose container stopped, and containers proven
+    /// orphans (see [`gc`]); anything unproven is logged and left running.
     async fn gc(&self) -> Result<Vec<String>> {
         let mut removed = self.remove_dead().await?;
-        for c in self.namzu_containers().await? {
-            let labels = c.labels.unwrap_or_default();
-            let Some(sandbox) = labels.get(labels::SANDBOX).cloned() else {
-                continue;
-            };
-            let ours = labels.get(labels::INSTANCE) == Some(&self.instance);
-            let orphan = if ours {
-                self.state.read_meta(&sandbox).is_err()
-            } else {
-                host_gone(&labels)
-            };
-            if orphan {
-                if let Some(cid) = c.id {
-                    self.remove_container(&cid).await?;
-                    removed.push(sandbox);
-                }
-            }
-        }
+        removed.extend(self.remove_orphans().await?);
         Ok(removed)
     }
 }
