@@ -25,6 +25,10 @@ use rustix::io::Errno;
 use crate::jail::{Jail, JailError, Located, ResolveError};
 use crate::service::{agent_err, OpError};
 
+/// The mode bits the agent ever sets: permissions and sticky, never
+/// S_ISUID or S_ISGID.
+const NO_SETID: u32 = 0o1777;
+
 pub const STREAM_CHUNK: usize = 256 * 1024;
 const TMP_MARKER: &str = ".namzu-tmp-";
 
@@ -94,13 +98,16 @@ impl PendingWrite {
             }
         }
         let (dir, name) = jail.parent(&loc).map_err(|e| os_err(OP, path, e))?;
-        // The target's mode carries over; a new file takes the requested mode.
+        // The target's mode carries over; a new file takes the requested
+        // mode. Never setuid or setgid: a file the agent writes must not
+        // become a privileged program (a command may have marked the
+        // target so, and on docker the workspace is a host directory).
         let mode = match rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if RxFileType::from_raw_mode(st.st_mode) == RxFileType::Directory => {
                 return Err(os_err(OP, path, Errno::ISDIR));
             }
-            Ok(st) if RxFileType::from_raw_mode(st.st_mode) == RxFileType::RegularFile => st.st_mode & 0o7777,
-            Ok(_) | Err(Errno::NOENT) => mode.unwrap_or(0o644) & 0o7777,
+            Ok(st) if RxFileType::from_raw_mode(st.st_mode) == RxFileType::RegularFile => st.st_mode & NO_SETID,
+            Ok(_) | Err(Errno::NOENT) => mode.unwrap_or(0o644) & NO_SETID,
             Err(e) => return Err(os_err(OP, path, e)),
         };
         let mut tmp = OsString::from(".");
@@ -459,12 +466,12 @@ pub fn mkdir(jail: &Jail, path: &[u8], parents: bool, mode: Option<u32>) -> Resu
             let fd = jail
                 .open(&loc, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
                 .map_err(|e| os_err(OP, path, e))?;
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & 0o7777)).map_err(|e| os_err(OP, path, e))?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(m & NO_SETID)).map_err(|e| os_err(OP, path, e))?;
         }
         return Ok(());
     }
     let (dir, name) = jail.parent(&loc).map_err(|e| os_err(OP, path, e))?;
-    rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(mode.unwrap_or(0o755) & 0o7777))
+    rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(mode.unwrap_or(0o755) & NO_SETID))
         .and_then(|()| crate::identity::give_to_user(&dir, &name))
         .map_err(|e| os_err(OP, path, e))
 }

@@ -615,6 +615,74 @@ async fn gc_removes_stopped_sandboxes_and_containers_whose_host_is_gone() {
     assert!(!namzu_containers(&b).await.contains(&alive.id().to_owned()));
 }
 
+/// Audit item 12: with `USER root` and no user namespace, a file in the
+/// workspace is a host file owned by host root. A command may mark one
+/// setuid (the control); a write by the agent never leaves it so; and the
+/// workspace is unreachable to other host users (the sandbox directory is
+/// 0700, its owner's).
+async fn setuid_files_in_a_host_visible_workspace_are_defused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let p = provider("tier-setuid", DockerOptions::default()).await;
+    let sb = p.create(spec()).await.unwrap();
+    let o = sh(
+        sb.as_ref(),
+        "cp /bin/busybox /workspace/sh && chmod 4755 /workspace/sh && stat -c %a /workspace/sh",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "4755",
+        "the control: a command can mark it"
+    );
+    let dir = std::env::temp_dir()
+        .join(format!("namzu-tier-setuid-{}", std::process::id()))
+        .join("docker")
+        .join(sb.id());
+    let host_file = dir.join("workspace").join("sh");
+    let before = std::fs::metadata(&host_file).unwrap();
+    assert_eq!(before.mode() & 0o7777, 0o4755, "the host sees the setuid bit");
+    assert_eq!(before.uid(), 0, "owned by host root");
+    // A write through the agent keeps the file's mode but never the bit.
+    let data = std::fs::read("/bin/true").unwrap();
+    sb.write_file(std::path::Path::new("/workspace/sh"), data.into(), Default::default())
+        .await
+        .unwrap();
+    let after = std::fs::metadata(&host_file).unwrap().permissions().mode();
+    assert_eq!(after & 0o7777, 0o755, "mode {after:o} after an agent write");
+    // A new file asked for with a setuid mode is made without it.
+    sb.write_file(
+        std::path::Path::new("/workspace/new"),
+        b"#!/bin/sh\n".to_vec().into(),
+        namzu::WriteOptions {
+            mode: Some(0o6755),
+            create_parents: false,
+        },
+    )
+    .await
+    .unwrap();
+    let new = std::fs::metadata(dir.join("workspace").join("new"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(new & 0o7777, 0o755, "mode {new:o} of a new file");
+    // Another host user cannot reach the workspace at all.
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    let other = std::process::Command::new("cat")
+        .arg(&host_file)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!other.status.success(), "nobody read a workspace file");
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    sb.destroy().await.unwrap();
+}
+
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     let reachable = tokio::runtime::Runtime::new()
@@ -657,6 +725,9 @@ fn main() -> std::process::ExitCode {
         }),
         ("gc_removes_stopped_sandboxes_and_containers_whose_host_is_gone", || {
             Box::pin(gc_removes_stopped_sandboxes_and_containers_whose_host_is_gone())
+        }),
+        ("setuid_files_in_a_host_visible_workspace_are_defused", || {
+            Box::pin(setuid_files_in_a_host_visible_workspace_are_defused())
         }),
     ];
     let trials = tests
