@@ -17,7 +17,6 @@
 //! unless all five capability sets are empty, no_new_privs is set and a
 //! seccomp filter is on.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -29,12 +28,8 @@ use crate::client::ClientOptions;
 use crate::error::{Error, Result};
 use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
 
-/// First host uid/gid of sandbox id ranges (when the host process is root).
-pub const UID_BASE: u32 = 1_000_000;
-/// Ids per sandbox.
-pub const UID_RANGE: u32 = 65_536;
-/// Ranges available, so ids stay below 2^31.
-const UID_SLOTS: u32 = 16_000;
+use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
+pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
 
 /// Tunables of the `local` tier, each with a safe default.
 #[derive(Debug, Clone)]
@@ -90,47 +85,29 @@ impl LocalProvider {
         self
     }
 
-    fn slots_dir(&self) -> PathBuf {
-        self.state.root().join(".uids")
+    fn slots(&self) -> UidSlots {
+        UidSlots::new(self.state.root().join(".uids"))
     }
 
-    /// Claims a free id range; the claim is a file naming the sandbox.
+    /// Claims a free id range (see [`UidSlots`]).
     fn claim_slot(&self, id: &str) -> Result<u32> {
-        let dir = self.slots_dir();
-        std::fs::create_dir_all(&dir).map_err(|source| Error::LocalIo {
-            op: "create".into(),
-            source,
-        })?;
-        for slot in 0..UID_SLOTS {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(dir.join(slot.to_string()));
-            match f {
-                Ok(mut f) => {
-                    let _ = std::io::Write::write_all(&mut f, id.as_bytes());
-                    return Ok(slot);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(source) => {
-                    return Err(Error::LocalIo {
-                        op: "create".into(),
-                        source,
-                    })
-                }
-            }
+        match self.slots().claim(id) {
+            Ok(Some(slot)) => Ok(slot),
+            Ok(None) => Err(Error::LimitExceeded {
+                op: "create".into(),
+                limit: "uid_slots".into(),
+                value: u64::from(UID_SLOTS),
+                path: None,
+            }),
+            Err(source) => Err(Error::LocalIo {
+                op: "create".into(),
+                source,
+            }),
         }
-        Err(Error::LimitExceeded {
-            op: "create".into(),
-            limit: "uid_slots".into(),
-            value: u64::from(UID_SLOTS),
-            path: None,
-        })
     }
 
-    fn release_slot(&self, slot: u32) {
-        let _ = std::fs::remove_file(self.slots_dir().join(slot.to_string()));
+    fn release_slot(&self, slot: u32, id: &str) {
+        self.slots().release(slot, id);
     }
 }
 
@@ -148,7 +125,7 @@ impl LocalProvider {
         let workspace = dir.join("workspace");
         let (uid_map, gid_map, deny_setgroups, map_helpers) = match slot {
             Some(slot) => {
-                let base = UID_BASE + slot * UID_RANGE;
+                let base = UidSlots::base(slot);
                 // The sandbox's root owns its workspace; nothing else of the host.
                 nix::unistd::chown(
                     &workspace,
@@ -315,7 +292,7 @@ impl LocalProvider {
             Ok(sb) => sb,
             Err(e) => {
                 if let Some(s) = slot {
-                    self.release_slot(s);
+                    self.release_slot(s, &id);
                 }
                 return Err(e);
             }
@@ -374,22 +351,15 @@ impl Provider for LocalProvider {
         }
         // Id-range claims whose sandbox directory is gone (a host that died
         // mid-create) are released too.
-        if let Ok(rd) = std::fs::read_dir(self.slots_dir()) {
-            for e in rd.flatten() {
-                let owner = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let gone = self.state.dir(owner.trim()).map_or(true, |d| !d.exists());
-                if gone {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
+        self.slots()
+            .sweep(|owner| self.state.dir(owner).is_ok_and(|d| d.exists()));
         Ok(removed)
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
         if let Some(meta) = self.state.stop(id).await? {
             if let Some(slot) = meta.uid_slot {
-                self.release_slot(slot);
+                self.release_slot(slot, id);
             }
             if let Some(cg) = meta.cgroups {
                 cg.remove();

@@ -8,6 +8,7 @@ pub mod kubernetes;
 pub mod local;
 pub mod procid;
 pub(crate) mod state;
+pub mod uid_slots;
 
 use std::path::PathBuf;
 
