@@ -157,7 +157,7 @@ fn run() -> Result<(), String> {
         (Some(f), _) => {
             let t = std::fs::read(f).map_err(|e| format!("token file {}: {e}", f.display()))?;
             if args.consume_token {
-                std::fs::remove_file(f).map_err(|e| format!("token file {}: {e}", f.display()))?;
+                consume(f).map_err(|e| format!("token file {}: {e}", f.display()))?;
             }
             t
         }
@@ -234,4 +234,17 @@ fn run() -> Result<(), String> {
         None => rt.block_on(namzu_agent::serve(cfg, listen)),
     }
     .map_err(|e| e.to_string())
+}
+
+/// Removes the token file; where the directory does not let the agent
+/// (a sticky run directory the host could not give it), empties it
+/// instead: either way no command can read the token afterwards.
+fn consume(f: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_file(f) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            std::fs::OpenOptions::new().write(true).truncate(true).open(f).map(drop)
+        }
+        Err(e) => Err(e),
+    }
 }

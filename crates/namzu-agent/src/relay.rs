@@ -8,6 +8,12 @@
 //! the preface and HTTP/2 pass through it byte for byte. It ends when the
 //! agent closes its side; the host closing its side half-closes toward the
 //! agent and lets the answer drain.
+//!
+//! Before a single byte goes to the socket, the relay checks who holds its
+//! other end (SO_PEERCRED): it must be the relay's own uid, which is the
+//! agent's (the host runs relays as the agent's uid). A command that
+//! managed to put its own socket at the path would otherwise receive the
+//! host's preface and bind token.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -45,8 +51,25 @@ fn stdout() -> Writer {
     }
 }
 
-pub async fn relay(path: &Path) -> std::io::Result<()> {
+/// The socket at `path`, connected, if the agent's uid holds its other end.
+pub async fn connect_to_agent(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
     let sock = tokio::net::UnixStream::connect(path).await?;
+    let peer = sock.peer_cred()?.uid();
+    let me = rustix::process::geteuid().as_raw();
+    if peer != me {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is held by uid {peer}, not the agent's uid {me}: refusing to relay",
+                path.display()
+            ),
+        ));
+    }
+    Ok(sock)
+}
+
+pub async fn relay(path: &Path) -> std::io::Result<()> {
+    let sock = connect_to_agent(path).await?;
     let (mut from_agent, mut to_agent) = sock.into_split();
     let (mut input, mut output) = (stdin(), stdout());
     // Big reads: under gVisor's ptrace platform every syscall is costly,

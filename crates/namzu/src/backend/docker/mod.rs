@@ -656,16 +656,19 @@ impl DockerProvider {
         std::fs::copy(dir.join("token"), run.join("token")).map_err(io)?;
         // The run directory (token, socket) is the agent's uid's alone: a
         // command, whoever it runs as, can neither read nor replace them.
-        // A host that is not root cannot give files away; the directory is
-        // then open to the agent by mode (the token is gone before any
-        // command runs, and on runc the directory is hidden from them).
+        // A host that cannot give files away (not root) makes it sticky
+        // instead (01777): the agent can make its socket there and no
+        // command can unlink or rename it; the token is writable so the
+        // agent can empty it before any command runs; and relays refuse a
+        // socket whose peer is not the agent's uid. On runc the directory
+        // is hidden from commands as well.
         let agent = Some(namzu_proto::CONTAINER_AGENT_UID);
         let modes = match std::os::unix::fs::chown(&run, agent, agent) {
             Ok(()) => {
                 std::os::unix::fs::chown(run.join("token"), agent, agent).map_err(io)?;
                 [0o700, 0o600]
             }
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => [0o777, 0o644],
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => [0o1777, 0o666],
             Err(e) => return Err(io(e)),
         };
         for (p, mode) in [(run.clone(), modes[0]), (run.join("token"), modes[1])] {
