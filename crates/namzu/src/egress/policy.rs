@@ -290,6 +290,10 @@ pub enum Refusal {
     Excepted { address: IpAddr, cidr: IpNet },
     #[error("{limit} egress connections are open or opening already (max_connections)")]
     TooManyConnections { limit: usize },
+    #[error("{host} is not among the names this deny-all sandbox may resolve (its hosts)")]
+    NotListed { host: String },
+    #[error("more than {limit} name queries this second (dns_queries_per_sec)")]
+    DnsRateLimited { limit: u32 },
 }
 
 impl EgressPolicy {

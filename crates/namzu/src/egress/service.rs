@@ -31,6 +31,11 @@ use crate::error::Result;
 /// supervisor a socket (a file descriptor) on the host.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
+/// Name queries one sandbox may make per second, unless its
+/// [`EgressConfig::dns_queries_per_sec`] says otherwise: DNS is a channel
+/// out even where nothing may connect, so its bandwidth is bounded.
+pub const DEFAULT_DNS_QUERIES_PER_SEC: u32 = 20;
+
 /// How long one connection attempt to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 64 * 1024;
@@ -59,6 +64,11 @@ pub struct EgressConfig {
     /// calls are unaffected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<usize>,
+    /// `dns_queries_per_sec`: name queries per second; `None` is
+    /// [`DEFAULT_DNS_QUERIES_PER_SEC`]. More are refused
+    /// ([`Refusal::DnsRateLimited`]), logged once a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_queries_per_sec: Option<u32>,
 }
 
 impl EgressConfig {
@@ -78,6 +88,22 @@ impl EgressConfig {
     /// The connection bound in force.
     pub fn connection_limit(&self) -> usize {
         self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// The query rate in force.
+    pub fn dns_limit(&self) -> u32 {
+        self.dns_queries_per_sec.unwrap_or(DEFAULT_DNS_QUERIES_PER_SEC)
+    }
+
+    /// [`EgressPolicy::may_resolve`], and under deny-all only the names in
+    /// `hosts`: nothing may connect there, so a query for any other name
+    /// could only carry data out (`<secret>.attacker.example`).
+    pub fn may_resolve(&self, name: &str) -> std::result::Result<String, Refusal> {
+        let canonical = self.policy.may_resolve(name)?;
+        if self.policy == EgressPolicy::DenyAll && !self.hosts.contains_key(&canonical) {
+            return Err(Refusal::NotListed { host: canonical });
+        }
+        Ok(canonical)
     }
 
     /// [`EgressPolicy::may_connect`] with this configuration's opt-ins.
@@ -136,6 +162,36 @@ pub struct Service {
     next: AtomicU64,
     /// Connections open or being opened: the `max_connections` bound.
     slots: std::sync::atomic::AtomicUsize,
+    /// Name queries in the current one-second window.
+    dns: Mutex<DnsWindow>,
+}
+
+/// A one-second window of name queries.
+#[derive(Debug)]
+struct DnsWindow {
+    start: std::time::Instant,
+    count: u32,
+    refused: u32,
+}
+
+impl DnsWindow {
+    /// Counts one query at `now` against `limit`: `Ok`, or the refusal and
+    /// whether it is the window's first (the one that is logged).
+    fn admit(&mut self, now: std::time::Instant, limit: u32) -> std::result::Result<(), bool> {
+        if now.duration_since(self.start) >= Duration::from_secs(1) {
+            *self = Self {
+                start: now,
+                count: 0,
+                refused: 0,
+            };
+        }
+        if self.count < limit {
+            self.count += 1;
+            return Ok(());
+        }
+        self.refused += 1;
+        Err(self.refused == 1)
+    }
 }
 
 /// One reserved connection slot, given back when dropped.
@@ -155,6 +211,11 @@ impl Service {
             conns: Mutex::default(),
             next: AtomicU64::new(0),
             slots: Default::default(),
+            dns: Mutex::new(DnsWindow {
+                start: std::time::Instant::now(),
+                count: 0,
+                refused: 0,
+            }),
         })
     }
 
@@ -259,7 +320,21 @@ impl Service {
         };
         match ask.what? {
             egress_ask::What::Resolve(q) => {
-                let name = match self.config().policy.may_resolve(&q.name) {
+                let config = self.config();
+                let limit = config.dns_limit();
+                let admitted = self
+                    .dns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .admit(std::time::Instant::now(), limit);
+                if let Err(first) = admitted {
+                    let why = Refusal::DnsRateLimited { limit };
+                    if first {
+                        tracing::info!(sandbox = %self.id, host = %Clean(&q.name), verdict = "refused", reason = %why, "egress (further refusals this second are not logged)");
+                    }
+                    return Some(refuse(why.to_string()));
+                }
+                let name = match config.may_resolve(&q.name) {
                     Ok(n) => n,
                     Err(why) => {
                         self.log(&q.name, 0, "resolve", Err(&why));
@@ -477,6 +552,42 @@ mod tests {
         assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
         assert!(text.contains("evil.test\\n2026"), "{text}");
         assert!(text.lines().all(|l| l.contains("egress")), "{text}");
+    }
+
+    /// Audit item 10: under deny-all only the caller's names resolve; the
+    /// query rate is bounded per second, and refusals logged once.
+    #[test]
+    fn dns_is_bounded_and_deny_all_answers_only_listed_names() {
+        let mut cfg = deny();
+        cfg.hosts.insert("listed.test".into(), vec![IpAddr::from(ADDR)]);
+        assert_eq!(cfg.may_resolve("Listed.Test").unwrap(), "listed.test");
+        assert_eq!(
+            cfg.may_resolve("c2VjcmV0.attacker.example"),
+            Err(Refusal::NotListed {
+                host: "c2vjcmv0.attacker.example".into()
+            })
+        );
+        // Other policies keep their own rules.
+        assert!(allow_a().may_resolve("a.test").is_ok());
+        assert!(allow_a().may_resolve("b.test").is_err());
+
+        let t0 = std::time::Instant::now();
+        let mut w = DnsWindow {
+            start: t0,
+            count: 0,
+            refused: 0,
+        };
+        for _ in 0..5 {
+            assert_eq!(w.admit(t0, 5), Ok(()));
+        }
+        assert_eq!(w.admit(t0, 5), Err(true), "the first refusal is logged");
+        assert_eq!(
+            w.admit(t0 + Duration::from_millis(900), 5),
+            Err(false),
+            "later ones are not"
+        );
+        assert_eq!(w.admit(t0 + Duration::from_millis(1000), 5), Ok(()), "a new second");
+        assert_eq!(EgressConfig::default().dns_limit(), DEFAULT_DNS_QUERIES_PER_SEC);
     }
 
     /// Audit item 4: a connection decided under the old policy whose
