@@ -67,6 +67,9 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         ("the_plain_http_proxy_sends_only_the_checked_host", |e| {
             Box::pin(the_plain_http_proxy_sends_only_the_checked_host(e))
         }),
+        ("the_supervisor_survives_running_out_of_descriptors", |e| {
+            Box::pin(the_supervisor_survives_running_out_of_descriptors(e))
+        }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
         }),
@@ -429,6 +432,86 @@ pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outc
         !out.contains("other.test"),
         (&out, &err),
     )?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+/// Audit item 3: a supervisor out of file descriptors (its limit lowered
+/// with prlimit, then more tunnels asked for than it can open) keeps its
+/// control socket: a request made while it is exhausted is answered once
+/// descriptors free up, by the same (single) supervisor, and egress works
+/// again. Before, the accept loop ended on EMFILE and the next connect
+/// started a second supervisor beside the first.
+pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Outcome {
+    let sb: Arc<dyn Sandbox> = Arc::from(
+        sandbox_of(
+            env,
+            EgressConfig {
+                policy: EgressPolicy::AllowAll,
+                max_connections: Some(1000),
+                ..Default::default()
+            },
+        )
+        .await?,
+    );
+    let id = sb.id().to_owned();
+    let dir = (env.log_of)(&id)
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("no state dir")?;
+    let pid = std::fs::read_to_string(dir.join("egress.pid")).map_err(|e| e.to_string())?;
+    let pid = pid.trim().to_owned();
+    let lowered = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=48:48"])
+        .status()
+        .map_err(|e| format!("prlimit: {e}"))?;
+    check("prlimit", lowered.success(), lowered)?;
+    // More tunnels than descriptors; each ends within 10 s.
+    let flood = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            sh(
+                sb.as_ref(),
+                &format!(
+                    "for i in $(seq 80); do curl -sN -m 10 http://{PUB1}:{STREAM_PORT}/ >/dev/null 2>&1 & done; wait"
+                ),
+            )
+            .await
+        })
+    };
+    let mut log = String::new();
+    for _ in 0..80 {
+        log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
+        if log.contains("Too many open files") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check(
+        "the supervisor ran out of descriptors",
+        log.contains("Too many open files"),
+        log.lines().rev().take(3).collect::<Vec<_>>(),
+    )?;
+    // Asked while exhausted: answered once the tunnels end.
+    let shown = tokio::time::timeout(Duration::from_secs(30), sb.network_policy()).await;
+    check("the control socket answers", matches!(shown, Ok(Ok(_))), &shown)?;
+    let _ = flood.await;
+    let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
+    check(
+        "the control socket's accept met EMFILE and went on",
+        log.contains("egress control socket") && log.contains("accept failed; retrying"),
+        log.lines().filter(|l| l.contains("accept")).take(2).collect::<Vec<_>>(),
+    )?;
+    check("one supervisor", supervisors_of(&id) == 1, supervisors_of(&id))?;
+    check(
+        "the same supervisor",
+        std::fs::read_to_string(dir.join("egress.pid"))
+            .map_err(|e| e.to_string())?
+            .trim()
+            == pid,
+        &pid,
+    )?;
+    let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    check("egress works again", codes.starts_with("200"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
 
