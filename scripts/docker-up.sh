@@ -53,7 +53,17 @@ else
         sleep 0.2
     done
 fi
-if ! docker info 2>/dev/null | grep -q runsc; then
+# A busy daemon (cleaning up containers) may miss one `docker info`: ask
+# for up to 20 s before calling it down.
+registered=0
+for _ in $(seq 1 100); do
+    if docker info 2>/dev/null | grep -q runsc; then
+        registered=1
+        break
+    fi
+    sleep 0.2
+done
+if [ "$registered" != 1 ]; then
     echo "docker-up: dockerd is not answering with runsc registered; see /var/log/namzu-dockerd.log" >&2
     exit 1
 fi

@@ -28,6 +28,8 @@ pub struct Env {
     pub log_of: Arc<dyn Fn(&str) -> PathBuf + Send + Sync>,
     /// The provider's `connect`, by id.
     pub connect: Connect,
+    /// The running lab.
+    pub lab: crate::netlab::LabHandle,
 }
 
 /// A provider's `connect`, by id.
@@ -69,6 +71,9 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("the_supervisor_survives_running_out_of_descriptors", |e| {
             Box::pin(the_supervisor_survives_running_out_of_descriptors(e))
+        }),
+        ("a_connect_in_flight_across_a_tightening_does_not_survive_it", |e| {
+            Box::pin(a_connect_in_flight_across_a_tightening_does_not_survive_it(e))
         }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
@@ -512,6 +517,63 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
     )?;
     let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
     check("egress works again", codes.starts_with("200"), &codes)?;
+    sb.destroy().await.map_err(|e| e.to_string())
+}
+
+/// Audit item 4, end to end: a connection decided under an allowlist
+/// whose connect is still in flight (its SYNs dropped by a full accept
+/// queue in the lab) when the policy tightens to deny-all, and which
+/// completes only after `set` returned. Before the fix it registered
+/// under the old decision and streamed; now it is refused at
+/// registration and nothing reaches the sandbox.
+pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &Env) -> Outcome {
+    let delayed = env.lab.delayed()?;
+    let port = delayed.port;
+    // The filler takes the listener's one queue slot.
+    let filler = std::net::TcpStream::connect_timeout(
+        &format!("{PUB1}:{port}").parse().map_err(|_| "addr")?,
+        Duration::from_secs(5),
+    )
+    .map_err(|e| format!("filler: {e}"))?;
+    let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&["allowed.test"])).await?);
+    let streaming = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            sh(
+                sb.as_ref(),
+                &format!("curl -sN -m 25 http://allowed.test:{port}/; echo rc=$?"),
+            )
+            .await
+        })
+    };
+    // Decided and connecting: the supervisor's socket is in SYN_SENT.
+    let pub1: std::net::Ipv4Addr = PUB1.parse().map_err(|_| "addr")?;
+    let mut in_flight = false;
+    for _ in 0..200 {
+        if crate::netlab::syn_sent_to(pub1, port) {
+            in_flight = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check("the connect is in flight (SYN_SENT)", in_flight, port)?;
+    sb.set_network_policy(EgressPolicy::DenyAll)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Only now may the connect complete.
+    delayed.release();
+    drop(filler);
+    let (_, out, err) = tokio::time::timeout(Duration::from_secs(40), streaming)
+        .await
+        .map_err(|_| "curl did not end")?
+        .map_err(|e| e.to_string())?;
+    check(
+        "nothing streamed after the tightening",
+        !out.contains("tick") && out.contains("refused"),
+        (&out, &err),
+    )?;
+    let open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    check("no connection open", open == 0, open)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
 

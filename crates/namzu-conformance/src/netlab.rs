@@ -14,6 +14,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The first public-looking test host.
@@ -127,6 +128,11 @@ impl NetLab {
         ])
     }
 
+    /// What a test case needs of the running lab.
+    pub fn handle(&self) -> LabHandle {
+        LabHandle { ns: self.ns.clone() }
+    }
+
     /// Plain servers, on threads that entered the namespace.
     fn start_servers(&self) -> Result<(), String> {
         let path = PathBuf::from(format!("/run/netns/{}", self.ns));
@@ -234,7 +240,7 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
                     return;
                 }
             }
-            if port == STREAM_PORT {
+            if port == STREAM_PORT || port >= DYNAMIC_PORTS {
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n");
                 for i in 0.. {
                     if c.write_all(format!("tick {i}\n").as_bytes()).is_err() {
@@ -253,6 +259,99 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
             );
         });
     }
+}
+
+/// Ports the kernel hands out for port 0: the lab's delayed listeners,
+/// which stream ticks like [`STREAM_PORT`].
+const DYNAMIC_PORTS: u16 = 32768;
+
+/// A TCP listener on an ephemeral port with a backlog of 0: it queues ONE
+/// connection.
+fn backlog_zero(addr: &str) -> Result<TcpListener, String> {
+    use rustix::net::{AddressFamily, SocketType};
+    let addr: std::net::SocketAddr = format!("{addr}:0").parse().map_err(|_| "addr")?;
+    let sock = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).map_err(|e| e.to_string())?;
+    rustix::net::bind(&sock, &addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    rustix::net::listen(&sock, 0).map_err(|e| e.to_string())?;
+    Ok(TcpListener::from(sock))
+}
+
+/// A running lab, as a test case sees it.
+#[derive(Clone)]
+pub struct LabHandle {
+    ns: String,
+}
+
+/// A listener on [`PUB1`] that accepts nothing until [`Delayed::release`]
+/// (or drop). Once a filler connection holds its one queue slot, the
+/// kernel drops every SYN to it, so a connect there stays in flight,
+/// retransmitting, for as long as a test needs, and completes after the
+/// release; then it streams ticks.
+pub struct Delayed {
+    pub port: u16,
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl Delayed {
+    pub fn release(&self) {
+        let (released, cv) = &*self.gate;
+        *released.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+impl Drop for Delayed {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl LabHandle {
+    /// Starts a [`Delayed`] listener in the lab.
+    pub fn delayed(&self) -> Result<Delayed, String> {
+        let path = PathBuf::from(format!("/run/netns/{}", self.ns));
+        let gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = gate.clone();
+        std::thread::spawn(move || {
+            let made = std::fs::File::open(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|f| nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string()))
+                .and_then(|()| backlog_zero(PUB1))
+                .and_then(|l| Ok((l.local_addr().map_err(|e| e.to_string())?.port(), l)));
+            let l = match made {
+                Ok((port, l)) => {
+                    let _ = tx.send(Ok(port));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let (released, cv) = &*g;
+            let mut r = released.lock().unwrap_or_else(|p| p.into_inner());
+            while !*r {
+                r = cv.wait(r).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(r);
+            serve(PUB1, DYNAMIC_PORTS, l);
+        });
+        let port = rx.recv_timeout(Duration::from_secs(10)).map_err(|e| e.to_string())??;
+        Ok(Delayed { port, gate })
+    }
+}
+
+/// Whether a socket of this host's network namespace is in SYN_SENT to
+/// `ip:port` (`/proc/net/tcp`: addresses as the kernel's raw hex).
+pub fn syn_sent_to(ip: std::net::Ipv4Addr, port: u16) -> bool {
+    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
+    std::fs::read_to_string("/proc/net/tcp").is_ok_and(|t| {
+        t.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&want.as_str()) && f.get(3) == Some(&"02")
+        })
+    })
 }
 
 /// Answers each request on the connection with the Host it named.

@@ -18,7 +18,7 @@ fn state_dir(runtime: &str) -> PathBuf {
     std::env::temp_dir().join(format!("namzu-egress-docker-{runtime}-{}", std::process::id()))
 }
 
-async fn env(runtime: &'static str, cert: Vec<u8>) -> Result<Env, String> {
+async fn env(runtime: &'static str, cert: Vec<u8>, lab: namzu_conformance::netlab::LabHandle) -> Result<Env, String> {
     let p = DockerProvider::new(
         state_dir(runtime),
         DockerOptions {
@@ -43,6 +43,7 @@ async fn env(runtime: &'static str, cert: Vec<u8>) -> Result<Env, String> {
         }),
         cert,
         log_of: Arc::new(move |id| state_dir(runtime).join("docker").join(id).join("egress.log")),
+        lab,
     })
 }
 
@@ -55,7 +56,7 @@ fn main() -> std::process::ExitCode {
         Ok(rt) => {
             for runtime in ["runc", "runsc"] {
                 let env = match &lab {
-                    Ok(l) => rt.block_on(env(runtime, l.tls_cert.clone())),
+                    Ok(l) => rt.block_on(env(runtime, l.tls_cert.clone(), l.handle())),
                     Err(why) => Err(why.clone()),
                 };
                 if let Err(e) = &env {

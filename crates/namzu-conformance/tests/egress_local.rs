@@ -31,6 +31,7 @@ fn main() -> std::process::ExitCode {
             }),
             cert: lab.tls_cert.clone(),
             log_of: Arc::new(|id| state_dir().join("local").join(id).join("egress.log")),
+            lab: lab.handle(),
         })
     });
     let why = env.as_ref().err().cloned();
