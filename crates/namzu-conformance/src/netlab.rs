@@ -268,9 +268,13 @@ const DYNAMIC_PORTS: u16 = 32768;
 /// A TCP listener on an ephemeral port with a backlog of 0: it queues ONE
 /// connection.
 fn backlog_zero(addr: &str) -> Result<TcpListener, String> {
-    use rustix::net::{AddressFamily, SocketType};
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let addr: std::net::SocketAddr = format!("{addr}:0").parse().map_err(|_| "addr")?;
-    let sock = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).map_err(|e| e.to_string())?;
+    // CLOEXEC: every sandbox the test starts afterwards would inherit it
+    // otherwise, and a socket keeps its network namespace (the lab's veth,
+    // addresses and routes) alive as long as any holder lives.
+    let sock = rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .map_err(|e| e.to_string())?;
     rustix::net::bind(&sock, &addr).map_err(|e| format!("bind {addr}: {e}"))?;
     rustix::net::listen(&sock, 0).map_err(|e| e.to_string())?;
     Ok(TcpListener::from(sock))
