@@ -92,6 +92,22 @@ impl NetLab {
                 let _ = ip(&["netns", "del", name]);
             }
         }
+        // A namespace no longer named can still be alive (a process of a
+        // failed run holding a socket of it), and with it its veth, whose
+        // host end keeps the lab's addresses and routes: found by the lab's
+        // host address (the simulator's pod veths share the name prefix)
+        // and deleted, which deletes the pair.
+        let addrs = Command::new("ip")
+            .args(["-o", "-4", "addr", "show"])
+            .output()
+            .map_err(|e| format!("ip: {e}"))?;
+        for line in String::from_utf8_lossy(&addrs.stdout).lines() {
+            let mut f = line.split_whitespace();
+            let dev = f.nth(1).unwrap_or_default().split('@').next().unwrap_or_default();
+            if line.contains("inet 203.0.113.1/24") && dev != vh {
+                let _ = ip(&["link", "del", dev]);
+            }
+        }
         ip(&["netns", "add", &ns])?;
         let mut lab = Self {
             ns: ns.clone(),
