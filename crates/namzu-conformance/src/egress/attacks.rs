@@ -14,7 +14,7 @@ use std::time::Duration;
 use namzu::egress::{EgressConfig, EgressPolicy};
 use namzu::Sandbox;
 
-use super::{allow, check, curl, sandbox, sandbox_of, sandbox_with, sh, Env};
+use super::{allow, check, curl, in_background, sandbox, sandbox_of, sandbox_with, sh, Env};
 use crate::netlab::{LINK_LOCAL, PUB1, STREAM_PORT, VHOST_PORT};
 use crate::Outcome;
 
@@ -199,18 +199,10 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
         .map_err(|e| format!("prlimit: {e}"))?;
     check("prlimit", lowered.success(), lowered)?;
     // More tunnels than descriptors; each ends within 10 s.
-    let flood = {
-        let sb = sb.clone();
-        tokio::spawn(async move {
-            sh(
-                sb.as_ref(),
-                &format!(
-                    "for i in $(seq 80); do curl -sN -m 10 http://{PUB1}:{STREAM_PORT}/ >/dev/null 2>&1 & done; wait"
-                ),
-            )
-            .await
-        })
-    };
+    let flood = in_background(
+        &sb,
+        format!("for i in $(seq 80); do curl -sN -m 10 http://{PUB1}:{STREAM_PORT}/ >/dev/null 2>&1 & done; wait"),
+    );
     let mut log = String::new();
     for _ in 0..80 {
         log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
@@ -264,16 +256,7 @@ pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &E
     )
     .map_err(|e| format!("filler: {e}"))?;
     let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&["allowed.test"])).await?);
-    let streaming = {
-        let sb = sb.clone();
-        tokio::spawn(async move {
-            sh(
-                sb.as_ref(),
-                &format!("curl -sN -m 25 http://allowed.test:{port}/; echo rc=$?"),
-            )
-            .await
-        })
-    };
+    let streaming = in_background(&sb, format!("curl -sN -m 25 http://allowed.test:{port}/; echo rc=$?"));
     // Decided and connecting: the supervisor's socket is in SYN_SENT.
     let pub1: std::net::Ipv4Addr = PUB1.parse().map_err(|_| "addr")?;
     let mut in_flight = false;
@@ -342,18 +325,12 @@ pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env)
     );
     let id = sb.id().to_owned();
     check("one supervisor at start", supervisors_of(&id) == 1, supervisors_of(&id))?;
-    let streaming = {
-        let sb = sb.clone();
-        tokio::spawn(async move {
-            sh(
-                sb.as_ref(),
-                &format!(
-                    "for i in $(seq {STREAMS}); do curl -sN -m 40 http://{PUB1}:{STREAM_PORT}/ > /tmp/s$i 2>&1 & done; wait"
-                ),
-            )
-            .await
-        })
-    };
+    let streaming = in_background(
+        &sb,
+        format!(
+            "for i in $(seq {STREAMS}); do curl -sN -m 40 http://{PUB1}:{STREAM_PORT}/ > /tmp/s$i 2>&1 & done; wait"
+        ),
+    );
     let mut open = 0;
     for _ in 0..200 {
         open = sb.network_policy().await.map_err(|e| e.to_string())?.1;

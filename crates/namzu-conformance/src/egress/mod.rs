@@ -142,6 +142,13 @@ pub async fn sh(sb: &dyn Sandbox, script: &str) -> (i32, String, String) {
     )
 }
 
+/// [`sh`] on a task of its own, for a command that runs while the case
+/// goes on (a stream, a flood).
+pub fn in_background(sb: &Arc<dyn Sandbox>, script: String) -> tokio::task::JoinHandle<(i32, String, String)> {
+    let sb = sb.clone();
+    tokio::spawn(async move { sh(sb.as_ref(), &script).await })
+}
+
 /// What curl got: "<http code> <proxy CONNECT code>" and the body.
 pub async fn curl(sb: &dyn Sandbox, args: &str) -> (String, String) {
     let (_, out, _) = sh(
@@ -379,16 +386,10 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
     let (codes, _) = curl(sb.as_ref(), "http://other.test/").await;
     check("other.test before", codes.starts_with("403"), &codes)?;
     // A connection that stays open: a tick every 100 ms, for up to 60 s.
-    let streaming = {
-        let sb = sb.clone();
-        tokio::spawn(async move {
-            sh(
-                sb.as_ref(),
-                &format!("curl -sN -m 60 http://allowed.test:{STREAM_PORT}/; echo rc=$?"),
-            )
-            .await
-        })
-    };
+    let streaming = in_background(
+        &sb,
+        format!("curl -sN -m 60 http://allowed.test:{STREAM_PORT}/; echo rc=$?"),
+    );
     let mut open = 0;
     for _ in 0..100 {
         open = sb.network_policy().await.map_err(|e| e.to_string())?.1;

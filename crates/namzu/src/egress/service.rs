@@ -365,20 +365,21 @@ impl Service {
                     return Some(refuse(format!("port {} is not a port", c.port)));
                 };
                 let policy = self.config();
-                let slot = match policy.may_connect(&c.host, port).and_then(|_| self.reserve()) {
-                    Ok(slot) => slot,
+                // Decided once; the slot is reserved only for a permitted
+                // connection, before any resolving or dialling.
+                let decided = policy
+                    .may_connect(&c.host, port)
+                    .and_then(|target| self.reserve().map(|slot| (target, slot)));
+                let (target, slot) = match decided {
+                    Ok(d) => d,
                     Err(why) => {
                         self.log(&c.host, port, &c.via, Err(&why));
                         return Some(refuse(why.to_string()));
                     }
                 };
-                let (host, addrs) = match policy.may_connect(&c.host, port) {
-                    Err(why) => {
-                        self.log(&c.host, port, &c.via, Err(&why));
-                        return Some(refuse(why.to_string()));
-                    }
-                    Ok(Target::Address(ip)) => (ip.to_string(), vec![ip]),
-                    Ok(Target::Name(name)) => match self.resolve(&name).await {
+                let (host, addrs) = match target {
+                    Target::Address(ip) => (ip.to_string(), vec![ip]),
+                    Target::Name(name) => match self.resolve(&name).await {
                         Ok(a) if a.is_empty() => return Some(fail(format!("{name} has no address"))),
                         Ok(a) => (name, a),
                         Err(e) => return Some(fail(format!("resolve {name}: {e}"))),
