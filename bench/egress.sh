@@ -44,8 +44,8 @@ run_tier() { # $1 label, rest: create flags
         "$(awk -v t="$t" 'BEGIN { print t * 1000 }')" "$(awk -v t="$direct_ttfb" 'BEGIN { print t * 1000 }')" "$(ratio "$t" "$direct_ttfb")"
 }
 run_tier local --tier local
-if docker image inspect namzu-test/busybox-curl:1 >/dev/null 2>&1; then
+if docker image inspect namzu-test/busybox-curl:2 >/dev/null 2>&1; then
     for rt in runc runsc; do
-        run_tier "docker-$rt" --tier docker --runtime "$rt" --image namzu-test/busybox-curl:1
+        run_tier "docker-$rt" --tier docker --runtime "$rt" --image namzu-test/busybox-curl:2
     done
 fi

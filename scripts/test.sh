@@ -28,6 +28,10 @@ fi
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
 cargo build --workspace --bins --locked
+# The escape suite's layer-removal test: a test build of the agent that can
+# take one defence away (feature `weaken`), kept in its own target directory
+# so it never replaces the real agent.
+cargo build -p namzu-agent --features weaken --target-dir target/weaken --locked
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -17,7 +17,7 @@ use crate::util::Ctx;
 use crate::Factory;
 
 /// The image every docker test runs.
-pub const TEST_IMAGE: &str = "namzu-test/busybox:1";
+pub const TEST_IMAGE: &str = "namzu-test/busybox:2";
 
 /// True when the docker tests must run rather than be reported ignored
 /// (the test command sets it after starting the daemon).
@@ -27,11 +27,11 @@ pub fn required() -> bool {
 
 /// [`TEST_IMAGE`] with a user `app` (1000:1000, also in group `staff`, 50)
 /// as its `USER`: an image that does not run as root.
-pub const TEST_USER_IMAGE: &str = "namzu-test/busybox-app:1";
+pub const TEST_USER_IMAGE: &str = "namzu-test/busybox-app:2";
 
 /// [`TEST_IMAGE`] plus the host's curl and getent with the libraries they
 /// load: a client for the egress tests.
-pub const TEST_CURL_IMAGE: &str = "namzu-test/busybox-curl:1";
+pub const TEST_CURL_IMAGE: &str = "namzu-test/busybox-curl:2";
 
 /// Makes [`TEST_IMAGE`] on the daemon unless it is there.
 pub async fn ensure_test_image(docker: &bollard::Docker) -> Result<&'static str, String> {
@@ -65,7 +65,7 @@ fn with_libraries(program: &str) -> Result<Vec<String>, String> {
 }
 
 /// FROM scratch: Debian's static busybox with its applets, a passwd and a
-/// group file (with `app` when `user` is set), imported as `name`.
+/// group file, /usr/lib/os-release (with `app` when `user` is set), imported as `name`.
 async fn build_busybox_image(
     docker: &bollard::Docker,
     name: &'static str,
@@ -91,6 +91,8 @@ async fn build_busybox_image(
     for (d, mode) in [
         ("bin", 0o755),
         ("etc", 0o755),
+        ("usr", 0o755),
+        ("usr/lib", 0o755),
         ("tmp", 0o1777),
         ("root", 0o700),
         ("workspace", 0o755),
@@ -114,6 +116,9 @@ async fn build_busybox_image(
     }
     file("etc/passwd", 0o644, passwd.as_bytes()).ctx("tar passwd")?;
     file("etc/group", 0o644, group.as_bytes()).ctx("tar group")?;
+    // A system file and a /usr, as every distribution image has: the escape
+    // suite's write attempts aim at them.
+    file("usr/lib/os-release", 0o644, b"ID=namzu-test\n").ctx("tar os-release")?;
     for applet in String::from_utf8_lossy(&list.stdout).split_whitespace() {
         if applet == "busybox" {
             continue;
@@ -160,8 +165,20 @@ async fn build_busybox_image(
 
 /// A provider on a fresh state directory, or why there is none.
 pub async fn provider(name: &str, opts: DockerOptions) -> Result<DockerProvider, String> {
+    let agent = namzu::backend::find_agent_binary().ctx("agent binary")?;
+    provider_with_agent(name, agent, opts).await
+}
+
+/// [`provider`] with a given agent binary (a test build, say).
+pub async fn provider_with_agent(
+    name: &str,
+    agent: std::path::PathBuf,
+    opts: DockerOptions,
+) -> Result<DockerProvider, String> {
     let state = std::env::temp_dir().join(format!("namzu-{name}-{}", std::process::id()));
-    let p = DockerProvider::new(state, opts).await.ctx("docker provider")?;
+    let p = DockerProvider::with_agent(state, agent, opts)
+        .await
+        .ctx("docker provider")?;
     ensure_test_image(p.docker()).await?;
     Ok(p)
 }

@@ -11,7 +11,8 @@ use futures::StreamExt;
 use libtest_mimic::{Arguments, Failed, Trial};
 use namzu::backend::local::{LocalOptions, LocalProvider, UID_BASE};
 use namzu::{ExecRequest, Provider};
-use namzu_conformance::{escape, Factory};
+use namzu_conformance::escape::{self, suite};
+use namzu_conformance::Factory;
 
 const TMPFS: u64 = 32 << 20;
 const MAX_FILE: u64 = 64 << 20;
@@ -44,23 +45,45 @@ fn trial(
     })
 }
 
+/// What the local tier must show: everything proven but what this host
+/// lacks, and the kernel's own invariants listed apart.
+const LOCAL: suite::Expect = suite::Expect {
+    host_may_lack: suite::HOST_MAY_LACK,
+    invariants: &[
+        (
+            "kill the agent",
+            "the kernel drops SIGKILL sent to a pid namespace's init from inside it",
+        ),
+        (
+            "mknod a block device",
+            "device nodes need CAP_MKNOD in the initial user namespace",
+        ),
+        (
+            "mknod /dev/mem's twin",
+            "device nodes need CAP_MKNOD in the initial user namespace",
+        ),
+        (
+            "read the kernel log (syslog)",
+            "the kernel log needs CAP_SYSLOG in the initial user namespace",
+        ),
+        (
+            "read kernel addresses from /proc/kallsyms",
+            "real addresses need CAP_SYSLOG in the initial user namespace",
+        ),
+        (
+            "load a bpf program",
+            "bpf needs CAP_BPF or CAP_SYS_ADMIN in the initial user namespace",
+        ),
+    ],
+    known_gaps: &[],
+    tier_lacks: &[],
+};
+
 async fn attempts() -> Result<(), String> {
     let f = factory(LocalOptions::default());
-    let (attempted, escaped) = escape::run_attempts(&f).await?;
-    println!(
-        "escape suite (local): {attempted} attempted, {} succeeded",
-        escaped.len()
-    );
-    for e in &escaped {
-        println!("  {e}");
-    }
-    if attempted < 40 {
-        return Err(format!("only {attempted} attempts ran"));
-    }
-    if !escaped.is_empty() {
-        return Err(format!("{} escapes succeeded", escaped.len()));
-    }
-    Ok(())
+    let report = suite::run(&f, Default::default()).await?;
+    suite::print(&report, "local", &LOCAL);
+    suite::check(&report, &LOCAL)
 }
 
 /// Health reports what was applied: the landlock ABI the kernel gave, the

@@ -313,10 +313,29 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
     nix::sys::prctl::set_dumpable(false).map_err(pe("set non-dumpable"))?;
     nix::sys::prctl::set_no_new_privs().map_err(pe("no_new_privs"))?;
     report.push(("no_new_privs".into(), "1".into()));
-    report.push(("landlock".into(), apply_landlock()?));
-    drop_all_caps()?;
-    report.push(("capabilities".into(), "none (all five sets empty)".into()));
-    report.push(("seccomp".into(), apply_seccomp()?));
+    use super::weaken::{in_spec, REMOVED};
+    for (layer, key) in [("readonly", "mounts.read-only"), ("etc", "etc.curated")] {
+        if in_spec(spec, layer) {
+            report.push((key.into(), REMOVED.into()));
+        }
+    }
+    if in_spec(spec, "landlock") {
+        report.push(("landlock".into(), REMOVED.into()));
+    } else {
+        report.push(("landlock".into(), apply_landlock()?));
+    }
+    if in_spec(spec, "probe-bait") {
+        report.push(("capabilities".into(), REMOVED.into()));
+    } else {
+        drop_all_caps()?;
+        report.push(("capabilities".into(), "none (all five sets empty)".into()));
+    }
+    if in_spec(spec, "seccomp") {
+        apply_allow_all()?;
+        report.push(("seccomp".into(), REMOVED.into()));
+    } else {
+        report.push(("seccomp".into(), apply_seccomp()?));
+    }
     report.push(("namespaces".into(), "user,mnt,pid,ipc,uts,net,cgroup".into()));
     Ok(report)
 }
@@ -338,6 +357,19 @@ pub fn apply_seccomp() -> Result<String, HardenError> {
             ""
         }
     ))
+}
+
+/// A filter that allows everything: what the layer-removal test installs
+/// in place of [`apply_seccomp`]'s (a test build only; see `weaken`).
+pub fn apply_allow_all() -> Result<(), HardenError> {
+    // BPF_RET|BPF_K: one instruction, allow.
+    let prog: BpfProgram = vec![seccompiler::sock_filter {
+        code: 0x06,
+        jt: 0,
+        jf: 0,
+        k: libc::SECCOMP_RET_ALLOW,
+    }];
+    seccompiler::apply_filter(&prog).map_err(|e| HardenError::Seccomp(e.to_string()))
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 
 pub mod harden;
 pub mod rootfs;
+pub mod weaken;
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -95,6 +95,7 @@ const ETC_FILES: &[&str] = &[
 ];
 
 /// The sandbox's resolver is the agent's, on loopback (`crate::egress`).
+use super::weaken;
 use crate::egress::RESOLV_CONF;
 
 /// Directories of the host's /etc shown read-only.
@@ -134,6 +135,12 @@ pub fn build(
     binds: &[BorrowedFd<'_>],
 ) -> Result<(), RootfsError> {
     let root = Path::new(NEW_ROOT);
+    // Always read-only, but in a test build told to remove that layer.
+    let ro = if weaken::in_spec(spec, "readonly") {
+        MsFlags::empty()
+    } else {
+        MsFlags::MS_RDONLY
+    };
     // Nothing done from here on propagates back to the host.
     mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE).map_err(m("make / private", Path::new("/")))?;
     tmpfs(root, "mode=0755,size=16m", MsFlags::empty())?;
@@ -150,15 +157,19 @@ pub fn build(
                 if OWN_ENTRIES.iter().any(|own| name == *own) {
                     continue;
                 }
-                show_host_path(&base.join(&name), &root.join(&name))?;
+                show_host_path(&base.join(&name), &root.join(&name), ro)?;
             }
         }
         // The host view: host binaries and libraries, and a curated /etc.
         None => {
             for d in HOST_DIRS {
-                show_host_path(&Path::new("/").join(d), &root.join(d))?;
+                show_host_path(&Path::new("/").join(d), &root.join(d), ro)?;
             }
-            build_etc(root)?;
+            if weaken::in_spec(spec, "etc") {
+                show_host_path(Path::new("/etc"), &root.join("etc"), ro)?;
+            } else {
+                build_etc(root, ro)?;
+            }
         }
     }
     let size = format!("size={}", spec.tmpfs_bytes);
@@ -202,12 +213,8 @@ pub fn build(
             fs::write(&target, b"").map_err(fsio("create", &target))?;
         }
         mount(Some(&src), &target, NONE, MsFlags::MS_BIND | MsFlags::MS_REC, NONE).map_err(m("bind", &target))?;
-        let ro = if b.writable {
-            MsFlags::empty()
-        } else {
-            MsFlags::MS_RDONLY
-        };
-        remount(&target, ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+        let flags = if b.writable { MsFlags::empty() } else { ro };
+        remount(&target, flags | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
     }
 
     build_dev(root, &size)?;
@@ -220,10 +227,7 @@ pub fn build(
     nix::unistd::pivot_root(".", ".").map_err(step("pivot_root"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(step("detach old root"))?;
     nix::unistd::chdir("/").map_err(step("chdir /"))?;
-    remount(
-        Path::new("/"),
-        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-    )?;
+    remount(Path::new("/"), ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
     Ok(())
 }
 
@@ -270,7 +274,7 @@ fn remount(target: &Path, flags: MsFlags) -> Result<(), RootfsError> {
 
 /// Shows a host directory read-only at `target`, or recreates it as the
 /// same symlink (merged-/usr hosts have /bin -> usr/bin).
-fn show_host_path(host: &Path, target: &Path) -> Result<(), RootfsError> {
+fn show_host_path(host: &Path, target: &Path, ro: MsFlags) -> Result<(), RootfsError> {
     let meta = match fs::symlink_metadata(host) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -286,10 +290,10 @@ fn show_host_path(host: &Path, target: &Path) -> Result<(), RootfsError> {
         fs::write(target, b"").map_err(fsio("create", target))?;
     }
     mount(Some(host), target, NONE, MsFlags::MS_BIND | MsFlags::MS_REC, NONE).map_err(m("bind", target))?;
-    remount(target, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)
+    remount(target, ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)
 }
 
-fn build_etc(root: &Path) -> Result<(), RootfsError> {
+fn build_etc(root: &Path, ro: MsFlags) -> Result<(), RootfsError> {
     let etc = root.join("etc");
     mkdir(&etc)?;
     for f in ETC_FILES {
@@ -307,7 +311,7 @@ fn build_etc(root: &Path) -> Result<(), RootfsError> {
         }
     }
     for d in ETC_DIRS {
-        show_host_path(&Path::new("/etc").join(d), &etc.join(d))?;
+        show_host_path(&Path::new("/etc").join(d), &etc.join(d), ro)?;
     }
     fs::write(etc.join("hostname"), b"namzu\n").map_err(fsio("write", &etc))?;
     fs::write(etc.join("resolv.conf"), RESOLV_CONF).map_err(fsio("write", &etc))?;

@@ -177,6 +177,11 @@ pub struct DockerOptions {
     pub max_file_bytes: Option<u64>,
     /// Told about image pulls (the CLI draws a progress bar).
     pub on_pull: Option<PullCallback>,
+    /// The daemon's seccomp profile under runc, as Docker's
+    /// `--security-opt seccomp=VALUE`: `None` keeps the daemon's default
+    /// (stacked under namzu's own filter); `unconfined` removes it, leaving
+    /// namzu's filter alone. Refused with runsc, which loads no OCI profile.
+    pub seccomp_profile: Option<String>,
 }
 
 impl std::fmt::Debug for DockerOptions {
@@ -187,6 +192,7 @@ impl std::fmt::Debug for DockerOptions {
             .field("writable_rootfs_paths", &self.writable_rootfs_paths)
             .field("labels", &self.labels)
             .field("transport", &self.transport)
+            .field("seccomp_profile", &self.seccomp_profile)
             .finish_non_exhaustive()
     }
 }
@@ -194,6 +200,14 @@ impl std::fmt::Debug for DockerOptions {
 impl DockerOptions {
     /// Refuses contradictory settings by name.
     pub fn validate(&self) -> Result<()> {
+        if self.seccomp_profile.is_some() && self.runtime.as_deref() == Some("runsc") {
+            return Err(Error::ConfigConflict {
+                tier: "docker".into(),
+                option: "seccomp_profile".into(),
+                conflicts_with: "runtime: runsc".into(),
+                reason: "gVisor loads no OCI seccomp profile; namzu's own filter is the only one inside".into(),
+            });
+        }
         if self.read_only_rootfs == Some(false) && self.writable_rootfs_paths.is_some() {
             return Err(Error::ConfigConflict {
                 tier: "docker".into(),
@@ -440,7 +454,11 @@ impl DockerProvider {
             // Hardening; see the module docs.
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(agent_caps(self.opts.runtime.as_deref())),
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            security_opt: Some(
+                std::iter::once("no-new-privileges:true".to_owned())
+                    .chain(self.opts.seccomp_profile.as_ref().map(|p| format!("seccomp={p}")))
+                    .collect(),
+            ),
             ipc_mode: Some("private".into()),
             readonly_rootfs: Some(self.opts.read_only_rootfs != Some(false)),
             tmpfs: Some(tmpfs),
@@ -485,7 +503,10 @@ impl DockerProvider {
         reports.push(if runtime == "runsc" {
             "seccomp=namzu filter only (gVisor loads no OCI profile inside)".into()
         } else {
-            "seccomp=daemon default profile + namzu filter".into()
+            match &self.opts.seccomp_profile {
+                None => "seccomp=daemon default profile + namzu filter".into(),
+                Some(p) => format!("seccomp=daemon profile {p} + namzu filter"),
+            }
         });
         let mut entrypoint: Vec<String> = vec![
             link::AGENT_PATH.into(),

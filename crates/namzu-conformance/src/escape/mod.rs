@@ -3,15 +3,13 @@
 //! plants on the host. Every attempt must fail. Tier-agnostic: a backend
 //! passes a factory, as for the conformance suite.
 
-use std::io::Read;
-use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use namzu::{Error, ExecRequest, Sandbox, SandboxSpec, WriteOptions};
+
+pub mod suite;
 
 use crate::util::Ctx;
 use crate::{ensure, Factory, Outcome};
@@ -43,123 +41,6 @@ pub async fn install(sb: &Arc<dyn Sandbox>) -> Outcome {
         .await
         .ctx("install namzu-escape")?;
     Ok(())
-}
-
-/// Runs every attempt; returns (attempted, escaped lines).
-pub async fn run_attempts(factory: &Factory) -> Result<(usize, Vec<String>), String> {
-    let host = tempfile::tempdir().ctx("tempdir")?;
-    let secret = host.path().join("secret");
-    std::fs::write(&secret, b"the host's secret").ctx("plant secret")?;
-    use std::os::unix::fs::PermissionsExt;
-    // World-readable on purpose: only the boundary may keep it out.
-    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755)).ctx("chmod")?;
-
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").ctx("tcp listener")?;
-    let port = tcp.local_addr().ctx("addr")?.port();
-    tcp.set_nonblocking(true).ctx("nonblocking")?;
-    let unix_path = host.path().join("host.sock");
-    let _unix = UnixListener::bind(&unix_path).ctx("unix listener")?;
-    static RUN: AtomicUsize = AtomicUsize::new(0);
-    let abstract_name = format!(
-        "namzu-escape-{}-{}",
-        std::process::id(),
-        RUN.fetch_add(1, Ordering::SeqCst)
-    );
-    let _abstract = {
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).ctx("abstract")?;
-        UnixListener::bind_addr(&addr).ctx("abstract listener")?
-    };
-    let marker = format!("namzu-escape-marker-{}", std::process::id());
-    let sleeper = std::process::Command::new("sleep")
-        .arg0(&marker)
-        .arg("300")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .ctx("host sleeper")?;
-    // Killed on every way out, so no pipe waits five minutes on it.
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut sleeper = Reap(sleeper);
-    let host_pid = sleeper.0.id().to_string();
-
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let result = crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| {
-        let (secret, host_path) = (secret.clone(), host.path().to_path_buf());
-        let (unix_path, abstract_name, marker, host_pid) = (
-            unix_path.clone(),
-            abstract_name.clone(),
-            marker.clone(),
-            host_pid.clone(),
-        );
-        async move {
-            install(&sb).await?;
-            let req = ExecRequest::new("./escape").args([
-                "--secret".into(),
-                secret.display().to_string(),
-                "--host-path".into(),
-                host_path.display().to_string(),
-                "--tcp".into(),
-                port.to_string(),
-                "--unix".into(),
-                unix_path.display().to_string(),
-                "--abstract".into(),
-                abstract_name,
-                "--host-pid".into(),
-                host_pid,
-                "--marker".into(),
-                marker,
-            ]);
-            let out = sb.exec(req).await.ctx("run namzu-escape")?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            ensure!(out.status.success(), "namzu-escape failed: {:?}\n{text}", out.status);
-            // The agent outlived every attempt on it.
-            ensure!(
-                sb.exec(ExecRequest::new("true"))
-                    .await
-                    .ctx("agent after the attempts")?
-                    .status
-                    .success(),
-                "agent down"
-            );
-            Ok(text)
-        }
-    })
-    .await;
-    let text = result?;
-    while let Ok((_, _)) = tcp.accept() {
-        accepted.fetch_add(1, Ordering::SeqCst);
-    }
-    let sleeper_alive = sleeper.0.try_wait().ctx("sleeper")?.is_none();
-    let _ = sleeper.0.kill();
-    let _ = sleeper.0.wait();
-    let mut escaped: Vec<String> = text
-        .lines()
-        .filter(|l| l.contains(": ESCAPED"))
-        .map(String::from)
-        .collect();
-    if accepted.load(Ordering::SeqCst) > 0 {
-        escaped.push("attempt reach the host TCP server: ESCAPED (the listener accepted a connection)".into());
-    }
-    if !sleeper_alive {
-        escaped.push("attempt signal a host process: ESCAPED (the host process died)".into());
-    }
-    let mut s = String::new();
-    std::fs::File::open(&secret)
-        .and_then(|mut f| f.read_to_string(&mut s))
-        .ctx("secret")?;
-    if s != "the host's secret" {
-        escaped.push("attempt alter the host secret: ESCAPED".into());
-    }
-    let attempted = text.lines().filter(|l| l.starts_with("attempt ")).count();
-    Ok((attempted, escaped))
 }
 
 /// Parses `forked N before: ...` / `wrote N bytes before: ...`.
