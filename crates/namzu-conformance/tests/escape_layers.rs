@@ -202,6 +202,17 @@ async fn table(tier: &str, rows: &[Row], make: Maker) -> Result<(), String> {
     let mut wrong = Vec::new();
     for row in rows {
         let weak = suite::run(&make(row.layers).await?, weaken(row.layers)).await?;
+        // The layer really was removed: the agent (or the daemon) says so.
+        for layer in row.layers.split(',') {
+            let sign = match layer {
+                "daemon" => "unconfined",
+                "readonly" if tier.starts_with("docker") => "rootfs=writable",
+                _ => "REMOVED",
+            };
+            if !weak.hardening.iter().any(|(k, v)| format!("{k}={v}").contains(sign)) {
+                return Err(format!("{}: no sign of {layer} removed in {:?}", row.layers, weak.hardening));
+            }
+        }
         let d = diff(&base, &weak);
         println!(
             "layers removed ({tier}): {:<24} then succeed: {:?} ; blocked differently: {} ; {}",
@@ -260,6 +271,56 @@ async fn docker_layers() -> Result<(), String> {
     table("docker-runc", DOCKER_RUNC, make).await
 }
 
+/// The privilege probe refuses, by name, a sandbox whose commands would
+/// keep a privilege: `want` is the status field it must name.
+async fn probe_refuses(f: Factory, want: &str) -> Result<(), String> {
+    match f(weaken("probe-bait")).await {
+        Err(namzu::Error::PrivilegeProbe { field, value, .. }) if field == want => {
+            println!("privilege probe refused: {field} = {value}");
+            Ok(())
+        }
+        Err(e) => Err(format!("refused, but not by the probe naming {want}: {e}")),
+        Ok(sb) => {
+            let _ = sb.destroy().await;
+            Err("the probe let a sandbox with a privilege left in place through".into())
+        }
+    }
+}
+
+async fn local_probe() -> Result<(), String> {
+    probe_refuses(local_factory(weakened_agent()?), "CapPrm").await
+}
+
+/// Under runc with the daemon's profile removed, the weakened agent
+/// installs no filter at all: the probe must see `Seccomp: 0`.
+async fn docker_probe() -> Result<(), String> {
+    let opts = DockerOptions {
+        seccomp_profile: Some("unconfined".into()),
+        ..Default::default()
+    };
+    let p = docker::provider_with_agent("layers-probe", weakened_agent()?, opts).await?;
+    let docker = p.docker().clone();
+    probe_refuses(docker::factory(p), "Seccomp").await?;
+    // Nothing of the refused sandbox is left behind.
+    let left = docker
+        .list_containers(Some(bollard::container::ListContainersOptions::<String> {
+            all: true,
+            filters: [("label".to_owned(), vec!["io.namzu.sandbox".to_owned()])].into(),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| e.to_string())?;
+    let ours: Vec<_> = left
+        .iter()
+        .filter(|c| c.names.iter().flatten().any(|n| n.contains("layers-probe")))
+        .collect();
+    if ours.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("containers left after the refusal: {ours:?}"))
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     // The weakened agent sits in its own target directory; the egress
@@ -278,6 +339,8 @@ fn main() -> std::process::ExitCode {
     let trials = vec![
         Trial::test("local::each_layer_alone", rt(|| Box::pin(local_layers()))),
         Trial::test("docker-runc::each_layer_alone", rt(|| Box::pin(docker_layers()))),
+        Trial::test("local::privilege_probe_refuses_a_capable_sandbox", rt(|| Box::pin(local_probe()))),
+        Trial::test("docker-runc::privilege_probe_refuses_an_unfiltered_sandbox", rt(|| Box::pin(docker_probe()))),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

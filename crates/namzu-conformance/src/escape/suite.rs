@@ -57,6 +57,8 @@ pub struct Report {
     /// Escapes only the host saw (a listener accepted, the marked process
     /// died, the secret changed).
     pub host_side: Vec<String>,
+    /// What the agent reported it applied (Health's `hardening`).
+    pub hardening: BTreeMap<String, String>,
 }
 
 pub fn parse(text: &str) -> BTreeMap<String, Line> {
@@ -359,6 +361,7 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
     let args = targets.inside_args();
     let inside_text = crate::util::with_sandbox(factory, spec, |sb| async move {
         super::install(&sb).await?;
+        let hardening = sb.agent().info().hardening.clone();
         let out = sb
             .exec(ExecRequest::new("./escape").args(args))
             .await
@@ -371,9 +374,10 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
             .await
             .ctx("agent after the attempts")?;
         ensure!(after.status.success(), "agent down");
-        Ok(text)
+        Ok((text, hardening))
     })
     .await?;
+    let (inside_text, hardening) = inside_text;
     let host_side = targets.host_side()?;
     let inside = parse(&inside_text);
     let control = parse(&control_text);
@@ -386,6 +390,7 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
         control,
         outcomes,
         host_side,
+        hardening,
     })
 }
 
