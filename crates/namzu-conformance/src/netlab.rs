@@ -257,6 +257,14 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
                 }
             }
             if port == STREAM_PORT || port >= DYNAMIC_PORTS {
+                if port == STREAM_PORT {
+                    let path = String::from_utf8_lossy(&head)
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_owned();
+                    watch_peer_close(&c, path);
+                }
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n");
                 for i in 0.. {
                     if c.write_all(format!("tick {i}\n").as_bytes()).is_err() {
@@ -275,6 +283,37 @@ fn serve(addr: &'static str, port: u16, l: TcpListener) {
             );
         });
     }
+}
+
+/// Request paths of [`STREAM_PORT`] connections whose peer has closed its
+/// end, as the lab server saw it (a read returned end-of-file or an error).
+static STREAMS_CLOSED_BY_PEER: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether a [`STREAM_PORT`] connection that asked for `path` has been
+/// closed by its peer, as the lab's server saw it.
+pub fn stream_closed_by_peer(path: &str) -> bool {
+    STREAMS_CLOSED_BY_PEER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|p| p == path)
+}
+
+fn watch_peer_close(c: &std::net::TcpStream, path: String) {
+    let Ok(mut r) = c.try_clone() else { return };
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        STREAMS_CLOSED_BY_PEER
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path);
+    });
 }
 
 /// Ports the kernel hands out for port 0: the lab's delayed listeners,

@@ -68,6 +68,13 @@ pub struct PatternReader {
     pos: u64,
     len: u64,
     fail_at: Option<u64>,
+    /// At this offset: say so on the first channel, then wait for the
+    /// second before producing another byte.
+    pause_at: Option<(
+        u64,
+        Option<tokio::sync::oneshot::Sender<()>>,
+        tokio::sync::oneshot::Receiver<()>,
+    )>,
 }
 
 impl PatternReader {
@@ -77,22 +84,47 @@ impl PatternReader {
             pos: 0,
             len,
             fail_at: None,
+            pause_at: None,
         }
     }
     pub fn failing_at(mut self, at: u64) -> Self {
         self.fail_at = Some(at);
         self
     }
+    /// Stops at `at` bytes: `paused` fires when it gets there, and it goes
+    /// on once `resume` does (or its sender is dropped).
+    pub fn pausing_at(
+        mut self,
+        at: u64,
+        paused: tokio::sync::oneshot::Sender<()>,
+        resume: tokio::sync::oneshot::Receiver<()>,
+    ) -> Self {
+        self.pause_at = Some((at, Some(paused), resume));
+        self
+    }
 }
 
 impl AsyncRead for PatternReader {
-    fn poll_read(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         if let Some(at) = self.fail_at {
             if self.pos >= at {
                 return Poll::Ready(Err(std::io::Error::other("injected read failure")));
             }
         }
-        let end = self.fail_at.map_or(self.len, |f| f.min(self.len));
+        let pos = self.pos;
+        if let Some((at, paused, resume)) = &mut self.pause_at {
+            if pos >= *at {
+                if let Some(tx) = paused.take() {
+                    let _ = tx.send(());
+                }
+                match Pin::new(resume).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(_) => self.pause_at = None,
+                }
+            }
+        }
+        let stop = self.pause_at.as_ref().map_or(self.len, |(at, _, _)| *at);
+        let end = self.fail_at.map_or(stop, |f| f.min(stop)).min(self.len);
         let n = (end - self.pos).min(buf.remaining() as u64).min(256 * 1024) as usize;
         let (seed, start) = (self.seed, self.pos);
         let dst = buf.initialize_unfilled_to(n);

@@ -210,7 +210,10 @@ async fn table(tier: &str, rows: &[Row], make: Maker) -> Result<(), String> {
                 _ => "REMOVED",
             };
             if !weak.hardening.iter().any(|(k, v)| format!("{k}={v}").contains(sign)) {
-                return Err(format!("{}: no sign of {layer} removed in {:?}", row.layers, weak.hardening));
+                return Err(format!(
+                    "{}: no sign of {layer} removed in {:?}",
+                    row.layers, weak.hardening
+                ));
             }
         }
         let d = diff(&base, &weak);
@@ -339,8 +342,14 @@ fn main() -> std::process::ExitCode {
     let trials = vec![
         Trial::test("local::each_layer_alone", rt(|| Box::pin(local_layers()))),
         Trial::test("docker-runc::each_layer_alone", rt(|| Box::pin(docker_layers()))),
-        Trial::test("local::privilege_probe_refuses_a_capable_sandbox", rt(|| Box::pin(local_probe()))),
-        Trial::test("docker-runc::privilege_probe_refuses_an_unfiltered_sandbox", rt(|| Box::pin(docker_probe()))),
+        Trial::test(
+            "local::privilege_probe_refuses_a_capable_sandbox",
+            rt(|| Box::pin(local_probe())),
+        ),
+        Trial::test(
+            "docker-runc::privilege_probe_refuses_an_unfiltered_sandbox",
+            rt(|| Box::pin(docker_probe())),
+        ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

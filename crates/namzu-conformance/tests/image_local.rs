@@ -165,7 +165,10 @@ async fn check_sandbox_from(state: &Path, image: &str) {
             Default::default(),
         )
         .await;
-    assert!(r.is_err(), "the image root must be read-only");
+    assert!(
+        matches!(r, Err(namzu::Error::PermissionDenied { .. })),
+        "the image root must be read-only: {r:?}"
+    );
     let st = sb.stat(Path::new("/bin/escape")).await.unwrap();
     assert_eq!(st.kind, FileKind::File);
     sb.destroy().await.unwrap();

@@ -109,7 +109,12 @@ async fn a_second_policy_over_the_pods_is_refused_unless_named_object_only_is_ch
     assert_eq!(ours(&c, SANDBOXES), 0);
     // A failure is never remembered: the next acquire lists again.
     let lists = count(&p, "networkpolicies", Verb::List);
-    assert!(p.create_task(SandboxSpec::default()).await.is_err());
+    let r = p.create_task(SandboxSpec::default()).await;
+    assert!(
+        matches!(&r, Err(namzu::Error::KubernetesEgressUnion(u)) if u.refusal == namzu::backend::kubernetes::egress_union::UnionRefusal::PolicyWidensEgress),
+        "{:?}",
+        r.err()
+    );
     assert_eq!(count(&p, "networkpolicies", Verb::List), lists + 1);
     // named-object-only, on purpose: the union is not read.
     let mut named_only = opts.clone();

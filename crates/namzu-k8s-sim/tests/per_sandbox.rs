@@ -220,7 +220,11 @@ async fn a_rewritten_policy_does_not_resolve_and_bad_input_writes_nothing() {
             ports: None,
         }],
     };
-    assert!(sb.set_network_policy(bad).await.is_err());
+    let r = sb.set_network_policy(bad).await;
+    assert!(
+        matches!(&r, Err(namzu::Error::EgressPolicy(namzu::egress::PolicyError::Glob { entry })) if entry == "*.example.com"),
+        "{r:?}"
+    );
     assert_eq!(writes(&p), before);
     sb.destroy().await.unwrap();
     c.stop().await;

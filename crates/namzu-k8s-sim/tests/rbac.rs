@@ -83,7 +83,12 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
     let failing = KubernetesProvider::new(c.client(), slow).unwrap();
     // The pool's ready pod would be claimed at once; empty it first.
     let hold = p.create_task(SandboxSpec::default()).await.unwrap();
-    assert!(failing.create(SandboxSpec::default()).await.is_err());
+    let r = failing.create(SandboxSpec::default()).await;
+    assert!(
+        matches!(&r, Err(namzu::Error::KubernetesAcquire(a)) if a.reason == namzu::backend::kubernetes::acquire_error::AcquireReason::Capacity),
+        "{:?}",
+        r.err()
+    );
     // Crash recovery by the backend's pod label.
     let released = release_task_sandboxes(p.api(), &opts, "team!=nobody").await;
     assert!(released.is_ok(), "{released:?}");

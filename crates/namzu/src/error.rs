@@ -200,10 +200,29 @@ pub enum Error {
     State { id: String, message: String },
 }
 
+/// The bound of a message refused for its size (tonic's codec answers
+/// `OutOfRange`, "decoded message length too large: found N bytes, the
+/// limit is: M bytes", on whichever side refused it): M.
+fn message_limit(status: &tonic::Status) -> Option<u64> {
+    if status.code() != tonic::Code::OutOfRange || !status.message().contains("message length too large") {
+        return None;
+    }
+    let tail = status.message().rsplit("limit is:").next()?;
+    tail.split_whitespace().next()?.parse().ok()
+}
+
 impl Error {
     /// Rebuilds the typed error of `op` from an agent status.
     pub(crate) fn from_status(op: &str, status: tonic::Status) -> Self {
         let Some(e) = namzu_proto::error_from_status(&status) else {
+            if let Some(limit) = message_limit(&status) {
+                return Error::LimitExceeded {
+                    op: op.into(),
+                    limit: "max_message_bytes".into(),
+                    value: limit,
+                    path: None,
+                };
+            }
             return match status.code() {
                 tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal => {
                     Error::LinkLost {

@@ -107,12 +107,19 @@ async fn drain(s: &mut tokio::net::UnixStream, limit: Duration) -> (usize, bool)
 
 #[tokio::test]
 async fn malformed_prefaces_are_dropped_without_an_answer() {
-    let a = spawn_unix(&[("NAMZU_PREFACE_TIMEOUT_MS", "300")]).await;
+    // A 5 s preface timeout: what is refused at parse must go well before
+    // it (the first second), not when the timeout would have dropped it.
+    let a = spawn_unix(&[("NAMZU_PREFACE_TIMEOUT_MS", "5000")]).await;
+    let at_parse = Duration::from_secs(1);
 
     // An HTTP request instead of a preface: dropped at the magic.
     let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
+    assert_eq!(
+        drain(&mut s, at_parse).await,
+        (0, true),
+        "an HTTP request was not dropped at the magic"
+    );
 
     // A header announcing a 60000-byte token: dropped after 6 bytes,
     // without waiting for the token.
@@ -120,23 +127,33 @@ async fn malformed_prefaces_are_dropped_without_an_answer() {
     let mut hdr = b"NZL1".to_vec();
     hdr.extend_from_slice(&60000u16.to_be_bytes());
     s.write_all(&hdr).await.unwrap();
-    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
-
-    // Silence: dropped after the preface timeout.
-    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
-    let t0 = Instant::now();
-    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
-    assert!(t0.elapsed() >= Duration::from_millis(250), "dropped before the timeout");
+    assert_eq!(
+        drain(&mut s, at_parse).await,
+        (0, true),
+        "an oversized token length was waited for"
+    );
 
     // A megabyte of garbage: the agent stops reading early and closes.
     let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
     let junk = vec![b'N'; 1 << 20];
-    let wrote = tokio::time::timeout(Duration::from_secs(5), s.write_all(&junk)).await;
-    assert!(matches!(wrote, Ok(Err(_)) | Err(_)) || drain(&mut s, Duration::from_secs(5)).await == (0, true));
+    let wrote = tokio::time::timeout(at_parse, s.write_all(&junk)).await;
+    assert!(
+        matches!(wrote, Ok(Err(_))) || drain(&mut s, at_parse).await == (0, true),
+        "garbage was read on: {wrote:?}"
+    );
 
     // None of it harmed the agent.
     let c = connect(&a).await.unwrap();
     assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_dropped_at_the_preface_timeout_not_before() {
+    let a = spawn_unix(&[("NAMZU_PREFACE_TIMEOUT_MS", "300")]).await;
+    let mut s = tokio::net::UnixStream::connect(a.sock()).await.unwrap();
+    let t0 = Instant::now();
+    assert_eq!(drain(&mut s, Duration::from_secs(5)).await, (0, true));
+    assert!(t0.elapsed() >= Duration::from_millis(250), "dropped before the timeout");
 }
 
 #[tokio::test]
@@ -147,7 +164,10 @@ async fn oversized_message_is_refused_and_the_agent_survives() {
     let r = c
         .exec(ExecRequest::new("cat").stdin(Bytes::from(vec![b'x'; 1 << 20])))
         .await;
-    assert!(r.is_err(), "oversized message accepted: {r:?}");
+    assert!(
+        matches!(&r, Err(Error::LimitExceeded { limit, value: 65536, .. }) if limit == "max_message_bytes"),
+        "oversized message: {r:?}"
+    );
     // Uploads adapt their chunk size to the advertised bound.
     let n = c
         .write_file(Path::new("f"), Bytes::from(vec![7u8; 300_000]), WriteOptions::default())
@@ -216,8 +236,10 @@ async fn tcp_link_works() {
 async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
     let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
     let c = connect(&a).await.unwrap();
+    // The command ignores SIGTERM (the disposition survives the exec): the
+    // agent must escalate past the grace.
     let mut s = c
-        .exec_stream(ExecRequest::shell("echo started; exec sleep 300"))
+        .exec_stream(ExecRequest::shell("trap '' TERM; echo started; exec sleep 300"))
         .await
         .unwrap();
     let pid = s.pid.unwrap();
@@ -426,6 +448,32 @@ async fn a_stopped_agent_is_noticed_within_three_heartbeats() {
         other => panic!("a stopped agent was not noticed: {other:?}"),
     }
     println!("stopped agent noticed after {took:?} (heartbeat 200 ms)");
+    // Three intervals of silence, checked on a timer: not at once (that
+    // would be something else ending the stream) and not much after.
+    assert!(
+        took >= Duration::from_millis(400) && took <= Duration::from_millis(1200),
+        "noticed after {took:?}, expected about three 200 ms intervals"
+    );
+}
+
+#[tokio::test]
+async fn heartbeat_zero_disables_the_silence_check() {
+    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "0")]).await;
+    let c = connect(&a).await.unwrap();
+    let mut s = c
+        .exec_stream(ExecRequest::shell("echo go; exec sleep 300"))
+        .await
+        .unwrap();
+    assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
+    let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // With heartbeats on at 200 ms this resolves as lost in under a second
+    // (the test above); off, a stopped agent is simply waited for.
+    let ended = tokio::time::timeout(Duration::from_millis(1500), s.next()).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(ended.is_err(), "the stream ended with heartbeats off: {ended:?}");
+    // And the link still serves once the agent runs again.
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
 }
 
 /// Forwards bytes between two unix streams until `hole` is set, then keeps

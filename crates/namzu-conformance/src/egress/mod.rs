@@ -225,14 +225,33 @@ pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outco
     check("SOCKS5 refusal", code != 0 && out.is_empty(), (code, &out, &err))?;
     // Every decision is in the supervisor's log, with the sandbox's id.
     let log = std::fs::read_to_string((env.log_of)(sb.id())).unwrap_or_default();
+    let decided = |host: &str, verdict: &str| {
+        log.lines().any(|l| {
+            log_field(l, "sandbox") == Some(sb.id())
+                && log_field(l, "host") == Some(host)
+                && log_field(l, "verdict") == Some(verdict)
+        })
+    };
     check(
         "decision log",
-        log.lines()
-            .any(|l| l.contains(sb.id()) && l.contains("other.test") && l.contains("refused"))
-            && log.lines().any(|l| l.contains("allowed.test") && l.contains("allowed")),
+        decided("other.test", "refused")
+            && decided("allowed.test", "allowed")
+            && !decided("other.test", "allowed")
+            && !decided("allowed.test", "refused"),
         &log,
     )?;
     sb.destroy().await.map_err(|e| e.to_string())
+}
+
+/// The value of `name=` in a log line of `tracing`'s format (quotes
+/// stripped); `None` when the field is absent.
+pub fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    let rest = &line[at..];
+    match rest.strip_prefix('"') {
+        Some(q) => q.split('"').next(),
+        None => rest.split_whitespace().next(),
+    }
 }
 
 pub async fn ports_narrow_an_allowlisted_host(env: &Env) -> Outcome {
@@ -385,10 +404,12 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
     let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&[".allowed.test"])).await?);
     let (codes, _) = curl(sb.as_ref(), "http://other.test/").await;
     check("other.test before", codes.starts_with("403"), &codes)?;
-    // A connection that stays open: a tick every 100 ms, for up to 60 s.
+    // A connection that stays open: a tick every 100 ms, for up to 60 s,
+    // on a path of its own (the lab's server reports its close by path).
+    let path = format!("/live-change-{}", rand::random::<u64>());
     let streaming = in_background(
         &sb,
-        format!("curl -sN -m 60 http://allowed.test:{STREAM_PORT}/; echo rc=$?"),
+        format!("curl -sN -m 60 http://allowed.test:{STREAM_PORT}{path}; echo rc=$?"),
     );
     let mut open = 0;
     for _ in 0..100 {
@@ -403,6 +424,23 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
     sb.set_network_policy(allow(&["other.test"]))
         .await
         .map_err(|e| e.to_string())?;
+    // Closed before `set` returned: no poll, the very next look.
+    let open_after = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    check(
+        "no refused connection open once set returns",
+        open_after == 0,
+        open_after,
+    )?;
+    // And the lab's server saw its end go (the proxy closed the upstream).
+    let mut seen = false;
+    for _ in 0..40 {
+        if crate::netlab::stream_closed_by_peer(&path) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check("the lab server saw the connection closed", seen, &path)?;
     let (code, out, err) = tokio::time::timeout(Duration::from_secs(50), streaming)
         .await
         .map_err(|_| "the refused connection was not closed".to_owned())?

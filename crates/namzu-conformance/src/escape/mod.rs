@@ -109,7 +109,8 @@ pub async fn disk_fill_is_bounded(factory: &Factory, tmpfs_bytes: u64, max_file_
 
 /// While a command swaps a workspace directory for a symlink pointing out
 /// of the workspace, host writes through the agent land inside or fail —
-/// never outside.
+/// never outside. The race must really overlap: some writes land, some are
+/// refused, and the racer itself ran to the end.
 pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
     crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
         ensure!(
@@ -119,19 +120,33 @@ pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
         let racer = {
             let sb = sb.clone();
             tokio::spawn(async move {
-                let script = "i=0; while [ $i -lt 3000 ]; do mv race race.d && ln -s /tmp/outside race && rm race && mv race.d race; i=$((i+1)); done";
+                let script = "touch started; i=0; while [ $i -lt 3000 ]; do mv race race.d && ln -s /tmp/outside race && rm race && mv race.d race || exit 3; i=$((i+1)); done";
                 sb.exec(ExecRequest::shell(script)).await
             })
         };
+        // Writes start once the racer has.
+        for _ in 0..200 {
+            if sb.stat(Path::new("started")).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let (mut inside, mut refused) = (0, 0);
-        for i in 0..300 {
+        let mut i = 0;
+        while !racer.is_finished() && i < 5000 {
             match sb.write_file(Path::new(&format!("race/f{i}")), Bytes::from_static(b"x"), WriteOptions::default()).await {
                 Ok(_) => inside += 1,
                 Err(Error::PathEscape { .. } | Error::NotFound { .. } | Error::NotADirectory { .. }) => refused += 1,
                 Err(e) => return Err(format!("write {i}: {e}")),
             }
+            i += 1;
         }
-        racer.await.ctx("racer")?.ctx("racer exec")?;
+        let status = racer.await.ctx("racer")?.ctx("racer exec")?.status;
+        ensure!(status.success(), "the racer failed: {status:?}");
+        ensure!(
+            inside > 0 && refused > 0,
+            "the race did not overlap: {inside} writes landed, {refused} refused"
+        );
         let out = sb.exec(ExecRequest::shell("ls /tmp/outside | wc -l")).await.ctx("count")?;
         let leaked = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         ensure!(leaked == "0", "{leaked} writes landed outside the workspace ({inside} ok, {refused} refused)");
@@ -191,7 +206,9 @@ pub async fn memory_hog_is_killed(factory: &Factory, limit: u64) -> Outcome {
     .await
 }
 
-/// A CPU-bound command under a CPU limit gets about that share of a CPU.
+/// A CPU-bound command under a CPU limit gets about that share of a CPU,
+/// and the same burn in a sandbox without the limit, right after, gets at
+/// least twice as much: the measurement can tell the difference.
 pub async fn cpu_limit_throttles(factory: &Factory, cpus: f64) -> Outcome {
     let spec = SandboxSpec {
         resources: namzu::Resources {
@@ -200,6 +217,23 @@ pub async fn cpu_limit_throttles(factory: &Factory, cpus: f64) -> Outcome {
         },
         ..Default::default()
     };
+    let limited = burn_share(factory, spec).await?;
+    let free = burn_share(factory, SandboxSpec::default()).await?;
+    // Unthrottled, a spinning process gets ~1 CPU; the bound leaves
+    // generous room for the scheduler's period.
+    ensure!(
+        limited < cpus + 0.35,
+        "{limited:.2} CPU under a {cpus} CPU limit (unlimited: {free:.2})"
+    );
+    ensure!(
+        free > 2.0 * limited,
+        "the unlimited control got {free:.2} CPU, the limited {limited:.2}: no difference to see"
+    );
+    Ok(())
+}
+
+/// CPU seconds per wall second of a 1.5 s spin in a sandbox of `spec`.
+async fn burn_share(factory: &Factory, spec: SandboxSpec) -> Result<f64, String> {
     crate::util::with_sandbox(factory, spec, |sb| async move {
         install(&sb).await?;
         let out = sb
@@ -208,17 +242,13 @@ pub async fn cpu_limit_throttles(factory: &Factory, cpus: f64) -> Outcome {
             .ctx("cpu burn")?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let mut it = text.split_whitespace();
-        let (cpu, wall) = match (it.next(), it.next(), it.next(), it.next()) {
+        match (it.next(), it.next(), it.next(), it.next()) {
             (Some("cpu"), Some(c), Some("wall"), Some(w)) => {
-                (c.parse::<f64>().unwrap_or(9.0), w.parse::<f64>().unwrap_or(0.0))
+                let (c, w) = (c.parse::<f64>().ctx("cpu")?, w.parse::<f64>().ctx("wall")?);
+                Ok(c / w)
             }
-            _ => return Err(format!("no report: {text}")),
-        };
-        // Unthrottled, a spinning process gets ~1 CPU; the bound leaves
-        // generous room for the scheduler's period.
-        let throttled = cpu < wall * (cpus + 0.35);
-        ensure!(throttled, "{cpu:.2}s of CPU in {wall:.2}s under a {cpus} CPU limit");
-        Ok(())
+            _ => Err(format!("no report: {text}")),
+        }
     })
     .await
 }
