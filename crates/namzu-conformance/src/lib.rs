@@ -81,9 +81,26 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
             return std::process::ExitCode::FAILURE;
         }
     };
-    let trials = cases()
-        .into_iter()
-        .map(|case| {
+    let advertised = {
+        let backend = backend.to_owned();
+        let mut got = features.clone();
+        got.sort();
+        libtest_mimic::Trial::test(format!("{backend}::advertises_exactly_its_features"), move || {
+            let mut want: Vec<String> = expected_features(&backend)
+                .ok_or_else(|| format!("no feature list for backend {backend}"))?
+                .iter()
+                .map(|f| (*f).to_owned())
+                .collect();
+            want.sort();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("advertises {got:?}, expected {want:?}").into())
+            }
+        })
+    };
+    let trials = std::iter::once(advertised)
+        .chain(cases().into_iter().map(|case| {
             let missing: Vec<&str> = case
                 .needs
                 .iter()
@@ -109,9 +126,22 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
                     .with_ignored_flag(true)
                     .with_kind(format!("unsupported: {}", missing.join(",")))
             }
-        })
+        }))
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// The agent features each backend must advertise, exactly: a feature
+/// lost (or gained) fails the suite instead of turning cases into
+/// "ignored".
+pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
+    use namzu::features::{ALL, EGRESS};
+    let with_egress = || ALL.iter().copied().chain([EGRESS]).collect();
+    match backend {
+        "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" => Some(with_egress()),
+        "host" => Some(ALL.to_vec()),
+        _ => None,
+    }
 }
 
 /// Lists every case as ignored with `reason` (a backend that is not

@@ -73,11 +73,11 @@ async fn every_container_is_hardened_as_documented() {
         .unwrap();
     let host = c.host_config.unwrap();
     assert_eq!(host.cap_drop, Some(vec!["ALL".to_owned()]));
-    let added: Vec<String> = namzu::backend::docker::AGENT_CAPS
-        .iter()
-        .map(|c| (*c).to_owned())
-        .collect();
-    assert_eq!(host.cap_add, Some(added));
+    // The lists the README documents, written out here: a change to the
+    // library's constants must show up as a change to this test and the
+    // docs, not pass silently.
+    let documented_caps = ["SYS_ADMIN", "NET_BIND_SERVICE", "SETUID", "SETGID", "SETPCAP", "KILL"];
+    assert_eq!(host.cap_add, Some(documented_caps.map(String::from).to_vec()));
     assert!(host
         .security_opt
         .unwrap()
@@ -89,9 +89,23 @@ async fn every_container_is_hardened_as_documented() {
     assert_eq!(host.pids_limit, Some(100));
     assert_eq!(host.memory, Some(256 << 20));
     assert_eq!(host.nano_cpus, Some(500_000_000));
-    let tmpfs: Vec<String> = host.tmpfs.unwrap().into_keys().collect();
-    for p in namzu::backend::docker::DEFAULT_WRITABLE_PATHS {
-        assert!(tmpfs.iter().any(|t| t == p), "{p} not writable: {tmpfs:?}");
+    let mut tmpfs: Vec<String> = host.tmpfs.unwrap().into_keys().collect();
+    tmpfs.sort();
+    assert_eq!(
+        tmpfs,
+        ["/home", "/root", "/run", "/tmp", "/var/tmp"],
+        "the documented tmpfs set"
+    );
+    // Docker's default masked paths and /sys, as the module docs say.
+    let masked = host.masked_paths.unwrap_or_default();
+    for p in [
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/sched_debug",
+        "/sys",
+    ] {
+        assert!(masked.iter().any(|m| m == p), "{p} not masked: {masked:?}");
     }
     let l = c.config.unwrap().labels.unwrap();
     assert_eq!(l.get(labels::SANDBOX).map(String::as_str), Some(sb.id()));
