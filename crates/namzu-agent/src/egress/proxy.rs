@@ -77,16 +77,18 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
             return Ok(());
         }
         head.extend_from_slice(&buf[..n]);
-        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if head.len() > broker.max_head {
+        let found = head.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+        // The bound is on the head itself, however many reads brought it.
+        if found.unwrap_or(head.len()) > broker.max_head {
             return respond(
                 &mut client,
                 "431 Request Header Fields Too Large",
                 "request head too long",
             )
             .await;
+        }
+        if let Some(end) = found {
+            break end;
         }
     };
     let rest = head.split_off(end);

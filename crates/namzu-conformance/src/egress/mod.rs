@@ -17,6 +17,7 @@ use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
 use crate::netlab::{NetLab, PRIVATE, PUB1, PUB2, STREAM_PORT};
 
 mod attacks;
+mod limits;
 use crate::{Factory, Outcome};
 use attacks::*;
 
@@ -77,6 +78,12 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("a_connect_in_flight_across_a_tightening_does_not_survive_it", |e| {
             Box::pin(a_connect_in_flight_across_a_tightening_does_not_survive_it(e))
+        }),
+        ("the_agents_egress_limits_hold", |e| {
+            Box::pin(limits::the_agents_egress_limits_hold(e))
+        }),
+        ("commands_get_the_proxy_environment", |e| {
+            Box::pin(limits::commands_get_the_proxy_environment(e))
         }),
         ("bad_policies_are_refused_by_name", |e| {
             Box::pin(bad_policies_are_refused_by_name(e))
