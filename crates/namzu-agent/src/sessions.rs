@@ -122,6 +122,9 @@ impl Sessions {
     }
 
     fn get(&self, op: &str, id: &str) -> Result<Arc<Session>, OpError> {
+        // Expired records go before any lookup, not only when a new session
+        // is admitted: past its TTL a session is gone for every caller.
+        self.prune();
         lock(&self.map).get(id).cloned().ok_or_else(|| not_found(op, id))
     }
 

@@ -65,6 +65,7 @@ pub fn all() -> Vec<Case> {
         evicted_execution_output_is_a_gap_and_truncation[feat::EXEC, feat::EXEC_ATTACH],
         cancel_before_start_of_a_detachable_execution_never_runs[feat::EXEC, feat::EXEC_ATTACH, feat::EXEC_CANCEL, feat::FILES_STAT],
         exited_execution_records_expire_after_the_ttl[feat::EXEC, feat::EXEC_ATTACH, feat::FILES_STAT],
+        named_list_walk_and_session_limits_hold[feat::EXEC, feat::FILES_LIST, feat::FILES_WALK, feat::SESSIONS],
     ]
 }
 
@@ -1307,6 +1308,63 @@ async fn flush_makes_the_workspace_durable(f: Factory) -> Outcome {
             "flush wrote nothing back: {} MiB dirty before, {} MiB after",
             before >> 20,
             after >> 20
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// `max_list_entries`, `max_walk_entries` (a walk's default budget) and
+/// `session_ttl_ms`, each set low on one sandbox and passed.
+async fn named_list_walk_and_session_limits_hold(f: Factory) -> Outcome {
+    let spec = SandboxSpec {
+        limits: vec![
+            ("max_list_entries".into(), 5),
+            ("max_walk_entries".into(), 7),
+            ("session_ttl_ms".into(), 300),
+        ],
+        ..Default::default()
+    };
+    with_sandbox(&f, spec, |sb| async move {
+        let out = sh(
+            &sb,
+            "mkdir -p many few && cd many && for i in 0 1 2 3 4 5 6 7 8 9; do touch f$i; done && touch ../few/a",
+        )
+        .await?;
+        ensure!(out.status.success(), "setup: {:?}", out.status);
+        let r = sb.list_files(p("many")).await;
+        ensure!(
+            matches!(&r, Err(Error::LimitExceeded { limit, value: 5, .. }) if limit == "max_list_entries"),
+            "list of 10 under max_list_entries 5: {r:?}"
+        );
+        ensure!(
+            sb.list_files(p("few")).await.ctx("list under the limit")?.len() == 1,
+            "few"
+        );
+        let mut walk = sb.walk_files(p("many"), WalkOptions::default()).await.ctx("walk")?;
+        let mut seen = 0;
+        let end = loop {
+            match walk.next().await {
+                Some(Ok(_)) => seen += 1,
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        };
+        ensure!(
+            seen == 7 && matches!(end, Some(Error::WalkLimit { limit: 7, .. })),
+            "walk of 10 under max_walk_entries 7: {seen} entries, then {end:?}"
+        );
+        sb.start_detached(detached("brief", "echo hi"))
+            .await
+            .ctx("start_detached")?;
+        let (out, _) = drain_session(&sb, "brief", 0).await?;
+        ensure!(out == b"hi\n", "session output {out:?}");
+        // Kept for session_ttl_ms after it exited, then gone.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let r = sb.read_session("brief", 0, 0).await;
+        ensure!(
+            matches!(&r, Err(Error::SessionNotFound { id }) if id == "brief"),
+            "an exited session past session_ttl_ms: {r:?}"
         );
         Ok(())
     })
