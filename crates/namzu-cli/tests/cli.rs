@@ -362,3 +362,120 @@ fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
         second_process_reattaches_to_a_named_execution(st.path(), &tier);
     }
 }
+
+/// Ctrl-C on a foreground named execution cancels it inside the sandbox
+/// (the name only makes it survive this process dying, not an interrupt).
+#[test]
+fn ctrl_c_cancels_a_foreground_named_execution() {
+    use std::io::BufRead;
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let mut fg = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args([
+            "exec",
+            &id,
+            "--id",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 271.8",
+        ])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(fg.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "started");
+    let running = || {
+        let o = namzu(
+            st.path(),
+            &[
+                "exec",
+                &id,
+                "--",
+                "sh",
+                "-c",
+                "grep -l '271[.]8' /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
+            ],
+        );
+        String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().unwrap_or(99)
+    };
+    // The pattern does not match its own text: only the sleep counts.
+    assert_eq!(running(), 1, "the command is not running");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(fg.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = fg.wait().unwrap();
+    // The CLI exits with the command's code: killed by the cancel.
+    assert!(matches!(status.code(), Some(137 | 143)), "{status:?}");
+    let mut left = running();
+    for _ in 0..50 {
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = running();
+    }
+    assert_eq!(left, 0, "the named execution outlived Ctrl-C");
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}
+
+/// `image import` of a `docker save` tarball, `image ls` showing it, and a
+/// sandbox run from it.
+#[test]
+fn image_import_ls_and_run() {
+    let st = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let escape = Path::new(env!("CARGO_BIN_EXE_namzu")).with_file_name("namzu-escape");
+    std::fs::create_dir_all(w.join("root/bin")).unwrap();
+    std::fs::copy(&escape, w.join("root/bin/escape")).unwrap();
+    std::fs::create_dir_all(w.join("l1")).unwrap();
+    let tar = |dir: &Path, out: &Path, what: &[&str]| {
+        let s = Command::new("tar")
+            .arg("-C")
+            .arg(dir)
+            .arg("-cf")
+            .arg(out)
+            .args(what)
+            .status()
+            .unwrap();
+        assert!(s.success());
+    };
+    tar(&w.join("root"), &w.join("l1/layer.tar"), &["bin"]);
+    std::fs::write(
+        w.join("config.json"),
+        br#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        w.join("manifest.json"),
+        br#"[{"Config":"config.json","RepoTags":["cli/escape:1"],"Layers":["l1/layer.tar"]}]"#,
+    )
+    .unwrap();
+    tar(w, &w.join("image.tar"), &["manifest.json", "config.json", "l1"]);
+    let o = namzu(st.path(), &["image", "import", w.join("image.tar").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ls = String::from_utf8_lossy(&namzu(st.path(), &["image", "ls"]).stdout).into_owned();
+    let row = ls.lines().find(|l| l.contains("cli/escape:1"));
+    assert!(row.is_some_and(|r| r.contains("sha256:")), "image ls: {ls}");
+    let o = namzu(
+        st.path(),
+        &["run", "--image", "cli/escape:1", "--", "/bin/escape", "--report-caps"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "CapEff: 0000000000000000");
+    // Nothing of the host's /usr in the image's root.
+    let o = namzu(st.path(), &["run", "--image", "cli/escape:1", "--", "/usr/bin/true"]);
+    assert!(!o.status.success(), "the host's /usr is visible in an image sandbox");
+}

@@ -81,6 +81,43 @@ fn runs_commands_with_either_runtime(image: &str) {
     );
 }
 
+/// `gc --tier docker` removes a sandbox whose container died and keeps a
+/// live one.
+fn gc_removes_a_dead_docker_sandbox(image: &str) {
+    let st = tempfile::tempdir().unwrap();
+    let create = || {
+        let o = namzu(st.path(), &["create", "--tier", "docker", "--image", image]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let (live, dead) = (create(), create());
+    let k = std::process::Command::new("docker")
+        .args(["kill", &format!("namzu-{dead}")])
+        .output()
+        .unwrap();
+    assert!(
+        k.status.success(),
+        "docker kill: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
+    let o = namzu(st.path(), &["gc", "--tier", "docker"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Also any container whose host state is gone (an earlier run's):
+    // never the live one.
+    let removed: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect();
+    assert!(removed.contains(&dead) && !removed.contains(&live), "{removed:?}");
+    let gone = std::process::Command::new("docker")
+        .args(["inspect", &format!("namzu-{dead}")])
+        .output()
+        .unwrap();
+    assert!(!gone.status.success(), "the dead sandbox's container is still there");
+    let ls = String::from_utf8_lossy(&namzu(st.path(), &["ls"]).stdout).into_owned();
+    assert!(!ls.contains(&dead) && ls.contains(&live), "{ls}");
+    let o = namzu(st.path(), &["exec", &live, "--", "true"]);
+    assert!(o.status.success(), "gc touched a live sandbox");
+    assert!(namzu(st.path(), &["rm", &live]).status.success());
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -118,6 +155,10 @@ fn main() -> std::process::ExitCode {
     add(
         "runs_commands_with_either_runtime".into(),
         Box::new(runs_commands_with_either_runtime),
+    );
+    add(
+        "gc_removes_a_dead_docker_sandbox".into(),
+        Box::new(gc_removes_a_dead_docker_sandbox),
     );
     for runtime in ["runc", "runsc"] {
         add(

@@ -219,6 +219,70 @@ fn limit_or_refusal(r: Result<(), String>) -> Result<(), String> {
     }
 }
 
+/// What the local tier promises about a sandbox's surroundings: the rlimits
+/// it was given (open files as configured, no core dumps), a /dev of the
+/// documented devices only, loopback as its only interface, and a
+/// machine-id of its own.
+async fn local_environment_is_as_documented() -> Result<(), String> {
+    let f = factory(LocalOptions {
+        max_open_files: 1234,
+        ..Default::default()
+    });
+    let sh = |sb: std::sync::Arc<dyn namzu::Sandbox>, script: &'static str| async move {
+        let out = sb.exec(ExecRequest::shell(script)).await.map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "{script}: {:?} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok::<_, String>(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let ids = namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
+        let limits = sh(
+            sb.clone(),
+            "grep -E '^Max (open files|core file size)' /proc/self/limits",
+        )
+        .await?;
+        let rows: Vec<Vec<&str>> = limits.lines().map(|l| l.split_whitespace().collect()).collect();
+        let want_core = ["Max", "core", "file", "size", "0", "0", "bytes"];
+        let want_nofile = ["Max", "open", "files", "1234", "1234", "files"];
+        if !(rows.iter().any(|r| r[..] == want_core) && rows.iter().any(|r| r[..] == want_nofile)) {
+            return Err(format!("rlimits: {limits}"));
+        }
+        let mut dev: Vec<String> = sh(sb.clone(), "ls -A /dev").await?.lines().map(String::from).collect();
+        dev.sort();
+        let want: Vec<&str> = vec![
+            "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero",
+        ];
+        if dev != want {
+            return Err(format!("/dev holds {dev:?}, documented {want:?}"));
+        }
+        let ifs = sh(sb.clone(), "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '").await?;
+        if ifs.split_whitespace().collect::<Vec<_>>() != ["lo"] {
+            return Err(format!("interfaces: {ifs:?}"));
+        }
+        let id = sh(sb.clone(), "cat /etc/machine-id").await?.trim().to_owned();
+        Ok(id)
+    })
+    .await?;
+    let other = namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
+        let out = sb
+            .exec(ExecRequest::shell("cat /etc/machine-id"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    })
+    .await?;
+    let host = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    let well_formed = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !(well_formed(&ids) && well_formed(&other) && ids != other && ids != host.trim()) {
+        return Err(format!("machine-ids: {ids:?}, {other:?}, host {:?}", host.trim()));
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
@@ -273,6 +337,9 @@ fn main() -> std::process::ExitCode {
             })
         }),
         trial("hardening_is_reported", || Box::pin(hardening_is_reported())),
+        trial("local_environment_is_as_documented", || {
+            Box::pin(local_environment_is_as_documented())
+        }),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }

@@ -409,6 +409,50 @@ async fn terminal_with_background_job(c: &AgentClient) -> (namzu::Terminal, i32)
 }
 
 #[tokio::test]
+async fn agent_shutdown_deadline_bounds_a_shutdown_the_grace_would_stretch() {
+    // A 10 s grace, a command that ignores SIGTERM (so the grace would run
+    // out in full), and a 500 ms deadline: the agent is gone long before
+    // the grace.
+    let mut a = spawn_unix(&[
+        ("NAMZU_SHUTDOWN_GRACE_MS", "10000"),
+        ("NAMZU_AGENT_SHUTDOWN_DEADLINE_MS", "500"),
+    ])
+    .await;
+    let c = connect(&a).await.unwrap();
+    let mut s = c
+        .exec_stream(ExecRequest::shell("trap '' TERM; echo started; exec sleep 300"))
+        .await
+        .unwrap();
+    let pid = s.pid.unwrap();
+    assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
+    let t0 = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let exited = loop {
+        if a.child.try_wait().unwrap().is_some() {
+            break Some(t0.elapsed());
+        }
+        if t0.elapsed() > Duration::from_secs(8) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let took = exited.expect("the agent outlived its shutdown deadline");
+    println!("agent gone {took:?} after SIGTERM (deadline 500 ms + 1 s to flush answers, grace 10 s)");
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?}: the grace, not the deadline, ended it"
+    );
+}
+
+#[tokio::test]
 async fn sigterm_also_kills_terminal_sessions() {
     let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
     let c = connect(&a).await.unwrap();
