@@ -22,6 +22,6 @@ exec cargo mutants \
   -f crates/namzu-proto/src/preface.rs \
   -f crates/namzu/src/backend/mod.rs \
   --re 'egress/|jail\.rs|preface\.rs|backend/mod\.rs:.*(unprivileged|privilege_probe)' \
-  --timeout 300 \
+  --timeout 60 \
   --output "${MUTANTS_OUT:-target/mutants}" \
   "$@" -- --lib

@@ -389,6 +389,82 @@ mod tests {
         assert!(open_beneath_by_hand(&root, Path::new(""), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).is_ok());
     }
 
+    fn cloexec(fd: &OwnedFd) -> bool {
+        rustix::io::fcntl_getfd(fd)
+            .unwrap()
+            .contains(rustix::io::FdFlags::CLOEXEC)
+    }
+
+    /// What the resolvers hand back is close-on-exec (a command must not
+    /// inherit the agent's files) and opened with the access asked for.
+    #[test]
+    fn opened_files_are_close_on_exec_with_their_access_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        std::fs::write(d.join("a/b/f"), b"").unwrap();
+        let root = rustix::fs::open(d, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let f = open_beneath_by_hand(&root, Path::new("a/b/f"), OFlags::WRONLY, Mode::empty()).unwrap();
+        assert!(cloexec(&f));
+        assert_eq!(rustix::io::write(&f, b"by hand").unwrap(), 7);
+        let here = open_beneath_by_hand(
+            &root,
+            Path::new("a/b"),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        assert!(cloexec(&here));
+        let top =
+            open_beneath_by_hand(&root, Path::new(""), OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert!(cloexec(&top));
+
+        let jail = Jail::new(&[d.to_path_buf()]).unwrap();
+        let canonical = d.canonicalize().unwrap();
+        assert_eq!(jail.roots().collect::<Vec<_>>(), [canonical.as_path()]);
+        let l = jail.locate(b"a/b/f").unwrap();
+        assert_eq!(jail.full_path(&l), canonical.join("a/b/f"));
+        let f = jail.open(&l, OFlags::WRONLY | OFlags::TRUNC, Mode::empty()).unwrap();
+        assert!(cloexec(&f));
+        assert_eq!(rustix::io::write(&f, b"jail").unwrap(), 4);
+        assert_eq!(std::fs::read(d.join("a/b/f")).unwrap(), b"jail");
+        // The parent must be a directory.
+        let under_file = jail.locate(b"a/b/f/x").unwrap();
+        assert!(matches!(jail.parent(&under_file), Err(ResolveError::Os(Errno::NOTDIR))));
+        let (p, name) = jail.parent(&l).unwrap();
+        assert!(cloexec(&p) && name == Path::new("f"));
+    }
+
+    /// The by-hand resolver follows as many links as the kernel does (40)
+    /// and not one more.
+    #[test]
+    fn by_hand_follows_forty_links_and_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("target"), b"end").unwrap();
+        // l1 -> l2 -> ... -> l40 -> target: 40 links.
+        for i in 1..=40 {
+            let to = if i == 40 {
+                "target".to_owned()
+            } else {
+                format!("l{}", i + 1)
+            };
+            std::os::unix::fs::symlink(&to, d.join(format!("l{i}"))).unwrap();
+        }
+        // m0 -> l1: 41 links.
+        std::os::unix::fs::symlink("l1", d.join("m0")).unwrap();
+        let root = rustix::fs::open(d, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        assert!(open_beneath_by_hand(&root, Path::new("l1"), OFlags::RDONLY, Mode::empty()).is_ok());
+        assert_eq!(
+            open_beneath_by_hand(&root, Path::new("m0"), OFlags::RDONLY, Mode::empty()).err(),
+            Some(Errno::LOOP)
+        );
+        // The kernel draws the line at the same place.
+        let k = |p: &str| rustix::fs::openat2(&root, p, OFlags::RDONLY, Mode::empty(), BENEATH);
+        assert!(k("l1").is_ok());
+        assert_eq!(k("m0").err(), Some(Errno::LOOP));
+    }
+
     #[test]
     fn kernel_refuses_symlink_out_of_the_root() {
         let dir = tempfile::tempdir().unwrap();

@@ -181,18 +181,36 @@ mod tests {
     }
 
     #[test]
+    fn a_token_of_exactly_the_limit_is_accepted() {
+        let token = [b't'; 256];
+        let bytes = encode(&token).unwrap();
+        assert_eq!(parse(&bytes, 256).unwrap(), Some((&token[..], bytes.len())));
+        assert!(matches!(
+            parse(&bytes, 255),
+            Err(PrefaceError::TokenTooLong { len: 256, limit: 255 })
+        ));
+    }
+
+    #[test]
     fn token_compare() {
         assert!(token_matches(b"abc", b"abc"));
         assert!(!token_matches(b"abc", b"abd"));
         assert!(!token_matches(b"abc", b"ab"));
     }
 
+    /// Bounded: a broken encoder must fail the test, not hang it.
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(5), f)
+            .await
+            .expect("the preface exchange hung")
+    }
+
     #[tokio::test]
     async fn accept_and_offer_over_a_duplex() {
         let (mut a, mut b) = tokio::io::duplex(64);
         let agent = tokio::spawn(async move { accept(&mut b, b"tok", 16).await });
-        offer(&mut a, b"tok").await.unwrap();
-        agent.await.unwrap().unwrap();
+        within(offer(&mut a, b"tok")).await.unwrap();
+        within(agent).await.unwrap().unwrap();
     }
 
     #[tokio::test]
@@ -203,7 +221,7 @@ mod tests {
             drop(b);
             r
         });
-        assert_eq!(offer(&mut a, b"bad").await, Err(PrefaceError::Refused));
-        assert_eq!(agent.await.unwrap(), Err(PrefaceError::WrongToken));
+        assert_eq!(within(offer(&mut a, b"bad")).await, Err(PrefaceError::Refused));
+        assert_eq!(within(agent).await.unwrap(), Err(PrefaceError::WrongToken));
     }
 }

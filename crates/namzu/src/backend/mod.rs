@@ -246,6 +246,10 @@ mod tests {
         let sc = HARDENED.replace("Seccomp:\t2", "Seccomp:\t0");
         assert_eq!(unprivileged(&sc), Err(("Seccomp".into(), "0".into())));
         assert!(unprivileged("").is_err(), "an unreadable status must not pass");
+        // A reported ambient set is judged on its own, even beside an
+        // empty permitted set (the exemption is for a MISSING CapAmb line).
+        let amb = HARDENED.replace("CapAmb:\t0000000000000000", "CapAmb:\t0000000000000400");
+        assert_eq!(unprivileged(&amb), Err(("CapAmb".into(), "0000000000000400".into())));
     }
 
     #[test]

@@ -441,6 +441,10 @@ pub enum Target {
 }
 
 #[cfg(test)]
+#[path = "policy_edge_tests.rs"]
+mod edge_tests;
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
