@@ -232,12 +232,10 @@ async fn tcp_link_works() {
     );
 }
 
-#[tokio::test]
-async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
-    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
-    let c = connect(&a).await.unwrap();
-    // The command ignores SIGTERM (the disposition survives the exec): the
-    // agent must escalate past the grace.
+/// Starts a command that ignores SIGTERM (the disposition survives its
+/// exec), waits for its first output, then sends the agent SIGTERM. Returns
+/// the stream, the command's pid and when the signal went.
+async fn term_ignoring_command_then_sigterm(a: &Agent, c: &AgentClient) -> (namzu::ExecStream, u32, Instant) {
     let mut s = c
         .exec_stream(ExecRequest::shell("trap '' TERM; echo started; exec sleep 300"))
         .await
@@ -250,6 +248,15 @@ async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
+    (s, pid, t0)
+}
+
+#[tokio::test]
+async fn sigterm_kills_running_work_and_exits_zero_within_the_grace() {
+    let mut a = spawn_unix(&[("NAMZU_SHUTDOWN_GRACE_MS", "300")]).await;
+    let c = connect(&a).await.unwrap();
+    // The command ignores SIGTERM: the agent must escalate past the grace.
+    let (mut s, pid, t0) = term_ignoring_command_then_sigterm(&a, &c).await;
     let status = loop {
         if let Some(st) = a.child.try_wait().unwrap() {
             break st;
@@ -419,18 +426,7 @@ async fn agent_shutdown_deadline_bounds_a_shutdown_the_grace_would_stretch() {
     ])
     .await;
     let c = connect(&a).await.unwrap();
-    let mut s = c
-        .exec_stream(ExecRequest::shell("trap '' TERM; echo started; exec sleep 300"))
-        .await
-        .unwrap();
-    let pid = s.pid.unwrap();
-    assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
-    let t0 = Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(a.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let (_s, pid, t0) = term_ignoring_command_then_sigterm(&a, &c).await;
     let exited = loop {
         if a.child.try_wait().unwrap().is_some() {
             break Some(t0.elapsed());

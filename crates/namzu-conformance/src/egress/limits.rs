@@ -13,7 +13,7 @@ use crate::netlab::NetLab;
 use crate::Outcome;
 
 /// The supervisor's pid, from the sandbox's state directory.
-fn supervisor_pid(env: &Env, id: &str) -> Result<nix::unistd::Pid, String> {
+pub(super) fn supervisor_pid(env: &Env, id: &str) -> Result<nix::unistd::Pid, String> {
     let log = (env.log_of)(id);
     let dir = log.parent().ok_or("no state directory")?;
     let pid: i32 = std::fs::read_to_string(dir.join("egress.pid"))

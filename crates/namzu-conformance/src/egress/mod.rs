@@ -522,15 +522,9 @@ pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -
     let sb = sandbox(env, allow(&[".allowed.test"])).await?;
     let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
     check("before", codes.starts_with("200"), &codes)?;
-    let log = (env.log_of)(sb.id());
-    let dir = log.parent().ok_or("no state directory")?;
-    let pid: i32 = std::fs::read_to_string(dir.join("egress.pid"))
-        .map_err(|e| e.to_string())?
-        .trim()
-        .parse()
-        .map_err(|e| format!("pid: {e}"))?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-        .map_err(|e| e.to_string())?;
+    let pid = limits::supervisor_pid(env, sb.id())?;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).map_err(|e| e.to_string())?;
+    let pid = pid.as_raw();
     // Wait until it is gone (it is nobody's child here, or ours: either way
     // its /proc entry goes or turns zombie).
     for _ in 0..200 {
