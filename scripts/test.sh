@@ -36,7 +36,7 @@ cargo build -p namzu-agent --features weaken --target-dir target/weaken --locked
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --locked -- "$@" 2>&1 | tee "$log" || status=$?
+cargo test --workspace --locked --no-fail-fast -- "$@" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 exit "$status"
