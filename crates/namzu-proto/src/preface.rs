@@ -196,6 +196,47 @@ mod tests {
         assert!(token_matches(b"abc", b"abc"));
         assert!(!token_matches(b"abc", b"abd"));
         assert!(!token_matches(b"abc", b"ab"));
+        // Two differences that would cancel out if they were xor-ed
+        // together instead of or-ed.
+        assert!(!token_matches(b"ab", b"ba"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_other_than_accepted_is_a_refusal() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let agent = tokio::spawn(async move {
+            let mut buf = vec![0u8; HEADER_LEN + 3];
+            b.read_exact(&mut buf).await.unwrap();
+            b.write_all(&[ACCEPTED.wrapping_add(1)]).await.unwrap();
+            b
+        });
+        assert_eq!(within(offer(&mut a, b"tok")).await, Err(PrefaceError::Refused));
+        drop(within(agent).await);
+    }
+
+    /// A peer that stops early is `Truncated`; any other read failure is
+    /// `Io`, not mistaken for it.
+    #[tokio::test]
+    async fn early_end_and_read_errors_are_told_apart() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(&encode(b"token").unwrap()[..HEADER_LEN + 2]).await.unwrap();
+        drop(a);
+        assert_eq!(within(accept(&mut b, b"token", 16)).await, Err(PrefaceError::Truncated));
+
+        struct Broken;
+        impl AsyncRead for Broken {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                _: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Err(std::io::Error::other("the link broke")))
+            }
+        }
+        let mut buf = [0u8; 4];
+        assert!(
+            matches!(read_exact(&mut Broken, &mut buf).await, Err(PrefaceError::Io(m)) if m.contains("the link broke"))
+        );
     }
 
     /// Bounded: a broken encoder must fail the test, not hang it.
