@@ -468,9 +468,10 @@ async fn sigterm_also_kills_terminal_sessions() {
     assert!(!alive, "terminal job {bg} outlived the agent");
 }
 
-#[tokio::test]
-async fn a_stopped_agent_is_noticed_within_three_heartbeats() {
-    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "200")]).await;
+/// An agent with `heartbeat_ms`, a command streaming from it, then the
+/// agent stopped (SIGSTOP; the caller continues it).
+async fn stopped_mid_stream(heartbeat_ms: &str) -> (Agent, AgentClient, namzu::ExecStream, nix::unistd::Pid) {
+    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", heartbeat_ms)]).await;
     let c = connect(&a).await.unwrap();
     let mut s = c
         .exec_stream(ExecRequest::shell("echo go; exec sleep 300"))
@@ -479,6 +480,12 @@ async fn a_stopped_agent_is_noticed_within_three_heartbeats() {
     assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
     let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    (a, c, s, pid)
+}
+
+#[tokio::test]
+async fn a_stopped_agent_is_noticed_within_three_heartbeats() {
+    let (_a, _c, mut s, pid) = stopped_mid_stream("200").await;
     let t0 = Instant::now();
     let ended = tokio::time::timeout(Duration::from_secs(10), s.next()).await;
     let took = t0.elapsed();
@@ -498,15 +505,7 @@ async fn a_stopped_agent_is_noticed_within_three_heartbeats() {
 
 #[tokio::test]
 async fn heartbeat_zero_disables_the_silence_check() {
-    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "0")]).await;
-    let c = connect(&a).await.unwrap();
-    let mut s = c
-        .exec_stream(ExecRequest::shell("echo go; exec sleep 300"))
-        .await
-        .unwrap();
-    assert!(matches!(s.next().await, Some(Ok(ExecEvent::Stdout { .. }))));
-    let pid = nix::unistd::Pid::from_raw(a.child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (_a, c, mut s, pid) = stopped_mid_stream("0").await;
     // With heartbeats on at 200 ms this resolves as lost in under a second
     // (the test above); off, a stopped agent is simply waited for.
     let ended = tokio::time::timeout(Duration::from_millis(1500), s.next()).await;
