@@ -23,7 +23,7 @@ use bytes::Bytes;
 use namzu_proto::v1::{self, agent_error::Kind, exec_output, ExecExit, ExecOutput, OutputChunk};
 use tokio::sync::{mpsc, Notify};
 
-use crate::service::{agent_err, IntoStatus, OpError};
+use crate::op_error::{agent_err, IntoStatus, OpError};
 
 /// Largest run of log bytes one follow step sends.
 const STEP_BYTES: u64 = 256 * 1024;

@@ -17,7 +17,7 @@ use namzu_proto::v1::agent_error::Kind;
 use tonic::body::BoxBody;
 use tonic::server::NamedService;
 
-use crate::service::IntoStatus;
+use crate::op_error::IntoStatus;
 
 /// The RPCs a retiring agent still serves, by method name.
 pub const SERVED_WHILE_RETIRING: &[&str] = &["Health", "Cancel"];
@@ -58,7 +58,7 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let method = req.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
         if (self.retiring)() && !SERVED_WHILE_RETIRING.contains(&method.as_str()) {
-            let status = crate::service::agent_err(
+            let status = crate::op_error::agent_err(
                 Kind::Retiring,
                 &method,
                 "agent is retiring after an unconfirmed kill; only health and cancel are served",

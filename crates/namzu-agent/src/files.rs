@@ -23,7 +23,7 @@ use rustix::fs::{AtFlags, FileType as RxFileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use crate::jail::{Jail, JailError, Located, ResolveError};
-use crate::service::{agent_err, OpError};
+use crate::op_error::{agent_err, OpError};
 
 /// The mode bits the agent ever sets: permissions and sticky, never
 /// S_ISUID or S_ISGID.

@@ -5,7 +5,8 @@
 //! Modules, each owning one job:
 //! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd), the preface gate,
 //!   shutdown on SIGTERM;
-//! * [`service`]: the gRPC service, error mapping;
+//! * [`service`]: the gRPC service;
+//! * [`op_error`]: an operation's typed error and its status;
 //! * [`fence`]: the retiring fence in front of every RPC;
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
@@ -34,6 +35,7 @@ pub mod fence;
 pub mod files;
 pub mod identity;
 pub mod jail;
+pub mod op_error;
 pub mod quiesce;
 pub mod reaper;
 pub mod relay;

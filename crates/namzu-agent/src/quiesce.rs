@@ -15,7 +15,7 @@ use namzu_proto::v1::{agent_error::Kind, StoppedProcess};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::service::{agent_err, OpError};
+use crate::op_error::{agent_err, OpError};
 
 /// Passes before quiesce gives up on a process tree that keeps forking.
 const MAX_ROUNDS: u32 = 32;

@@ -22,50 +22,7 @@ use crate::exec::Execs;
 use crate::files;
 use crate::jail::Jail;
 
-/// The typed error of one operation, as it travels.
-pub type OpError = v1::AgentError;
-
-pub fn agent_err(kind: Kind, op: &str, message: &str) -> OpError {
-    v1::AgentError {
-        kind: kind as i32,
-        op: op.into(),
-        message: message.into(),
-        ..Default::default()
-    }
-}
-
-pub trait IntoStatus {
-    fn into_status(self) -> Status;
-}
-
-impl IntoStatus for OpError {
-    fn into_status(self) -> Status {
-        use tonic::Code;
-        let code = match self.kind() {
-            Kind::InvalidArgument => Code::InvalidArgument,
-            Kind::NotFound | Kind::UnknownExec => Code::NotFound,
-            Kind::AlreadyExists => Code::AlreadyExists,
-            Kind::PermissionDenied | Kind::PathEscape => Code::PermissionDenied,
-            Kind::LimitExceeded | Kind::WalkLimit => Code::ResourceExhausted,
-            Kind::Retiring | Kind::ShuttingDown => Code::Unavailable,
-            Kind::Io | Kind::Unspecified => Code::Internal,
-            Kind::NotADirectory
-            | Kind::IsADirectory
-            | Kind::NotRegularFile
-            | Kind::DirectoryNotEmpty
-            | Kind::ExecState
-            | Kind::SpawnFailed
-            | Kind::Protocol => Code::FailedPrecondition,
-            Kind::FeatureDisabled => Code::Unimplemented,
-            Kind::ConnectionRefused => Code::Unavailable,
-            Kind::Survivor => Code::Aborted,
-            Kind::Timeout => Code::DeadlineExceeded,
-            Kind::AttachReplaced => Code::Aborted,
-            Kind::NotAttachable => Code::FailedPrecondition,
-        };
-        namzu_proto::status_with_error(code, self)
-    }
-}
+use crate::op_error::{agent_err, IntoStatus, OpError};
 
 pub struct AgentService {
     cfg: Arc<AgentConfig>,

@@ -25,7 +25,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::config::Limits;
 use crate::reaper::{ExitInfo, Reaper};
-use crate::service::{agent_err, OpError};
+use crate::op_error::{agent_err, OpError};
 
 /// Default largest chunk of one ReadSession.
 const READ_DEFAULT: usize = 256 * 1024;
@@ -272,7 +272,7 @@ impl Sessions {
         mut input: tonic::Streaming<v1::TerminalInput>,
         tx: tokio::sync::mpsc::Sender<Result<v1::TerminalOutput, tonic::Status>>,
     ) {
-        use crate::service::IntoStatus;
+        use crate::op_error::IntoStatus;
         use v1::{terminal_input::Msg as In, terminal_output::Msg as Out};
         let s = match self.get("attach_terminal", id) {
             Ok(s) => s,

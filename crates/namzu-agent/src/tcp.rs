@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use crate::service::{agent_err, OpError};
+use crate::op_error::{agent_err, OpError};
 
 const CHUNK: usize = 64 * 1024;
 

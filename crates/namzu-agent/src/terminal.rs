@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use crate::reaper::{ExitInfo, Reaper};
-use crate::service::{agent_err, IntoStatus, OpError};
+use crate::op_error::{agent_err, IntoStatus, OpError};
 
 const OP: &str = "terminal";
 /// After the leader exits, how long late output is still read.
