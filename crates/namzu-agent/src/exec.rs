@@ -45,8 +45,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Limits;
 use crate::exec_log::{spawn_heartbeats, ExecLog, OutputTx};
-use crate::reaper::{ExitInfo, Reaper};
 use crate::op_error::{agent_err, IntoStatus, OpError};
+use crate::reaper::{ExitInfo, Reaper};
 
 /// After the leader exits, how long output from lingering group members is
 /// still collected before the result is sent.

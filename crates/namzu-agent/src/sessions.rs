@@ -24,8 +24,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncReadExt;
 
 use crate::config::Limits;
-use crate::reaper::{ExitInfo, Reaper};
 use crate::op_error::{agent_err, OpError};
+use crate::reaper::{ExitInfo, Reaper};
 
 /// Default largest chunk of one ReadSession.
 const READ_DEFAULT: usize = 256 * 1024;

@@ -23,8 +23,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use crate::reaper::{ExitInfo, Reaper};
 use crate::op_error::{agent_err, IntoStatus, OpError};
+use crate::reaper::{ExitInfo, Reaper};
 
 const OP: &str = "terminal";
 /// After the leader exits, how long late output is still read.
