@@ -1,0 +1,238 @@
+//! Files: atomic writes (whole or streamed), reads and ranged streams, listing, walking, stat, mkdir, remove, rename.
+
+use super::*;
+
+impl AgentClient {
+    /// Writes `data` to `path` atomically.
+    pub async fn write_file(&self, path: &Path, data: Bytes, opts: WriteOptions) -> Result<u64> {
+        const OP: &str = "write_file";
+        self.require(OP, feat::FILES_WRITE)?;
+        let total = data.len() as u64;
+        let chunk = self.inner.write_chunk;
+        let chunks = (0..data.len()).step_by(chunk).map(move |i| {
+            let end = (i + chunk).min(data.len());
+            v1::WriteFileRequest {
+                msg: Some(write_file_request::Msg::Data(data.slice(i..end))),
+            }
+        });
+        let msgs = std::iter::once(begin_msg(path, &opts))
+            .chain(chunks)
+            .chain(std::iter::once(v1::WriteFileRequest {
+                msg: Some(write_file_request::Msg::Commit(v1::WriteCommit { total_bytes: total })),
+            }));
+        let r = self
+            .rpc()
+            .write_file(futures::stream::iter(msgs))
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(r.into_inner().bytes_written)
+    }
+
+    /// Writes everything `reader` yields to `path` atomically, streaming. A
+    /// read error aborts the write; the old file stays.
+    pub async fn write_file_from<R>(&self, path: &Path, mut reader: R, opts: WriteOptions) -> Result<u64>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        const OP: &str = "write_file";
+        self.require(OP, feat::FILES_WRITE)?;
+        let (tx, rx) = mpsc::channel(4);
+        let begin = begin_msg(path, &opts);
+        let chunk = self.inner.write_chunk;
+        let pump = tokio::spawn(async move {
+            if tx.send(begin).await.is_err() {
+                return Ok(());
+            }
+            let mut total = 0u64;
+            loop {
+                let mut buf = Vec::with_capacity(chunk);
+                let n = (&mut reader).take(chunk as u64).read_to_end(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+                let msg = v1::WriteFileRequest {
+                    msg: Some(write_file_request::Msg::Data(buf.into())),
+                };
+                if tx.send(msg).await.is_err() {
+                    return Ok(());
+                }
+            }
+            let _ = tx
+                .send(v1::WriteFileRequest {
+                    msg: Some(write_file_request::Msg::Commit(v1::WriteCommit { total_bytes: total })),
+                })
+                .await;
+            Ok::<_, io::Error>(())
+        });
+        let r = self.rpc().write_file(ReceiverStream::new(rx)).await;
+        // A local read error explains the failure better than the agent's
+        // "ended without commit".
+        if let Ok(Err(source)) = pump.await {
+            return Err(Error::LocalIo { op: OP.into(), source });
+        }
+        Ok(r.map_err(|s| self.status(OP, s))?.into_inner().bytes_written)
+    }
+
+    /// Reads a whole file, or a range of it.
+    pub async fn read_file(&self, path: &Path, range: Option<ByteRange>) -> Result<FileData> {
+        const OP: &str = "read_file";
+        self.require(OP, feat::FILES_READ)?;
+        let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let r = self
+            .rpc()
+            .read_file(v1::ReadFileRequest {
+                path: path_bytes(path),
+                offset,
+                length,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        Ok(FileData {
+            data: r.data,
+            file_size: r.file_size,
+            eof: r.eof,
+        })
+    }
+
+    /// Streams a file (or a range) in chunks; memory stays bounded on both
+    /// ends whatever the size.
+    pub async fn read_file_stream(&self, path: &Path, range: Option<ByteRange>) -> Result<ByteStream> {
+        const OP: &str = "read_file_stream";
+        self.require(OP, feat::FILES_READ_STREAM)?;
+        let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let s = self
+            .rpc()
+            .read_file_stream(v1::ReadFileStreamRequest {
+                path: path_bytes(path),
+                offset,
+                length,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        let me = self.clone();
+        Ok(Box::pin(
+            s.map(move |r| r.map(|c| c.data).map_err(|s| me.status(OP, s))),
+        ))
+    }
+
+    pub async fn list_files(&self, path: &Path) -> Result<Vec<FileInfo>> {
+        const OP: &str = "list_files";
+        self.require(OP, feat::FILES_LIST)?;
+        let r = self
+            .rpc()
+            .list_files(v1::ListFilesRequest { path: path_bytes(path) })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(r.into_inner().entries.into_iter().map(file_info).collect())
+    }
+
+    /// Walks a tree depth-first. Symlinks are reported, never followed. A
+    /// budget overrun ends the stream with [`Error::WalkLimit`].
+    pub async fn walk_files(&self, root: &Path, opts: WalkOptions) -> Result<FileInfoStream> {
+        const OP: &str = "walk_files";
+        self.require(OP, feat::FILES_WALK)?;
+        let s = self
+            .rpc()
+            .walk_files(v1::WalkFilesRequest {
+                root: path_bytes(root),
+                max_entries: opts.max_entries,
+                max_depth: opts.max_depth,
+                include_hidden: opts.include_hidden,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        let me = self.clone();
+        Ok(Box::pin(s.map(move |r| r.map(file_info).map_err(|s| me.status(OP, s)))))
+    }
+
+    pub async fn stat(&self, path: &Path) -> Result<FileInfo> {
+        const OP: &str = "stat";
+        self.require(OP, feat::FILES_STAT)?;
+        let r = self
+            .rpc()
+            .stat(v1::StatRequest { path: path_bytes(path) })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(file_info(r.into_inner()))
+    }
+
+    pub async fn mkdir(&self, path: &Path, parents: bool) -> Result<()> {
+        const OP: &str = "mkdir";
+        self.require(OP, feat::FILES_MKDIR)?;
+        self.rpc()
+            .mkdir(v1::MkdirRequest {
+                path: path_bytes(path),
+                parents,
+                mode: None,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+
+    pub async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
+        const OP: &str = "remove";
+        self.require(OP, feat::FILES_REMOVE)?;
+        self.rpc()
+            .remove(v1::RemoveRequest {
+                path: path_bytes(path),
+                recursive,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+
+    pub async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        const OP: &str = "rename";
+        self.require(OP, feat::FILES_RENAME)?;
+        self.rpc()
+            .rename(v1::RenameRequest {
+                from: path_bytes(from),
+                to: path_bytes(to),
+                no_replace: false,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?;
+        Ok(())
+    }
+}
+
+fn begin_msg(path: &Path, opts: &WriteOptions) -> v1::WriteFileRequest {
+    v1::WriteFileRequest {
+        msg: Some(write_file_request::Msg::Begin(v1::WriteBegin {
+            path: path_bytes(path),
+            mode: opts.mode,
+            create_parents: opts.create_parents,
+        })),
+    }
+}
+
+fn file_info(e: v1::FileEntry) -> FileInfo {
+    use std::os::unix::ffi::OsStringExt;
+    let kind = match e.file_type() {
+        v1::FileType::Regular => FileKind::File,
+        v1::FileType::Directory => FileKind::Dir,
+        v1::FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    };
+    let mtime = if e.mtime_ms >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(e.mtime_ms.unsigned_abs())
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_millis(e.mtime_ms.unsigned_abs())
+    };
+    FileInfo {
+        path: bytes_path(&e.path),
+        name: std::ffi::OsString::from_vec(e.name.to_vec()),
+        kind,
+        size: e.size,
+        mode: e.mode,
+        mtime,
+        symlink_target: e.symlink_target.as_deref().map(bytes_path),
+        depth: e.depth,
+    }
+}
