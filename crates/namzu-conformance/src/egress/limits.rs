@@ -49,7 +49,12 @@ pub async fn the_agents_egress_limits_hold(env: &Env) -> Outcome {
     })
     .await
     .map_err(|e| format!("create: {e}"))?;
-    let sb: &dyn Sandbox = sb.as_ref();
+    let r = limits_hold(env, sb.as_ref()).await;
+    sb.destroy().await.map_err(|e| e.to_string())?;
+    r
+}
+
+async fn limits_hold(env: &Env, sb: &dyn Sandbox) -> Outcome {
     let (codes, _) = curl(sb, "http://allowed.test/").await;
     check("control", codes.starts_with("200"), &codes)?;
     let big = "x".repeat(3000);
