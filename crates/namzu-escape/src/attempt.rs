@@ -152,13 +152,17 @@ pub fn run(a: &Attempt, env: &Env) -> String {
     if env.control && a.ctl == Ctl::None {
         return line(a.name, "skipped", "no safe control on the host");
     }
-    let res = in_child(a, env);
-    let (verdict, detail) = match &res {
-        Res::Succeeded(what) => ("succeeded", what.clone()),
-        Res::Errno(step, e) if a.proof.contains(e) => ("blocked", format!("{} ({step})", ename(*e))),
-        Res::Errno(step, e) => ("unexpected", format!("{} {e} ({step})", ename(*e))),
-        Res::Absent(what) => ("blocked", what.clone()),
-        Res::Broken(what) => ("unexpected", what.clone()),
+    in_child(a, env)
+}
+
+/// The line for `res`, judged against the attempt's proof errnos.
+fn judged(a: &Attempt, res: Res) -> String {
+    let (verdict, detail) = match res {
+        Res::Succeeded(what) => ("succeeded", what),
+        Res::Errno(step, e) if a.proof.contains(&e) => ("blocked", format!("{} ({step})", ename(e))),
+        Res::Errno(step, e) => ("unexpected", format!("{} {e} ({step})", ename(e))),
+        Res::Absent(what) => ("blocked", what),
+        Res::Broken(what) => ("unexpected", what),
     };
     line(a.name, verdict, &detail)
 }
@@ -173,13 +177,13 @@ fn pipe() -> (OwnedFd, OwnedFd) {
 }
 
 /// The child becomes the control's identity (when `env.control`), runs the
-/// op, and sends the result back as one line.
-fn in_child(a: &Attempt, env: &Env) -> Res {
+/// op, and sends back its finished line.
+fn in_child(a: &Attempt, env: &Env) -> String {
     // The stand-in first: it must not hold the pipe's write end.
     let agent = if env.control {
         match spawn_stand_in(a.ctl) {
             Ok(pid) => pid,
-            Err(e) => return Res::Broken(format!("stand-in agent: {e}")),
+            Err(e) => return judged(a, Res::Broken(format!("stand-in agent: {e}"))),
         }
     } else {
         env.agent_pid
@@ -198,12 +202,7 @@ fn in_child(a: &Attempt, env: &Env) -> Res {
             Ok(()) => (a.op)(&env),
             Err(e) => Res::Broken(format!("become the control's identity: {e}")),
         };
-        let text = match res {
-            Res::Succeeded(s) => format!("S{s}"),
-            Res::Errno(step, e) => format!("E{e} {step}"),
-            Res::Absent(s) => format!("A{s}"),
-            Res::Broken(s) => format!("B{s}"),
-        };
+        let text = judged(a, res);
         let mut f = std::fs::File::from(w);
         let _ = f.write_all(text.as_bytes());
         drop(f);
@@ -221,21 +220,13 @@ fn in_child(a: &Attempt, env: &Env) -> Res {
             libc::waitpid(agent, std::ptr::null_mut(), 0);
         }
     }
-    decode(&text, pid)
-}
-
-fn decode(text: &str, pid: i32) -> Res {
-    match text.split_at_checked(1) {
-        Some(("S", s)) => Res::Succeeded(s.into()),
-        Some(("A", s)) => Res::Absent(s.into()),
-        Some(("B", s)) => Res::Broken(s.into()),
-        Some(("E", s)) => {
-            let (n, step) = s.split_once(' ').unwrap_or((s, ""));
-            let step: &'static str = Box::leak(step.to_owned().into_boxed_str());
-            Res::Errno(step, n.parse().unwrap_or(0))
-        }
-        _ => Res::Broken(format!("the attempt's process {pid} died without a result")),
+    if text.is_empty() {
+        return judged(
+            a,
+            Res::Broken(format!("the attempt's process {pid} died without a result")),
+        );
     }
+    text
 }
 
 fn reap(pid: i32, limit: Duration) {
