@@ -94,7 +94,7 @@ pub fn valid_name(id: &str) -> bool {
 }
 
 fn with_id(mut e: OpError, id: &str) -> OpError {
-    e.exec_id = id.into();
+    e.execution_id = id.into();
     e
 }
 
@@ -262,19 +262,19 @@ impl Execs {
         }
     }
 
-    pub async fn cancel(&self, exec_id: &str) -> Result<Outcome, OpError> {
+    pub async fn cancel(&self, execution_id: &str) -> Result<Outcome, OpError> {
         let tx = {
             let mut t = self.table();
-            match t.slots.get(exec_id) {
+            match t.slots.get(execution_id) {
                 // A detachable execution's record outlives its slot.
-                None if t.logs.contains_key(exec_id) => return Ok(Outcome::AlreadyExited),
+                None if t.logs.contains_key(execution_id) => return Ok(Outcome::AlreadyExited),
                 None => {
                     let mut e = agent_err(Kind::UnknownExec, "cancel", "no such execution");
-                    e.exec_id = exec_id.into();
+                    e.execution_id = execution_id.into();
                     return Err(e);
                 }
                 Some(Slot::Reserved(_)) | Some(Slot::CancelledBeforeStart) => {
-                    t.slots.insert(exec_id.to_owned(), Slot::CancelledBeforeStart);
+                    t.slots.insert(execution_id.to_owned(), Slot::CancelledBeforeStart);
                     return Ok(Outcome::NotStarted);
                 }
                 Some(Slot::Finished) => return Ok(Outcome::AlreadyExited),
@@ -290,10 +290,10 @@ impl Execs {
         Ok(answer.await.unwrap_or(Outcome::AlreadyExited))
     }
 
-    fn finish(&self, exec_id: &str) {
+    fn finish(&self, execution_id: &str) {
         let mut t = self.table();
-        t.slots.insert(exec_id.to_owned(), Slot::Finished);
-        t.finished.push_back(exec_id.to_owned());
+        t.slots.insert(execution_id.to_owned(), Slot::Finished);
+        t.finished.push_back(execution_id.to_owned());
         while t.finished.len() as u64 > self.limits.exec_records_kept {
             // A name may have been started again since; only a finished
             // record goes.
@@ -308,18 +308,18 @@ impl Execs {
     /// Runs one execution whose `start` message has been read. Output
     /// messages go to `out`; the last one is `exit`, or an error status.
     pub async fn run(self: Arc<Self>, start: ExecStart, input: InputStream, out: OutputTx) {
-        if start.detach {
+        if start.detachable {
             return self.run_detached(start, input, out).await;
         }
-        let exec_id = start.exec_id.clone();
+        let execution_id = start.execution_id.clone();
         let result = match self.admit(&start) {
             Ok(Some(cancel_rx)) => {
                 let r = self.run_inner(start, input, Sink::Call(out.clone()), cancel_rx).await;
-                self.finish(&exec_id);
+                self.finish(&execution_id);
                 r
             }
             Ok(None) => {
-                self.finish(&exec_id);
+                self.finish(&execution_id);
                 Ok(cancelled_before_start())
             }
             Err(e) => Err(e),
@@ -346,7 +346,7 @@ impl Execs {
                 let mut e = agent_err(Kind::LimitExceeded, "exec", "timeout exceeds the sandbox maximum");
                 e.limit_name = namzu_proto::limits::SANDBOX_MAX_TIMEOUT_MS.into();
                 e.limit = self.limits.sandbox_max_timeout_ms;
-                Err(with_id(e, &start.exec_id))
+                Err(with_id(e, &start.execution_id))
             }
             t => Ok(t),
         }
@@ -356,23 +356,23 @@ impl Execs {
     /// and only once. `None`: it was cancelled before it started.
     fn admit(&self, start: &ExecStart) -> Result<Option<mpsc::Receiver<CancelReply>>, OpError> {
         const OP: &str = "exec";
-        let exec_id = &start.exec_id;
+        let execution_id = &start.execution_id;
         self.timeout_ms(start)?;
         let mut t = self.table();
-        match t.slots.get(exec_id) {
+        match t.slots.get(execution_id) {
             Some(Slot::Reserved(_)) => {
                 let (cancel_tx, cancel_rx) = mpsc::channel::<CancelReply>(4);
-                t.slots.insert(exec_id.clone(), Slot::Running(cancel_tx));
+                t.slots.insert(execution_id.clone(), Slot::Running(cancel_tx));
                 Ok(Some(cancel_rx))
             }
             Some(Slot::CancelledBeforeStart) => Ok(None),
             Some(_) => Err(with_id(
                 agent_err(Kind::ExecState, OP, "execution already started"),
-                exec_id,
+                execution_id,
             )),
             None => Err(with_id(
                 agent_err(Kind::UnknownExec, OP, "execution id was not reserved"),
-                exec_id,
+                execution_id,
             )),
         }
     }
@@ -382,7 +382,7 @@ impl Execs {
     /// name already retained runs nothing: the call attaches to it.
     async fn run_detached(self: Arc<Self>, start: ExecStart, input: InputStream, out: OutputTx) {
         const OP: &str = "exec";
-        let id = start.exec_id.clone();
+        let id = start.execution_id.clone();
         let admitted = (|| {
             if !valid_name(&id) {
                 return Err(with_id(
@@ -454,7 +454,7 @@ impl Execs {
         let found = {
             let mut t = self.table();
             self.prune_logs(&mut t);
-            match (t.logs.get(&req.exec_id), t.slots.get(&req.exec_id)) {
+            match (t.logs.get(&req.execution_id), t.slots.get(&req.execution_id)) {
                 (Some(log), _) => Ok(log.clone()),
                 (None, Some(slot)) => {
                     let (state, why) = match slot {
@@ -463,7 +463,7 @@ impl Execs {
                         }
                         _ => ("not-detachable", "not started detachable: nothing retains its output"),
                     };
-                    let mut e = with_id(agent_err(Kind::NotAttachable, OP, why), &req.exec_id);
+                    let mut e = with_id(agent_err(Kind::NotAttachable, OP, why), &req.execution_id);
                     e.exec_state = state.into();
                     Err(e)
                 }
@@ -473,14 +473,14 @@ impl Execs {
                         OP,
                         "no such execution (never started, or past retention)",
                     ),
-                    &req.exec_id,
+                    &req.execution_id,
                 )),
             }
         };
         match found {
             Ok(log) => {
                 log.follow(
-                    req.exec_id,
+                    req.execution_id,
                     req.from_offset,
                     req.follow,
                     true,
@@ -503,26 +503,26 @@ impl Execs {
         mut cancel_rx: mpsc::Receiver<CancelReply>,
     ) -> Result<ExecExit, OpError> {
         const OP: &str = "exec";
-        let exec_id = start.exec_id.clone();
+        let execution_id = start.execution_id.clone();
         let timeout_ms = self.timeout_ms(&start)?;
         let detached = matches!(sink, Sink::Log(_));
 
-        let mut cmd = self.command(&start).map_err(|e| with_id(e, &exec_id))?;
+        let mut cmd = self.command(&start).map_err(|e| with_id(e, &execution_id))?;
         let started_at = Instant::now();
         let (mut child, mut exit_rx) = self.reaper.spawn(&mut cmd).map_err(|io| {
             let mut e = agent_err(Kind::SpawnFailed, OP, &format!("cannot start command: {io}"));
             e.errno = io.raw_os_error().unwrap_or(0);
             e.path = bytes::Bytes::copy_from_slice(&start.command);
-            with_id(e, &exec_id)
+            with_id(e, &execution_id)
         })?;
         let pid = child.id();
         let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
-        tracing::debug!(%exec_id, pid, detached, "started");
+        tracing::debug!(%execution_id, pid, detached, "started");
         match &sink {
             Sink::Call(out) => {
                 let started = v1::Started {
                     pid,
-                    exec_id: exec_id.clone(),
+                    execution_id: execution_id.clone(),
                     attached: false,
                 };
                 let _ = out
@@ -586,7 +586,7 @@ impl Execs {
                 _ = &mut deadline => {
                     timed_out = true;
                     if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                        return Err(self.retire(&exec_id, "timeout kill could not be confirmed"));
+                        return Err(self.retire(&execution_id, "timeout kill could not be confirmed"));
                     }
                 }
                 Some(reply) = cancel_rx.recv() => {
@@ -596,28 +596,28 @@ impl Execs {
                         if detached {
                             // Nothing is retired: the record stays, running,
                             // and the caller may cancel again.
-                            tracing::warn!(%exec_id, "cancel of a detachable execution could not be confirmed");
+                            tracing::warn!(%execution_id, "cancel of a detachable execution could not be confirmed");
                             continue;
                         }
-                        return Err(self.retire(&exec_id, "cancel could not be confirmed"));
+                        return Err(self.retire(&execution_id, "cancel could not be confirmed"));
                     }
                     cancelled = true;
                 }
                 _ = &mut host_gone => {
-                    tracing::warn!(%exec_id, "host silent for three heartbeat intervals; killing the process group");
+                    tracing::warn!(%execution_id, "host silent for three heartbeat intervals; killing the process group");
                     cancelled = true;
                     if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                        return Err(self.retire(&exec_id, "kill after the host went silent could not be confirmed"));
+                        return Err(self.retire(&execution_id, "kill after the host went silent could not be confirmed"));
                     }
                 }
                 _ = sink.closed() => {
                     // The host dropped the stream. Leaving the group running would
                     // orphan it with nobody to collect it; a command meant to
                     // outlive its call is started detachable.
-                    tracing::info!(%exec_id, "exec stream dropped by the host; killing the process group");
+                    tracing::info!(%execution_id, "exec stream dropped by the host; killing the process group");
                     cancelled = true;
                     if !self.kill_confirm(pgid, &mut exit_rx, &mut exit).await {
-                        return Err(self.retire(&exec_id, "kill after stream drop could not be confirmed"));
+                        return Err(self.retire(&execution_id, "kill after stream drop could not be confirmed"));
                     }
                 }
             }
@@ -661,11 +661,11 @@ impl Execs {
         })
     }
 
-    fn retire(&self, exec_id: &str, why: &str) -> OpError {
+    fn retire(&self, execution_id: &str, why: &str) -> OpError {
         self.retiring.store(true, Ordering::SeqCst);
-        tracing::error!(%exec_id, why, "agent is retiring: a process group may still be running");
+        tracing::error!(%execution_id, why, "agent is retiring: a process group may still be running");
         let mut e = agent_err(Kind::Retiring, "exec", why);
-        e.exec_id = exec_id.into();
+        e.execution_id = execution_id.into();
         e
     }
 
@@ -919,6 +919,6 @@ mod tests {
         assert_eq!(bad.kind(), Kind::InvalidArgument);
         let err = e.cancel("x-nope").await.unwrap_err();
         assert_eq!(err.kind(), Kind::UnknownExec);
-        assert_eq!(err.exec_id, "x-nope");
+        assert_eq!(err.execution_id, "x-nope");
     }
 }

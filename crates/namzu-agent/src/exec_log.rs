@@ -173,7 +173,7 @@ impl ExecLog {
     /// outcome. Ends early, signalling nothing, when the reader goes.
     pub async fn follow(
         self: Arc<Self>,
-        exec_id: String,
+        execution_id: String,
         from: u64,
         follow: bool,
         attached: bool,
@@ -190,14 +190,14 @@ impl ExecLog {
                 "attach_exec",
                 "offset is past the end of the log",
             );
-            e.exec_id = exec_id;
+            e.execution_id = execution_id;
             e.limit = end;
             let _ = tx.send(Err(e.into_status())).await;
             return;
         }
         let started = v1::Started {
             pid,
-            exec_id: exec_id.clone(),
+            execution_id: execution_id.clone(),
             attached,
         };
         if tx.send(Ok(msg(exec_output::Msg::Started(started)))).await.is_err() {

@@ -142,15 +142,15 @@ impl Agent for AgentService {
 
     async fn reserve_exec(&self, req: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {
         self.admit("reserve_exec", namzu_proto::features::EXEC)?;
-        let name = req.into_inner().exec_id;
+        let name = req.into_inner().execution_id;
         if !name.is_empty() {
             self.feature("reserve_exec", namzu_proto::features::EXEC_ATTACH)?;
         }
-        let (exec_id, existing) = self
+        let (execution_id, existing) = self
             .execs
             .reserve((!name.is_empty()).then_some(name.as_str()))
             .map_err(IntoStatus::into_status)?;
-        Ok(Response::new(ReserveExecResponse { exec_id, existing }))
+        Ok(Response::new(ReserveExecResponse { execution_id, existing }))
     }
 
     type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
@@ -168,13 +168,13 @@ impl Agent for AgentService {
         if start.stdin_stream {
             self.feature("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
         }
-        if start.detach {
+        if start.detachable {
             self.feature("exec", namzu_proto::features::EXEC_ATTACH)?;
         }
         // No reservation: nobody can cancel before `Started` names the id, so
         // reserving here saves the caller a round trip.
-        if start.exec_id.is_empty() && !start.detach {
-            start.exec_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
+        if start.execution_id.is_empty() && !start.detachable {
+            start.execution_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
         }
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
@@ -198,7 +198,7 @@ impl Agent for AgentService {
         self.admit("cancel", namzu_proto::features::EXEC_CANCEL)?;
         let outcome = self
             .execs
-            .cancel(&req.into_inner().exec_id)
+            .cancel(&req.into_inner().execution_id)
             .await
             .map_err(IntoStatus::into_status)?;
         Ok(Response::new(CancelResponse {
@@ -353,14 +353,11 @@ impl Agent for AgentService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn start_detached(
-        &self,
-        req: Request<v1::StartDetachedRequest>,
-    ) -> Result<Response<v1::SessionInfo>, Status> {
-        self.admit("start_detached", namzu_proto::features::SESSIONS)?;
+    async fn start_session(&self, req: Request<v1::StartSessionRequest>) -> Result<Response<v1::SessionInfo>, Status> {
+        self.admit("start_session", namzu_proto::features::SESSIONS)?;
         let info = self
             .sessions
-            .start_detached(req.into_inner())
+            .start_session(req.into_inner())
             .map_err(IntoStatus::into_status)?;
         Ok(Response::new(info))
     }

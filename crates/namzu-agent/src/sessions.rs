@@ -107,7 +107,7 @@ fn valid_id(id: &str) -> bool {
 
 fn not_found(op: &str, id: &str) -> OpError {
     let mut e = agent_err(Kind::NotFound, op, &format!("no session {id:?}"));
-    e.exec_id = id.into();
+    e.execution_id = id.into();
     e
 }
 
@@ -147,7 +147,7 @@ impl Sessions {
         let map = lock(&self.map);
         if map.contains_key(id) {
             let mut e = agent_err(Kind::AlreadyExists, op, "a session with this id exists");
-            e.exec_id = id.into();
+            e.execution_id = id.into();
             return Err(e);
         }
         if map.len() as u64 >= self.limits.max_sessions {
@@ -159,8 +159,8 @@ impl Sessions {
         Ok(())
     }
 
-    pub fn start_detached(&self, req: v1::StartDetachedRequest) -> Result<SessionInfo, OpError> {
-        const OP: &str = "start_detached";
+    pub fn start_session(&self, req: v1::StartSessionRequest) -> Result<SessionInfo, OpError> {
+        const OP: &str = "start_session";
         if req.command.is_empty() {
             return Err(agent_err(Kind::InvalidArgument, OP, "command is empty"));
         }
@@ -300,7 +300,7 @@ impl Sessions {
         let _ = tx
             .send(crate::terminal::out(Out::Opened(v1::Started {
                 pid: s.pid,
-                exec_id: id.into(),
+                execution_id: id.into(),
                 attached: true,
             })))
             .await;
@@ -357,7 +357,7 @@ impl Sessions {
                 _ = &mut changed => {}
                 _ = mine.cancelled() => {
                     let mut e = agent_err(Kind::AttachReplaced, "attach_terminal", "another attachment took this terminal over");
-                    e.exec_id = id.into();
+                    e.execution_id = id.into();
                     e.limit = at;
                     let _ = tx.send(Err(e.into_status())).await;
                     return;

@@ -206,7 +206,7 @@ pub async fn run(
     let _ = tx
         .send(out(terminal_output::Msg::Opened(v1::Started {
             pid,
-            exec_id: String::new(),
+            execution_id: String::new(),
             attached: false,
         })))
         .await;

@@ -86,15 +86,15 @@ fn raw_socket_read(src: &Path) -> std::io::Result<Duration> {
 }
 
 /// Median exec round trip of `true` in `sb`, and of fork+exec on the host.
-async fn exec_rtt(sb: &dyn Sandbox, iters: usize) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
+async fn exec_rtt(sb: &Sandbox, iters: usize) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
     for _ in 0..20 {
-        sb.exec(ExecRequest::new("true")).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
         std::process::Command::new("true").status()?;
     }
     let mut ns = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        sb.exec(ExecRequest::new("true")).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
         ns.push(t.elapsed());
     }
     let mut host = Vec::with_capacity(iters);
@@ -112,18 +112,19 @@ async fn host_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     let sb = provider.create(SandboxSpec::default()).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let idle = sb.agent().health().await?;
-    let (exec_ns, exec_host) = exec_rtt(sb.as_ref(), iters).await?;
+    let (exec_ns, exec_host) = exec_rtt(&sb, iters).await?;
 
     let t = Instant::now();
     let zeros = tokio::io::repeat(0).take(GIB);
-    sb.write_file_from(Path::new("big"), Box::new(zeros), WriteOptions::default())
+    sb.files()
+        .write_from(Path::new("big"), Box::new(zeros), WriteOptions::default())
         .await?;
     let write_ns = t.elapsed();
     let raw_file = state.path().join("raw.bin");
     let write_raw = raw_socket_write(&raw_file, GIB)?;
 
     let t = Instant::now();
-    let mut s = sb.read_file_stream(Path::new("big"), None).await?;
+    let mut s = sb.files().stream(Path::new("big")).await?;
     let mut got = 0u64;
     while let Some(c) = s.next().await {
         got += c?.len() as u64;
@@ -215,7 +216,7 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..n {
         let t = Instant::now();
         let sb = provider.create(SandboxSpec::default()).await?;
-        sb.exec(ExecRequest::new("true")).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
         creates.push(t.elapsed());
         let t = Instant::now();
         sb.destroy().await?;
@@ -256,7 +257,7 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let sb = provider.create(SandboxSpec::default()).await?;
-    let (exec_ns, exec_host) = exec_rtt(sb.as_ref(), iters).await?;
+    let (exec_ns, exec_host) = exec_rtt(&sb, iters).await?;
     sb.destroy().await?;
 
     let mut idle = Vec::with_capacity(100);

@@ -618,7 +618,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             };
             warn_host(tier);
             let sb = p.create(resources.spec(Vec::new())?).await?;
-            let result = run_command(sb.as_ref(), exec, None).await;
+            let result = run_command(&sb, exec, None).await;
             let destroyed = sb.destroy().await;
             let code = result?;
             destroyed?;
@@ -649,10 +649,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                     let policy = network
                         .policy()?
                         .ok_or_else(|| Fail("say what to allow: --network, or --allow-host".into()))?;
-                    sb.set_network_policy(policy).await?;
+                    sb.network().set_policy(policy).await?;
                 }
                 NetworkAction::Show => {
-                    let (config, open) = sb.network_policy().await?;
+                    let (config, open) = sb.network().policy().await?;
                     let mut v = serde_json::to_value(&config).map_err(|e| Fail(e.to_string()))?;
                     v["open_connections"] = serde_json::Value::from(open);
                     println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Fail(e.to_string()))?);
@@ -670,7 +670,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             warn_host(tier);
             let sb = p.connect(&id).await?;
             if !detach {
-                return run_command(sb.as_ref(), exec, session).await;
+                return run_command(&sb, exec, session).await;
             }
             if exec.timeout.is_some() {
                 return Err(Fail(
@@ -679,14 +679,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             }
             let mut args = exec.command.into_iter();
             let command = args.next().ok_or_else(|| Fail("no command given".into()))?;
-            let spec = namzu::DetachedSpec {
+            let spec = namzu::SessionSpec {
                 session_id: session.unwrap_or_default(),
                 command,
                 args: args.collect(),
                 cwd: exec.workdir,
                 env: exec.env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
             };
-            let info = sb.start_detached(spec).await?;
+            let info = sb.sessions().start(spec).await?;
             println!("{}", info.session_id);
             Ok(ExitCode::SUCCESS)
         }
@@ -701,7 +701,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let mut out = tokio::io::stdout();
             let mut at = from;
             loop {
-                let c = match sb.read_session(&session, at, 0).await {
+                let c = match sb.sessions().read_max(&session, at, 0).await {
                     // Not a session: a named execution, read from its log.
                     Err(namzu::Error::SessionNotFound { .. }) if at == from => {
                         let opts = namzu::AttachOptions {
@@ -715,7 +715,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                             })),
                             ..Default::default()
                         };
-                        let stream = sb.attach_execution_stream(&session, opts).await?;
+                        let stream = sb.commands().attach_stream(&session, opts).await?;
                         let code = print_events(stream).await?;
                         return Ok(code.unwrap_or(ExitCode::SUCCESS));
                     }
@@ -747,7 +747,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let (_, p) = provider_of(&cli.state_dir, &id).await?;
             let sb = p.connect(&id).await?;
             println!("{:<24} {:<8} {:<12} BYTES", "SESSION", "PID", "STATE");
-            for s in sb.list_sessions().await? {
+            for s in sb.sessions().list().await? {
                 println!(
                     "{:<24} {:<8} {:<12} {}",
                     s.session_id,
@@ -761,7 +761,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Cancel { id, name } => {
             let (_, p) = provider_of(&cli.state_dir, &id).await?;
             let sb = p.connect(&id).await?;
-            let outcome = match sb.cancel_execution(&name).await? {
+            let outcome = match sb.commands().cancel(&name).await? {
                 namzu::CancelOutcome::Killed => "killed",
                 namzu::CancelOutcome::NotStarted => "never started",
                 namzu::CancelOutcome::AlreadyExited => "had already exited",
@@ -772,7 +772,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
         Cmd::Kill { id, session, signal } => {
             let (_, p) = provider_of(&cli.state_dir, &id).await?;
             let sb = p.connect(&id).await?;
-            let info = sb.kill_session(&session, signal).await?;
+            let info = sb.sessions().kill(&session, signal).await?;
             println!("{} {}", info.session_id, session_state(&info));
             Ok(ExitCode::SUCCESS)
         }
@@ -799,12 +799,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             let (tier, p) = provider_of(&cli.state_dir, &id).await?;
             warn_host(tier);
             let sb = p.connect(&id).await?;
-            shell(sb.as_ref(), session, command).await
+            shell(&sb, session, command).await
         }
         Cmd::Attach { id, session, from } => {
             let (_, p) = provider_of(&cli.state_dir, &id).await?;
             let sb = p.connect(&id).await?;
-            let t = sb.attach_terminal(&session, from).await?;
+            let t = sb.terminals().attach(&session, from).await?;
             interact(t).await
         }
         Cmd::PortForward {
@@ -812,7 +812,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
             ports: (local, remote),
         } => {
             let (_, p) = provider_of(&cli.state_dir, &id).await?;
-            let sb: std::sync::Arc<dyn Sandbox> = std::sync::Arc::from(p.connect(&id).await?);
+            let sb: Sandbox = p.connect(&id).await?;
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", local))
                 .await
                 .map_err(|e| Fail(format!("cannot listen on 127.0.0.1:{local}: {e}")))?;
@@ -834,7 +834,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
                         };
                         let sb = sb.clone();
                         tokio::spawn(async move {
-                            match sb.open_tcp_connection(remote).await {
+                            match sb.network().connect(remote).await {
                                 Ok(mut tunnel) => {
                                     let _ = tokio::io::copy_bidirectional(&mut conn, &mut tunnel).await;
                                 }
@@ -895,7 +895,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Fail> {
 
 /// Runs one command, streaming its output; Ctrl-C cancels it (and
 /// everything it started). Returns the command's exit code.
-async fn run_command(sb: &dyn Sandbox, a: ExecArgs, name: Option<String>) -> Result<ExitCode, Fail> {
+async fn run_command(sb: &Sandbox, a: ExecArgs, name: Option<String>) -> Result<ExitCode, Fail> {
     let mut args = a.command.into_iter();
     let Some(cmd) = args.next() else {
         return Err(Fail("no command given".into()));
@@ -933,7 +933,7 @@ async fn run_command(sb: &dyn Sandbox, a: ExecArgs, name: Option<String>) -> Res
             }
         })
     };
-    let stream = sb.exec_stream(req.cancel_token(token)).await?;
+    let stream = sb.commands().stream(req.cancel_token(token)).await?;
     let code = print_events(stream).await;
     ctrl_c.abort();
     Ok(code?.unwrap_or(ExitCode::from(EXIT_NAMZU)))
@@ -1002,7 +1002,7 @@ fn local_size() -> (u16, u16) {
 }
 
 /// Runs an interactive terminal: stdin in, output out, resizes followed.
-async fn shell(sb: &dyn Sandbox, session: Option<String>, command: Vec<OsString>) -> Result<ExitCode, Fail> {
+async fn shell(sb: &Sandbox, session: Option<String>, command: Vec<OsString>) -> Result<ExitCode, Fail> {
     let (cols, rows) = local_size();
     let mut args = command.into_iter();
     let opts = namzu::TerminalOptions {
@@ -1014,7 +1014,7 @@ async fn shell(sb: &dyn Sandbox, session: Option<String>, command: Vec<OsString>
         session_id: session,
         ..Default::default()
     };
-    let t = sb.open_terminal(opts).await?;
+    let t = sb.terminals().open(opts).await?;
     interact(t).await
 }
 
@@ -1081,16 +1081,17 @@ async fn copy(p: &dyn Provider, src: &str, dst: &str) -> Result<(), Fail> {
             let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
             let bar = progress(len, "upload");
             let reader = bar.wrap_async_read(file);
-            sb.write_file_from(Path::new(path), Box::new(reader), WriteOptions::default())
+            sb.files()
+                .write_from(Path::new(path), Box::new(reader), WriteOptions::default())
                 .await?;
             bar.finish_and_clear();
             Ok(())
         }
         (Some((id, path)), None) => {
             let sb = p.connect(id).await?;
-            let size = sb.stat(Path::new(path)).await?.size;
+            let size = sb.files().stat(Path::new(path)).await?.size;
             let bar = progress(size, "download");
-            let mut s = sb.read_file_stream(Path::new(path), None).await?;
+            let mut s = sb.files().stream(Path::new(path)).await?;
             // Written beside the target and renamed, so a failed copy never
             // leaves a truncated file under the destination name.
             let target = PathBuf::from(dst);

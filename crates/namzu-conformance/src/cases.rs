@@ -87,19 +87,16 @@ pub fn all() -> Vec<Case> {
     ]
 }
 
-fn p(s: &str) -> &Path {
-    Path::new(s)
-}
-
-async fn sh(sb: &Arc<dyn Sandbox>, script: &str) -> Result<namzu::ExecOutput, String> {
-    sb.exec(ExecRequest::shell(script)).await.ctx(script)
+async fn sh(sb: &Sandbox, script: &str) -> Result<namzu::ExecOutput, String> {
+    sb.commands().run(script).await.ctx(script)
 }
 
 const OLD: &[u8] = b"old contents";
 
 /// Writes `keep.txt` with [`OLD`], the file the write-failure cases guard.
-async fn seed_old(sb: &Arc<dyn Sandbox>) -> Outcome {
-    sb.write_file(p("keep.txt"), Bytes::from_static(OLD), WriteOptions::default())
+async fn seed_old(sb: &Sandbox) -> Outcome {
+    sb.files()
+        .write("keep.txt", Bytes::from_static(OLD))
         .await
         .ctx("seed")
         .map(drop)
@@ -107,11 +104,12 @@ async fn seed_old(sb: &Arc<dyn Sandbox>) -> Outcome {
 
 /// `keep.txt` still holds [`OLD`] and nothing else is in the directory:
 /// `Ok(false)` if a leftover remains (the caller may retry).
-async fn old_file_alone(sb: &Arc<dyn Sandbox>) -> Result<bool, String> {
-    let data = sb.read_file(p("keep.txt"), None).await.ctx("read back")?.data;
+async fn old_file_alone(sb: &Sandbox) -> Result<bool, String> {
+    let data = sb.files().read("keep.txt").await.ctx("read back")?;
     ensure!(&data[..] == OLD, "old file changed: {} bytes", data.len());
     let names: Vec<_> = sb
-        .list_files(p("."))
+        .files()
+        .list(".")
         .await
         .ctx("list")?
         .into_iter()
@@ -121,7 +119,7 @@ async fn old_file_alone(sb: &Arc<dyn Sandbox>) -> Result<bool, String> {
 }
 
 /// Is a process with this pid still present (even as a zombie)?
-async fn pid_alive(sb: &Arc<dyn Sandbox>, pid: &str) -> Result<bool, String> {
+async fn pid_alive(sb: &Sandbox, pid: &str) -> Result<bool, String> {
     Ok(sh(sb, &format!("kill -0 {pid} 2>/dev/null")).await?.status.success())
 }
 
@@ -164,8 +162,8 @@ async fn read_until_fn(
     Ok(())
 }
 
-fn detached(id: &str, script: &str) -> namzu::DetachedSpec {
-    namzu::DetachedSpec {
+fn detached(id: &str, script: &str) -> namzu::SessionSpec {
+    namzu::SessionSpec {
         session_id: id.into(),
         command: "sh".into(),
         args: vec!["-c".into(), script.into()],
@@ -174,14 +172,10 @@ fn detached(id: &str, script: &str) -> namzu::DetachedSpec {
 }
 
 /// Reads a session from `from` until it has exited and every byte is in.
-async fn drain_session(
-    sb: &Arc<dyn Sandbox>,
-    id: &str,
-    mut from: u64,
-) -> Result<(Vec<u8>, namzu::SessionInfo), String> {
+async fn drain_session(sb: &Sandbox, id: &str, mut from: u64) -> Result<(Vec<u8>, namzu::SessionInfo), String> {
     let mut out = Vec::new();
     for _ in 0..2000 {
-        let c = sb.read_session(id, from, 0).await.ctx("read_session")?;
+        let c = sb.sessions().read_max(id, from, 0).await.ctx("read_session")?;
         ensure!(c.offset == from && c.dropped_bytes == 0, "lost bytes at {from}: {c:?}");
         out.extend_from_slice(&c.data);
         from = c.next_offset;

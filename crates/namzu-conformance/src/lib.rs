@@ -31,7 +31,7 @@ use namzu::{Result, Sandbox, SandboxSpec};
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Makes a fresh sandbox for a case, with the spec the case asks for.
-pub type Factory = Arc<dyn Fn(SandboxSpec) -> BoxFut<Result<Box<dyn Sandbox>>> + Send + Sync>;
+pub type Factory = Arc<dyn Fn(SandboxSpec) -> BoxFut<Result<Sandbox>> + Send + Sync>;
 
 /// What a case returns: `Err` with a description of the first broken promise.
 pub type Outcome = std::result::Result<(), String>;
@@ -161,7 +161,7 @@ pub fn ignore_all(backend: &str, reason: &str) -> std::process::ExitCode {
 }
 
 /// Expands to a `main` running the whole suite against a provider factory
-/// `|spec: SandboxSpec| async { ... -> namzu::Result<Box<dyn Sandbox>> }`.
+/// `|spec: SandboxSpec| async { ... -> namzu::Result<Sandbox> }`.
 #[macro_export]
 macro_rules! conformance_main {
     ($backend:expr, $factory:expr) => {

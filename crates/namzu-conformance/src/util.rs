@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use namzu::{Sandbox, SandboxSpec};
@@ -34,10 +33,10 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
 /// Creates a sandbox, runs `body`, and destroys it whatever the outcome.
 pub async fn with_sandbox<F, Fut, T>(factory: &Factory, spec: SandboxSpec, body: F) -> Result<T, String>
 where
-    F: FnOnce(Arc<dyn Sandbox>) -> Fut,
+    F: FnOnce(Sandbox) -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    let sb: Arc<dyn Sandbox> = Arc::from(factory(spec).await.ctx("create sandbox")?);
+    let sb: Sandbox = factory(spec).await.ctx("create sandbox")?;
     let result = body(sb.clone()).await;
     let destroyed = sb.destroy().await.ctx("destroy");
     match (result, destroyed) {

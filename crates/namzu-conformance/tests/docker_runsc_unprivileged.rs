@@ -48,7 +48,11 @@ async fn run() -> Result<(), String> {
         rm -f /.namzu/run/agent.sock; echo rm=$?; \
         mv /.namzu/run/agent.sock /.namzu/run/moved; echo mv=$?; \
         ls -la /.namzu/run/";
-    let o = sb.exec(ExecRequest::shell(script)).await.map_err(|e| e.to_string())?;
+    let o = sb
+        .commands()
+        .run(ExecRequest::shell(script))
+        .await
+        .map_err(|e| e.to_string())?;
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     let lines: Vec<&str> = out.lines().collect();
@@ -73,7 +77,8 @@ async fn run() -> Result<(), String> {
     // The host's next link (a new relay) reaches the real agent.
     let again = p.connect(sb.id()).await.map_err(|e| format!("connect: {e}"))?;
     let o = again
-        .exec(ExecRequest::shell("echo real-agent"))
+        .commands()
+        .run(ExecRequest::shell("echo real-agent"))
         .await
         .map_err(|e| e.to_string())?;
     if String::from_utf8_lossy(&o.stdout) != "real-agent\n" {

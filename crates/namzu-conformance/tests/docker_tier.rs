@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use bollard::container::ListContainersOptions;
 use namzu::backend::docker::{labels, DockerOptions, DockerProvider, Transport};
-use namzu::{Error, ExecRequest, Provider, SandboxSpec};
+use namzu::{Error, Provider, SandboxSpec};
 use namzu_conformance::docker::{self, TEST_IMAGE, TEST_USER_IMAGE};
 
 /// A provider on a fresh state directory; `main` checked the daemon answers.
@@ -53,8 +53,8 @@ async fn namzu_containers(p: &DockerProvider) -> Vec<String> {
     containers(p, labels::SANDBOX.to_owned()).await
 }
 
-async fn sh(sb: &dyn namzu::Sandbox, script: &str) -> namzu::ExecOutput {
-    sb.exec(ExecRequest::shell(script)).await.unwrap()
+async fn sh(sb: &namzu::Sandbox, script: &str) -> namzu::ExecOutput {
+    sb.commands().run(script).await.unwrap()
 }
 
 async fn every_container_is_hardened_as_documented() {
@@ -112,18 +112,18 @@ async fn every_container_is_hardened_as_documented() {
     assert_eq!(l.get(labels::INSTANCE).map(String::as_str), Some(p.instance()));
     // And from inside: the root is read-only, the named set and the
     // workspace are writable, only loopback exists, nothing is privileged.
-    let o = sh(sb.as_ref(), "touch /etc/x 2>&1; echo rc=$?").await;
+    let o = sh(&sb, "touch /etc/x 2>&1; echo rc=$?").await;
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("Read-only file system"),
         "{o:?}"
     );
-    let o = sh(sb.as_ref(), "touch /tmp/x /root/x /workspace/x && echo ok").await;
+    let o = sh(&sb, "touch /tmp/x /root/x /workspace/x && echo ok").await;
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n", "{o:?}");
     // Writable and executable: programs build and run things in /tmp.
-    let o = sh(sb.as_ref(), "cp /bin/busybox /tmp/true && /tmp/true && echo ran").await;
+    let o = sh(&sb, "cp /bin/busybox /tmp/true && /tmp/true && echo ran").await;
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{o:?}");
     let o = sh(
-        sb.as_ref(),
+        &sb,
         "ls /sys/class/net 2>/dev/null; cat /proc/net/dev | tail -n +3 | cut -d: -f1",
     )
     .await;
@@ -133,7 +133,7 @@ async fn every_container_is_hardened_as_documented() {
             .collect::<Vec<_>>(),
         ["lo"]
     );
-    let o = sh(sb.as_ref(), "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let o = sh(&sb, "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status").await;
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         text.contains("CapEff:\t0000000000000000") && text.contains("NoNewPrivs:\t1") && text.contains("Seccomp:\t2"),
@@ -177,7 +177,7 @@ async fn commands_run_as_the_images_user_and_never_as_the_agent() {
                 .await
                 .unwrap();
             let o = sh(
-                sb.as_ref(),
+                &sb,
                 "echo $(id -u) $(id -g) $(id -G); echo $HOME; grep ^Uid: /proc/1/status | cut -f2; \
                  kill -0 1 2>/dev/null && echo signalled || echo refused; \
                  echo 1000 > /proc/1/oom_score_adj 2>/dev/null && echo raised || echo refused; \
@@ -204,18 +204,19 @@ async fn commands_run_as_the_images_user_and_never_as_the_agent() {
             );
             // What the agent makes for the caller is the command user's,
             // who can then change it.
-            sb.write_file(
-                std::path::Path::new("/workspace/d/by-agent"),
-                bytes::Bytes::from_static(b"one\n"),
-                namzu::WriteOptions {
-                    create_parents: true,
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+            sb.files()
+                .write_with(
+                    std::path::Path::new("/workspace/d/by-agent"),
+                    bytes::Bytes::from_static(b"one\n"),
+                    namzu::WriteOptions {
+                        create_parents: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
             let o = sh(
-                sb.as_ref(),
+                &sb,
                 "stat -c '%u %g' /workspace/d /workspace/d/by-agent; echo two >> /workspace/d/by-agent && cat /workspace/d/by-agent",
             )
             .await;
@@ -293,8 +294,8 @@ async fn an_image_the_daemon_lacks_is_pulled_with_progress() {
         })
         .await
         .unwrap();
-    let got = sb.read_file(std::path::Path::new("/marker"), None).await.unwrap();
-    assert_eq!(got.data, marker.as_bytes());
+    let got = sb.files().read(std::path::Path::new("/marker")).await.unwrap();
+    assert_eq!(got, marker.as_bytes());
     sb.destroy().await.unwrap();
     let seen = seen.lock().unwrap().clone();
     assert!(
@@ -435,7 +436,7 @@ async fn writable_paths_extend_the_set_and_contradictions_are_refused() {
     let p = provider("tier-writable", opts).await;
     let sb = p.create(spec()).await.unwrap();
     let o = sh(
-        sb.as_ref(),
+        &sb,
         "touch /opt/data/x && echo ok; touch /bin/x 2>/dev/null || echo refused",
     )
     .await;
@@ -450,7 +451,7 @@ async fn writable_paths_extend_the_set_and_contradictions_are_refused() {
     )
     .await;
     let sb = p.create(spec()).await.unwrap();
-    let o = sh(sb.as_ref(), "touch /bin/x && echo ok").await;
+    let o = sh(&sb, "touch /bin/x && echo ok").await;
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
     sb.destroy().await.unwrap();
 }
@@ -500,12 +501,12 @@ async fn both_transports_serve_and_are_chosen_by_runtime() {
         )
         .unwrap();
         assert!(meta.contains(&format!("\"transport\": \"{want}\"")), "{name}: {meta}");
-        let o = sh(sb.as_ref(), "echo $((6*7))").await;
+        let o = sh(&sb, "echo $((6*7))").await;
         assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n", "{name}");
         // A second host process connects the same way.
         let again = p.connect(sb.id()).await.unwrap();
         assert_eq!(
-            String::from_utf8_lossy(&sh(again.as_ref(), "echo again").await.stdout),
+            String::from_utf8_lossy(&sh(&again, "echo again").await.stdout),
             "again\n"
         );
         sb.destroy().await.unwrap();
@@ -640,7 +641,7 @@ async fn setuid_files_in_a_host_visible_workspace_are_defused() {
     let p = provider("tier-setuid", DockerOptions::default()).await;
     let sb = p.create(spec()).await.unwrap();
     let o = sh(
-        sb.as_ref(),
+        &sb,
         "cp /bin/busybox /workspace/sh && chmod 4755 /workspace/sh && stat -c %a /workspace/sh",
     )
     .await;
@@ -659,22 +660,24 @@ async fn setuid_files_in_a_host_visible_workspace_are_defused() {
     assert_eq!(before.uid(), 0, "owned by host root");
     // A write through the agent keeps the file's mode but never the bit.
     let data = std::fs::read("/bin/true").unwrap();
-    sb.write_file(std::path::Path::new("/workspace/sh"), data.into(), Default::default())
+    sb.files()
+        .write(std::path::Path::new("/workspace/sh"), data)
         .await
         .unwrap();
     let after = std::fs::metadata(&host_file).unwrap().permissions().mode();
     assert_eq!(after & 0o7777, 0o755, "mode {after:o} after an agent write");
     // A new file asked for with a setuid mode is made without it.
-    sb.write_file(
-        std::path::Path::new("/workspace/new"),
-        b"#!/bin/sh\n".to_vec().into(),
-        namzu::WriteOptions {
-            mode: Some(0o6755),
-            create_parents: false,
-        },
-    )
-    .await
-    .unwrap();
+    sb.files()
+        .write_with(
+            std::path::Path::new("/workspace/new"),
+            b"#!/bin/sh\n".to_vec(),
+            namzu::WriteOptions {
+                mode: Some(0o6755),
+                create_parents: false,
+            },
+        )
+        .await
+        .unwrap();
     let new = std::fs::metadata(dir.join("workspace").join("new"))
         .unwrap()
         .permissions()

@@ -122,7 +122,8 @@ async fn unprivileged_on_the_host() -> Result<(), String> {
     let f = factory(LocalOptions::default());
     namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
         let mut s = sb
-            .exec_stream(ExecRequest::shell("echo go; exec sleep 7.1234"))
+            .commands()
+            .stream(ExecRequest::shell("echo go; exec sleep 7.1234"))
             .await
             .map_err(|e| e.to_string())?;
         let _ = s.next().await;
@@ -184,7 +185,8 @@ async fn destroy_kills_every_process() -> Result<(), String> {
     let f = factory(LocalOptions::default());
     let sb = f(Default::default()).await.map_err(|e| e.to_string())?;
     let out = sb
-        .exec(ExecRequest::shell(
+        .commands()
+        .run(ExecRequest::shell(
             "setsid sleep 3141.5 >/dev/null 2>&1 < /dev/null & echo started",
         ))
         .await
@@ -228,8 +230,12 @@ async fn local_environment_is_as_documented() -> Result<(), String> {
         max_open_files: 1234,
         ..Default::default()
     });
-    let sh = |sb: std::sync::Arc<dyn namzu::Sandbox>, script: &'static str| async move {
-        let out = sb.exec(ExecRequest::shell(script)).await.map_err(|e| e.to_string())?;
+    let sh = |sb: namzu::Sandbox, script: &'static str| async move {
+        let out = sb
+            .commands()
+            .run(ExecRequest::shell(script))
+            .await
+            .map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!(
                 "{script}: {:?} {}",
@@ -269,7 +275,8 @@ async fn local_environment_is_as_documented() -> Result<(), String> {
     .await?;
     let other = namzu_conformance::util::with_sandbox(&f, Default::default(), |sb| async move {
         let out = sb
-            .exec(ExecRequest::shell("cat /etc/machine-id"))
+            .commands()
+            .run(ExecRequest::shell("cat /etc/machine-id"))
             .await
             .map_err(|e| e.to_string())?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())

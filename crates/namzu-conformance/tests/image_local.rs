@@ -127,14 +127,18 @@ async fn check_sandbox_from(state: &Path, image: &str) {
         })
         .await
         .unwrap();
-    let passwd = sb.read_file(Path::new("/etc/passwd"), None).await.unwrap();
-    assert_eq!(&passwd.data[..], b"root:x:0:0:image root:/root:/bin/escape\n");
+    let passwd = sb.files().read(Path::new("/etc/passwd")).await.unwrap();
+    assert_eq!(&passwd[..], b"root:x:0:0:image root:/root:/bin/escape\n");
     assert!(
-        matches!(sb.stat(Path::new("/gone.txt")).await, Err(Error::NotFound { .. })),
+        matches!(
+            sb.files().stat(Path::new("/gone.txt")).await,
+            Err(Error::NotFound { .. })
+        ),
         "whiteout ignored"
     );
     let keep: Vec<_> = sb
-        .list_files(Path::new("/keep"))
+        .files()
+        .list(Path::new("/keep"))
         .await
         .unwrap()
         .into_iter()
@@ -142,7 +146,8 @@ async fn check_sandbox_from(state: &Path, image: &str) {
         .collect();
     assert_eq!(keep, ["b"], "opaque directory not emptied");
     let top: Vec<String> = sb
-        .list_files(Path::new("/"))
+        .files()
+        .list(Path::new("/"))
         .await
         .unwrap()
         .into_iter()
@@ -154,22 +159,20 @@ async fn check_sandbox_from(state: &Path, image: &str) {
     );
     assert!(top.iter().any(|n| n == "workspace"));
     let out = sb
-        .exec(ExecRequest::new("/bin/escape").arg("--report-caps"))
+        .commands()
+        .run(ExecRequest::new("/bin/escape").arg("--report-caps"))
         .await
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "CapEff: 0000000000000000");
     let r = sb
-        .write_file(
-            Path::new("/bin/pwn"),
-            bytes::Bytes::from_static(b"x"),
-            Default::default(),
-        )
+        .files()
+        .write(Path::new("/bin/pwn"), bytes::Bytes::from_static(b"x"))
         .await;
     assert!(
         matches!(r, Err(namzu::Error::PermissionDenied { .. })),
         "the image root must be read-only: {r:?}"
     );
-    let st = sb.stat(Path::new("/bin/escape")).await.unwrap();
+    let st = sb.files().stat(Path::new("/bin/escape")).await.unwrap();
     assert_eq!(st.kind, FileKind::File);
     sb.destroy().await.unwrap();
 }
@@ -276,7 +279,8 @@ async fn a_rootfs_directory_works_as_an_image() {
         .await
         .unwrap();
     let out = sb
-        .exec(ExecRequest::new("/bin/escape").arg("--report-caps"))
+        .commands()
+        .run(ExecRequest::new("/bin/escape").arg("--report-caps"))
         .await
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "CapEff: 0000000000000000");
@@ -312,11 +316,19 @@ async fn binds_show_host_paths_and_misconfiguration_is_refused_by_field() {
         ..Default::default()
     };
     let sb = provider.create(spec).await.unwrap();
-    let r = sb.read_file(Path::new("/data/in.txt"), None).await.unwrap();
-    assert_eq!(&r.data[..], b"from the host");
-    let w = sb.exec(ExecRequest::shell("echo nope > /data/new")).await.unwrap();
+    let r = sb.files().read(Path::new("/data/in.txt")).await.unwrap();
+    assert_eq!(&r[..], b"from the host");
+    let w = sb
+        .commands()
+        .run(ExecRequest::shell("echo nope > /data/new"))
+        .await
+        .unwrap();
     assert!(!w.status.success(), "a read-only bind was writable");
-    let w = sb.exec(ExecRequest::shell("echo yes > /tmp/out/new")).await.unwrap();
+    let w = sb
+        .commands()
+        .run(ExecRequest::shell("echo yes > /tmp/out/new"))
+        .await
+        .unwrap();
     assert!(w.status.success(), "{:?}", String::from_utf8_lossy(&w.stderr));
     assert_eq!(std::fs::read_to_string(out.join("new")).unwrap(), "yes\n");
     sb.destroy().await.unwrap();

@@ -84,7 +84,7 @@ pub struct ControllerConfig {
 struct PodRuntime {
     uid: String,
     net: PodNet,
-    sandbox: Arc<dyn Sandbox>,
+    sandbox: Sandbox,
 }
 
 impl PodRuntime {
@@ -799,7 +799,7 @@ impl Controller {
                 .create_with(spec, Some(token.clone().into_bytes()), tcp)
                 .await
         };
-        let sandbox: Arc<dyn Sandbox> = Arc::from(made.map_err(|e| e.to_string())?);
+        let sandbox: Sandbox = made.map_err(|e| e.to_string())?;
         let tier = if unconfined { "host" } else { "local" };
         let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
         let net = if veth {

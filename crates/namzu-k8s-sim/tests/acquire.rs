@@ -51,8 +51,12 @@ fn exists(c: &Cluster, gvr: namzu_k8s_sim::Gvr, name: &str) -> bool {
     c.get(gvr, name).is_some()
 }
 
-async fn echo(sb: &dyn Sandbox) -> String {
-    let out = sb.exec(ExecRequest::shell("echo hello from $(id -u)")).await.unwrap();
+async fn echo(sb: &Sandbox) -> String {
+    let out = sb
+        .commands()
+        .run(ExecRequest::shell("echo hello from $(id -u)"))
+        .await
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -87,22 +91,25 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
     let name = object_name(sb.id());
     let claim = c.get(CLAIMS, &name).unwrap();
     assert_eq!(claim["metadata"]["labels"], serde_json::json!({"team": "agents"}));
-    let pod = c.get(PODS, &sb.bound().pod.name).unwrap();
+    let pod = c.get(PODS, &k8s(&sb).bound().pod.name).unwrap();
     assert_eq!(pod["metadata"]["labels"][build::SANDBOX_LABEL], sb.id());
     assert_eq!(pod["metadata"]["labels"].get("team"), None);
-    assert_eq!(pod["metadata"]["uid"], sb.bound().pod.uid.as_str());
+    assert_eq!(pod["metadata"]["uid"], k8s(&sb).bound().pod.uid.as_str());
     // Destroy gives the claim back, and the pod goes with it; the pool
     // makes another.
     sb.destroy().await.unwrap();
     assert_eq!(calls(&p).last(), Some(&call("sandboxclaims", Verb::Delete)));
     assert!(!exists(&c, CLAIMS, &name));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while exists(&c, PODS, &sb.bound().pod.name) && Instant::now() < deadline {
+    while exists(&c, PODS, &k8s(&sb).bound().pod.name) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!exists(&c, PODS, &sb.bound().pod.name), "the pod outlived its claim");
+    assert!(
+        !exists(&c, PODS, &k8s(&sb).bound().pod.name),
+        "the pod outlived its claim"
+    );
     assert!(matches!(
-        sb.exec(ExecRequest::shell("true")).await,
+        sb.commands().run("true").await,
         Err(Error::SandboxDestroyed { .. })
     ));
     assert!(
@@ -138,7 +145,7 @@ async fn without_a_pool_a_sandbox_is_made_from_the_template() {
     // Another process finds it by id, and lists it.
     let other = provider(&c, c.options(false));
     let again = other.connect(sb.id()).await.unwrap();
-    assert!(echo(again.as_ref()).await.starts_with("hello from"));
+    assert!(echo(&again).await.starts_with("hello from"));
     let listed = other.list().await.unwrap();
     assert!(listed.iter().any(|i| i.id == sb.id() && i.alive), "{listed:?}");
     other.destroy(sb.id()).await.unwrap();
@@ -356,13 +363,13 @@ async fn pod_ip_mode_follows_a_pod_replaced_between_the_read_and_the_dial() {
     c.ctl.replace_next_pod_read();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     assert!(echo(&sb).await.starts_with("hello from"));
-    let pod = c.get(PODS, &sb.bound().pod.name).unwrap();
+    let pod = c.get(PODS, &k8s(&sb).bound().pod.name).unwrap();
     assert_eq!(
         pod["metadata"]["uid"],
-        sb.bound().pod.uid.as_str(),
+        k8s(&sb).bound().pod.uid.as_str(),
         "not bound to the replacement"
     );
-    assert_eq!(pod["status"]["podIP"], sb.bound().pod.ip.unwrap().to_string());
+    assert_eq!(pod["status"]["podIP"], k8s(&sb).bound().pod.ip.unwrap().to_string());
     // The first read, the re-read after the failed dial, and the wait for
     // the replacement's IP: pods only, nothing else.
     let pods = calls(&p).iter().filter(|c| c.0 == "pods").count();
@@ -420,11 +427,7 @@ async fn an_unconfined_pod_is_refused_by_the_privilege_probe_and_released() {
 }
 
 /// A sandbox claimed from a pool of one, on a 2 s lease.
-async fn claimed_with_a_short_lease() -> (
-    Cluster,
-    KubernetesProvider,
-    namzu::backend::kubernetes::KubernetesSandbox,
-) {
+async fn claimed_with_a_short_lease() -> (Cluster, KubernetesProvider, namzu::Sandbox) {
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let mut opts = c.options(true);
@@ -450,7 +453,7 @@ async fn a_claim_deleted_behind_the_handle_makes_the_next_call_sandbox_gone() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = None;
     while Instant::now() < deadline {
-        match sb.exec(ExecRequest::shell("true")).await {
+        match sb.commands().run("true").await {
             Err(Error::SandboxGone { id }) => {
                 assert_eq!(id, sb.id());
                 last = None;
@@ -461,14 +464,14 @@ async fn a_claim_deleted_behind_the_handle_makes_the_next_call_sandbox_gone() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(last, None, "never SandboxGone");
-    assert!(matches!(sb.check_lease(), Err(Error::SandboxGone { .. })));
+    assert!(matches!(k8s(&sb).check_lease(), Err(Error::SandboxGone { .. })));
     c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_claim_expires_at_its_shutdown_time() {
     let (c, _p, sb) = claimed_with_a_short_lease().await;
-    let (name, pod) = (object_name(sb.id()), sb.bound().pod.name.clone());
+    let (name, pod) = (object_name(sb.id()), k8s(&sb).bound().pod.name.clone());
     // The host goes away without a word: no destroy, no more renewals.
     drop(sb);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -493,7 +496,7 @@ async fn env_reaches_commands_only_where_the_template_allows_it() {
     // agent's, and so every command's.
     let p = provider(&c, c.options(true));
     let sb = p.create_task(spec.clone()).await.unwrap();
-    let out = sb.exec(ExecRequest::shell("echo $GREETING")).await.unwrap();
+    let out = sb.commands().run("echo $GREETING").await.unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi from the claim\n");
     sb.destroy().await.unwrap();
     // … never a replacement of what the template sets, on either path.
@@ -595,7 +598,7 @@ async fn the_pods_agent_answers_on_its_tcp_port_only_to_the_pod_uid() {
     opts.address_mode = AddressMode::PodIp;
     let p = provider(&c, opts);
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    let addr = std::net::SocketAddr::new(sb.bound().pod.ip.unwrap(), 1024);
+    let addr = std::net::SocketAddr::new(k8s(&sb).bound().pod.ip.unwrap(), 1024);
     if c.ctl.pod_network() == Mode::Veth {
         assert!(addr.ip().to_string().starts_with("10.244."), "{addr}");
     }
@@ -604,7 +607,7 @@ async fn the_pods_agent_answers_on_its_tcp_port_only_to_the_pod_uid() {
     let right = AgentClient::connect_tcp(
         "x",
         addr,
-        sb.bound().pod.uid.clone().into_bytes(),
+        k8s(&sb).bound().pod.uid.clone().into_bytes(),
         ClientOptions::default(),
     )
     .await
@@ -624,10 +627,8 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
         ..Default::default()
     });
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    sb.write_file(std::path::Path::new("state"), "kept".into(), Default::default())
-        .await
-        .unwrap();
-    let pod = sb.bound().pod.name.clone();
+    sb.files().write(std::path::Path::new("state"), "kept").await.unwrap();
+    let pod = k8s(&sb).bound().pod.name.clone();
     c.ctl.replace_pod(&c.sim, NAMESPACE, &pod).await;
     // The Service name now leads to the replacement: an empty pod whose
     // agent holds another token. A task sandbox's state died with its pod,
@@ -640,8 +641,8 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_ne!(replacement_up["metadata"]["uid"], sb.bound().pod.uid.as_str());
-    let r = sb.read_file(std::path::Path::new("state"), None).await;
+    assert_ne!(replacement_up["metadata"]["uid"], k8s(&sb).bound().pod.uid.as_str());
+    let r = sb.files().read(std::path::Path::new("state")).await;
     assert!(
         matches!(
             r,
@@ -649,7 +650,7 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
         ),
         "{r:?}"
     );
-    let again = sb.exec(ExecRequest::shell("true")).await;
+    let again = sb.commands().run("true").await;
     assert!(again.is_err(), "a call reached the replacement pod: {again:?}");
     sb.destroy().await.unwrap();
     c.stop().await;
@@ -680,4 +681,9 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
     assert!(calls(&q).iter().all(|c| c.0 != "networkpolicies"), "{:?}", calls(&q));
     sb.destroy().await.unwrap();
     c.stop().await;
+}
+
+/// The Kubernetes backend behind a handle.
+fn k8s(sb: &namzu::Sandbox) -> &namzu::backend::kubernetes::KubernetesSandbox {
+    sb.backend().expect("a kubernetes sandbox")
 }

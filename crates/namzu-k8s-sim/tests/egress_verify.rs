@@ -13,7 +13,7 @@ use namzu::backend::kubernetes::netpol::{
     translate, EgressPolicyError, KubeEgressConfig, KubeEgressPolicy, Verification,
 };
 use namzu::backend::kubernetes::{KubernetesOptions, KubernetesProvider};
-use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
+use namzu::{Error, SandboxSpec};
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{CLAIMS, NETWORK_POLICIES, SANDBOXES};
 use serde_json::json;
@@ -76,7 +76,7 @@ async fn the_named_policy_must_stand_exactly_as_translated() {
     // Applied exactly: the sandbox is handed out.
     c.sim.put(NETWORK_POLICIES, translate(&cfg, NAMESPACE));
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    sb.exec(ExecRequest::shell("true")).await.unwrap();
+    sb.commands().run("true").await.unwrap();
     sb.destroy().await.unwrap();
     c.stop().await;
 }
@@ -223,7 +223,7 @@ async fn a_bound_pod_without_the_profile_label_is_refused_and_released() {
     let p = KubernetesProvider::new(c.client(), opts).unwrap();
     // The profile label reaches the pod: the policy selects it.
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    assert_eq!(sb.bound().pod.labels["io.namzu/egress-profile"], "builders");
+    assert_eq!(k8s(&sb).bound().pod.labels["io.namzu/egress-profile"], "builders");
     sb.destroy().await.unwrap();
     // A controller that drops the claim's pod labels binds a pod the
     // profile's policy does not select.
@@ -235,4 +235,9 @@ async fn a_bound_pod_without_the_profile_label_is_refused_and_released() {
     );
     assert_eq!(ours(&c, CLAIMS), 0);
     c.stop().await;
+}
+
+/// The Kubernetes backend behind a handle.
+fn k8s(sb: &namzu::Sandbox) -> &namzu::backend::kubernetes::KubernetesSandbox {
+    sb.backend().expect("a kubernetes sandbox")
 }

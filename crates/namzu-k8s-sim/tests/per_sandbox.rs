@@ -13,10 +13,10 @@ use axum::http::Method;
 use namzu::backend::kubernetes::api::Verb;
 use namzu::backend::kubernetes::netpol::{translate, Engine, KubeEgressConfig, KubeEgressPolicy};
 use namzu::backend::kubernetes::per_sandbox::{policy_name, PerSandboxEgress, PerSandboxError};
-use namzu::backend::kubernetes::{KubernetesOptions, KubernetesProvider, KubernetesSandbox};
+use namzu::backend::kubernetes::{KubernetesOptions, KubernetesProvider};
 use namzu::egress::policy::HostRule;
 use namzu::egress::EgressPolicy;
-use namzu::{Error, Sandbox, SandboxSpec};
+use namzu::{Error, SandboxSpec};
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{ADMISSION_BINDINGS, ADMISSION_POLICIES, CILIUM_POLICIES};
 use namzu_k8s_sim::Fault;
@@ -57,7 +57,7 @@ fn fence(c: &Cluster) {
 
 /// A cluster with the template's Cilium policy applied and a claimed
 /// sandbox whose backend has per-sandbox egress.
-async fn setup() -> (Cluster, KubernetesProvider, KubernetesSandbox) {
+async fn setup() -> (Cluster, KubernetesProvider, namzu::Sandbox) {
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     c.sim.put(CILIUM_POLICIES, translate(&egress(), NAMESPACE));
@@ -92,7 +92,7 @@ fn per_sandbox_error(e: Error) -> PerSandboxError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_written_until_the_fence_stands() {
     let (c, p, sb) = setup().await;
-    let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
+    let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     assert!(
         matches!(&e, PerSandboxError::FenceMissing { kind: "ValidatingAdmissionPolicy", name } if name == "namzu-per-sandbox-egress"),
         "{e}"
@@ -104,7 +104,7 @@ async fn nothing_is_written_until_the_fence_stands() {
         retry_after: None,
         times: 1,
     });
-    let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
+    let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     assert!(matches!(e, PerSandboxError::FenceUnreadable { status: 403, .. }), "{e}");
     assert_eq!(writes(&p), 0, "{:?}", p.api().calls());
     // The policy stands, the binding does not: still missing, still nothing.
@@ -113,7 +113,7 @@ async fn nothing_is_written_until_the_fence_stands() {
         ADMISSION_POLICIES,
         parse(include_str!("../../../deploy/k8s/admission-fence.yaml")),
     );
-    let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
+    let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     assert!(
         matches!(
             e,
@@ -133,10 +133,11 @@ async fn nothing_is_written_until_the_fence_stands() {
 async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
     let (c, p, sb) = setup().await;
     fence(&c);
-    sb.set_network_policy(allow(&["api.example.com", ".pkg.dev"]))
+    sb.network()
+        .set_policy(allow(&["api.example.com", ".pkg.dev"]))
         .await
         .unwrap();
-    let uid = sb.bound().owner_uid.clone().unwrap();
+    let uid = k8s(&sb).bound().owner_uid.clone().unwrap();
     let name = policy_name(&uid);
     let got = c.get(CILIUM_POLICIES, &name).unwrap();
     assert_eq!(got["metadata"]["ownerReferences"][0]["kind"], "SandboxClaim");
@@ -146,7 +147,7 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
         json!({"matchLabels": {"io.namzu/egress-sandbox": sb.id()}})
     );
     // The label it selects is on the pod: the acquire confirmed it.
-    assert_eq!(sb.bound().pod.labels["io.namzu/egress-sandbox"], sb.id());
+    assert_eq!(k8s(&sb).bound().pod.labels["io.namzu/egress-sandbox"], sb.id());
     assert_eq!(
         got["spec"]["egress"][1],
         json!({"toFQDNs": [{"matchName": "api.example.com"}, {"matchName": "pkg.dev"}, {"matchPattern": "*.pkg.dev"}]})
@@ -159,7 +160,7 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
     let with_ports = EgressPolicy::Allowlist {
         hosts: vec![HostRule::parse("git.example.com", Some(vec![22, 443])).unwrap()],
     };
-    sb.set_network_policy(with_ports).await.unwrap();
+    sb.network().set_policy(with_ports).await.unwrap();
     let got = c.get(CILIUM_POLICIES, &name).unwrap();
     assert_eq!(
         got["spec"]["egress"][1],
@@ -175,11 +176,11 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
         .count();
     assert_eq!(fence_reads, 1);
     // [] removes it; deny-all too (and is idempotent).
-    sb.set_network_policy(allow(&[])).await.unwrap();
+    sb.network().set_policy(allow(&[])).await.unwrap();
     assert!(c.get(CILIUM_POLICIES, &name).is_none());
-    sb.set_network_policy(EgressPolicy::DenyAll).await.unwrap();
+    sb.network().set_policy(EgressPolicy::DenyAll).await.unwrap();
     // The policy goes with the claim.
-    sb.set_network_policy(allow(&["api.example.com"])).await.unwrap();
+    sb.network().set_policy(allow(&["api.example.com"])).await.unwrap();
     sb.destroy().await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while c.get(CILIUM_POLICIES, &name).is_some() && tokio::time::Instant::now() < deadline {
@@ -198,7 +199,7 @@ async fn a_rewritten_policy_does_not_resolve_and_bad_input_writes_nothing() {
         "ciliumnetworkpolicies/namzu-sbx-",
         json!({"spec": {"endpointSelector": {"matchLabels": {"io.namzu/egress-sandbox": null, "app.kubernetes.io/managed-by": "namzu"}}}}),
     );
-    let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
+    let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     let PerSandboxError::ReadBackMismatch { path, .. } = &e else {
         panic!("{e}")
     };
@@ -210,7 +211,7 @@ async fn a_rewritten_policy_does_not_resolve_and_bad_input_writes_nothing() {
         EgressPolicy::NoNetwork,
         EgressPolicy::PublicInternet { except_cidrs: vec![] },
     ] {
-        let e = per_sandbox_error(sb.set_network_policy(policy).await.unwrap_err());
+        let e = per_sandbox_error(sb.network().set_policy(policy).await.unwrap_err());
         assert!(matches!(e, PerSandboxError::PolicyRefused { .. }), "{e}");
     }
     // … and so is an entry that is not a hostname, before any request.
@@ -220,7 +221,7 @@ async fn a_rewritten_policy_does_not_resolve_and_bad_input_writes_nothing() {
             ports: None,
         }],
     };
-    let r = sb.set_network_policy(bad).await;
+    let r = sb.network().set_policy(bad).await;
     assert!(
         matches!(&r, Err(namzu::Error::EgressPolicy(namzu::egress::PolicyError::Glob { entry })) if entry == "*.example.com"),
         "{r:?}"
@@ -236,11 +237,11 @@ async fn without_per_sandbox_egress_the_call_is_refused_by_name() {
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let p = KubernetesProvider::new(c.client(), c.options(true)).unwrap();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    let e = per_sandbox_error(sb.set_network_policy(allow(&["api.example.com"])).await.unwrap_err());
+    let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     assert_eq!(e, PerSandboxError::NotConfigured);
     // Nor is there a record on the host to show: refused by name, saying
     // where the record is.
-    match sb.network_policy().await.unwrap_err() {
+    match sb.network().policy().await.unwrap_err() {
         Error::OptionRefused { tier, option, reason } => {
             assert_eq!((tier.as_str(), option.as_str()), ("kubernetes", "network_policy"));
             assert!(reason.contains("namzu-sbx-"), "{reason}");
@@ -302,4 +303,9 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
     let left = c.sandbox_objects(SANDBOXES);
     assert_eq!(left, 0, "the Sandbox was not released");
     c.stop().await;
+}
+
+/// The Kubernetes backend behind a handle.
+fn k8s(sb: &namzu::Sandbox) -> &namzu::backend::kubernetes::KubernetesSandbox {
+    sb.backend().expect("a kubernetes sandbox")
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use namzu::backend::kubernetes::api::Api;
 use namzu::backend::kubernetes::ops::{read_task_capacity, release_task_sandboxes};
 use namzu::backend::kubernetes::{KubernetesProvider, CLAIMANT_RBAC};
-use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec};
+use namzu::{Provider, SandboxSpec};
 use namzu_k8s_sim::cluster::Cluster;
 use namzu_k8s_sim::PodFault;
 use serde_json::Value;
@@ -68,11 +68,11 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
     opts.claim_ttl = Duration::from_secs(2);
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    sb.exec(ExecRequest::shell("true")).await.unwrap();
+    sb.commands().run("true").await.unwrap();
     // One renewal at half the TTL.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let again = p.connect(sb.id()).await.unwrap();
-    again.exec(ExecRequest::shell("true")).await.unwrap();
+    again.commands().run("true").await.unwrap();
     assert!(p.list().await.unwrap().iter().any(|i| i.id == sb.id()));
     sb.destroy().await.unwrap();
     // A failed acquire: the pod diagnosed, the claim given back.
@@ -122,7 +122,7 @@ async fn the_template_path_and_headroom_stay_inside_the_full_role() {
     };
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    sb.exec(ExecRequest::shell("true")).await.unwrap();
+    sb.commands().run("true").await.unwrap();
     sb.destroy().await.unwrap();
     let mut pooled = c.options(true);
     pooled.namespace = opts.namespace.clone();

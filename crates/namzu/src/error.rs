@@ -57,14 +57,14 @@ pub enum Error {
         errno: i32,
         message: String,
     },
-    #[error("cancellation of execution {exec_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
-    RemoteCancellationUnknown { exec_id: String },
+    #[error("cancellation of execution {execution_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
+    RemoteCancellationUnknown { execution_id: String },
     #[error("{op}: the agent is retiring after an unconfirmed kill and serves nothing but health")]
     AgentRetiring { op: String },
-    #[error("{op}: unknown execution {exec_id}")]
-    UnknownExecution { op: String, exec_id: String },
+    #[error("{op}: unknown execution {execution_id}")]
+    UnknownExecution { op: String, execution_id: String },
     #[error("lost the link to execution {execution_id} and could not get back within the reattach window; it may still run: attach again from offset {offset}")]
-    ExecutionDetached { execution_id: String, offset: u64 },
+    ExecutionLinkLost { execution_id: String, offset: u64 },
     #[error("execution {execution_id} cannot be attached: {reason}")]
     ExecutionNotAttachable {
         execution_id: String,
@@ -83,7 +83,7 @@ pub enum Error {
     #[error("another attachment took terminal {session_id:?} over (this one had read to offset {offset})")]
     AttachmentReplaced { session_id: String, offset: u64 },
     #[error("detached from terminal {session_id:?} while it still runs; attach again from offset {offset}")]
-    Detached { session_id: String, offset: u64 },
+    TerminalLinkLost { session_id: String, offset: u64 },
 
     // ---- quiesce and flush
     #[error("process {pid} survived SIGKILL during quiesce")]
@@ -239,8 +239,8 @@ impl Error {
         let op = if e.op.is_empty() { op.to_owned() } else { e.op.clone() };
         let path = bytes_path(&e.path);
         match e.kind() {
-            Kind::NotFound if !e.exec_id.is_empty() => Error::SessionNotFound { id: e.exec_id },
-            Kind::AlreadyExists if !e.exec_id.is_empty() => Error::SessionExists { id: e.exec_id },
+            Kind::NotFound if !e.execution_id.is_empty() => Error::SessionNotFound { id: e.execution_id },
+            Kind::AlreadyExists if !e.execution_id.is_empty() => Error::SessionExists { id: e.execution_id },
             Kind::NotFound => Error::NotFound { op, path },
             Kind::AlreadyExists => Error::AlreadyExists { op, path },
             Kind::PermissionDenied => Error::PermissionDenied { op, path },
@@ -265,9 +265,14 @@ impl Error {
                 errno: e.errno,
                 message: e.message,
             },
-            Kind::Retiring if !e.exec_id.is_empty() => Error::RemoteCancellationUnknown { exec_id: e.exec_id },
+            Kind::Retiring if !e.execution_id.is_empty() => Error::RemoteCancellationUnknown {
+                execution_id: e.execution_id,
+            },
             Kind::Retiring => Error::AgentRetiring { op },
-            Kind::UnknownExec => Error::UnknownExecution { op, exec_id: e.exec_id },
+            Kind::UnknownExec => Error::UnknownExecution {
+                op,
+                execution_id: e.execution_id,
+            },
             Kind::ShuttingDown => Error::ShuttingDown { op },
             Kind::Io => Error::Io {
                 op,
@@ -278,7 +283,7 @@ impl Error {
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
             Kind::Survivor => Error::QuiesceSurvivor { pid: e.pid },
             Kind::AttachReplaced => Error::AttachmentReplaced {
-                session_id: e.exec_id,
+                session_id: e.execution_id,
                 offset: e.limit,
             },
             Kind::Timeout => Error::Timeout { op, limit_ms: e.limit },
@@ -286,7 +291,7 @@ impl Error {
                 port: u16::try_from(e.port).unwrap_or(0),
             },
             Kind::NotAttachable => Error::ExecutionNotAttachable {
-                execution_id: e.exec_id,
+                execution_id: e.execution_id,
                 state: if e.exec_state == "reserved" {
                     AttachRefusal::Reserved
                 } else {

@@ -54,7 +54,7 @@ pub struct ExecRequest {
     /// Makes the command detachable: it outlives this call and this host
     /// process, and a lost link is followed by a reattach from the last
     /// byte received.
-    pub detach: Option<Detach>,
+    pub detachable: Option<Detachable>,
 }
 
 /// Called when output asked for had already been evicted from an
@@ -75,7 +75,7 @@ pub const DEFAULT_REATTACH_WINDOW: Duration = Duration::from_secs(30);
 
 /// How a detachable execution is named and followed.
 #[derive(Clone)]
-pub struct Detach {
+pub struct Detachable {
     /// `None`: the host picks a fresh id (read it from the stream).
     pub execution_id: Option<String>,
     /// How long the host tries to get back after its link fails; once an
@@ -84,7 +84,7 @@ pub struct Detach {
     pub on_gap: Option<GapCallback>,
 }
 
-impl Default for Detach {
+impl Default for Detachable {
     fn default() -> Self {
         Self {
             execution_id: None,
@@ -94,9 +94,9 @@ impl Default for Detach {
     }
 }
 
-impl std::fmt::Debug for Detach {
+impl std::fmt::Debug for Detachable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Detach")
+        f.debug_struct("Detachable")
             .field("execution_id", &self.execution_id)
             .field("reattach_window", &self.reattach_window)
             .field("on_gap", &self.on_gap.is_some())
@@ -197,23 +197,23 @@ impl ExecRequest {
     /// Detachable under this id: starting it again while the agent retains
     /// it runs nothing and attaches.
     pub fn execution_id(mut self, id: impl Into<String>) -> Self {
-        self.detach.get_or_insert_with(Detach::default).execution_id = Some(id.into());
+        self.detachable.get_or_insert_with(Detachable::default).execution_id = Some(id.into());
         self
     }
 
     /// Detachable under an id the host picks.
-    pub fn detach(mut self) -> Self {
-        self.detach.get_or_insert_with(Detach::default);
+    pub fn detachable(mut self) -> Self {
+        self.detachable.get_or_insert_with(Detachable::default);
         self
     }
 
     pub fn reattach_window(mut self, d: Duration) -> Self {
-        self.detach.get_or_insert_with(Detach::default).reattach_window = d;
+        self.detachable.get_or_insert_with(Detachable::default).reattach_window = d;
         self
     }
 
     pub fn on_gap(mut self, f: impl Fn(OutputGap) + Send + Sync + 'static) -> Self {
-        self.detach.get_or_insert_with(Detach::default).on_gap = Some(std::sync::Arc::new(f));
+        self.detachable.get_or_insert_with(Detachable::default).on_gap = Some(std::sync::Arc::new(f));
         self
     }
 }
@@ -247,7 +247,7 @@ impl ExitStatus {
 /// The collected result of [`crate::Sandbox::exec`].
 #[derive(Debug, Clone)]
 pub struct ExecOutput {
-    pub exec_id: String,
+    pub execution_id: String,
     pub status: ExitStatus,
     pub stdout: Bytes,
     pub stderr: Bytes,
@@ -410,7 +410,7 @@ pub struct QuiesceReport {
 
 /// A command to run detached, in a named session.
 #[derive(Debug, Clone, Default)]
-pub struct DetachedSpec {
+pub struct SessionSpec {
     pub session_id: String,
     pub command: OsString,
     pub args: Vec<OsString>,
@@ -455,4 +455,148 @@ pub enum SessionSignal {
     Kill,
     Int,
     Hup,
+}
+
+/// A shell script (`sh -c SCRIPT`), as E2B's `commands.run("…")` takes.
+impl From<&str> for ExecRequest {
+    fn from(script: &str) -> Self {
+        ExecRequest::shell(script)
+    }
+}
+
+/// A shell script (`sh -c SCRIPT`).
+impl From<String> for ExecRequest {
+    fn from(script: String) -> Self {
+        ExecRequest::shell(script)
+    }
+}
+
+impl WriteOptions {
+    /// Mode of a new file (an existing file keeps its own).
+    pub fn mode(mut self, mode: u32) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Create missing parent directories.
+    pub fn create_parents(mut self, yes: bool) -> Self {
+        self.create_parents = yes;
+        self
+    }
+}
+
+impl WalkOptions {
+    /// More entries than this end the walk with [`crate::Error::WalkLimit`].
+    pub fn max_entries(mut self, n: u32) -> Self {
+        self.max_entries = n;
+        self
+    }
+
+    /// 1: only the root's children.
+    pub fn max_depth(mut self, n: u32) -> Self {
+        self.max_depth = n;
+        self
+    }
+
+    /// Include names starting with a dot.
+    pub fn include_hidden(mut self, yes: bool) -> Self {
+        self.include_hidden = yes;
+        self
+    }
+}
+
+impl AttachOptions {
+    /// Start from this log offset (0: everything still held).
+    pub fn from_offset(mut self, offset: u64) -> Self {
+        self.from_offset = offset;
+        self
+    }
+
+    /// False: what is held now, and the exit if there is one; no waiting.
+    pub fn follow(mut self, yes: bool) -> Self {
+        self.follow = yes;
+        self
+    }
+
+    /// How long to keep trying to get back after the link fails.
+    pub fn reattach_window(mut self, d: Duration) -> Self {
+        self.reattach_window = d;
+        self
+    }
+
+    /// Called with each stretch of output evicted before it was read.
+    pub fn on_gap(mut self, f: impl Fn(OutputGap) + Send + Sync + 'static) -> Self {
+        self.on_gap = Some(std::sync::Arc::new(f));
+        self
+    }
+}
+
+impl TerminalOptions {
+    /// A terminal running `command` instead of a login shell.
+    pub fn command(mut self, command: impl AsRef<OsStr>) -> Self {
+        self.command = Some(command.as_ref().to_owned());
+        self
+    }
+
+    /// Appends an argument of the command.
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.args.push(a.as_ref().to_owned());
+        self
+    }
+
+    /// Working directory.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Self {
+        self.env.push((k.as_ref().to_owned(), v.as_ref().to_owned()));
+        self
+    }
+
+    /// Columns and rows.
+    pub fn size(mut self, cols: u16, rows: u16) -> Self {
+        self.cols = cols;
+        self.rows = rows;
+        self
+    }
+
+    /// Keep it in the agent under `session_id`: losing the link only
+    /// detaches it, and [`crate::Terminals::attach`] resumes it.
+    pub fn persistent(mut self, session_id: impl Into<String>) -> Self {
+        self.persistent = true;
+        self.session_id = Some(session_id.into());
+        self
+    }
+}
+
+impl SessionSpec {
+    /// A session named `session_id` running `command` (no shell).
+    pub fn new(session_id: impl Into<String>, command: impl AsRef<OsStr>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            command: command.as_ref().to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// Appends an argument.
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.args.push(a.as_ref().to_owned());
+        self
+    }
+
+    /// Working directory.
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Self {
+        self.env.push((k.as_ref().to_owned(), v.as_ref().to_owned()));
+        self
+    }
 }

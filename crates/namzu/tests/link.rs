@@ -767,7 +767,7 @@ async fn past_the_reattach_window_the_error_names_the_id_and_offset_to_resume_fr
         {
             Ok(ExecEvent::Stdout { data, .. }) => out.extend_from_slice(&data),
             Ok(ExecEvent::Stderr { data, .. }) => err.extend_from_slice(&data),
-            Err(Error::ExecutionDetached { execution_id, offset }) => {
+            Err(Error::ExecutionLinkLost { execution_id, offset }) => {
                 assert_eq!(execution_id, "talker");
                 break offset;
             }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use namzu::backend::kubernetes::api::{Api, Resource};
 use namzu::backend::kubernetes::crd::{Sandbox as SandboxKind, SandboxClaim};
 use namzu::backend::kubernetes::{acquire, build, KubernetesProvider};
-use namzu::{AgentClient, ClientOptions, ExecRequest, Sandbox, SandboxSpec};
+use namzu::{AgentClient, ClientOptions, ExecRequest, SandboxSpec};
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE};
 use namzu_k8s_sim::Stall;
 
@@ -171,21 +171,20 @@ async fn concurrent(n: usize) -> Res<()> {
             let sb = p.create_task(SandboxSpec::default()).await?;
             let took = t.elapsed();
             let marker = format!("marker-{i}");
-            sb.write_file(
-                std::path::Path::new("marker"),
-                marker.clone().into(),
-                Default::default(),
-            )
-            .await?;
+            sb.files().write(std::path::Path::new("marker"), marker.clone()).await?;
             let out = sb
-                .exec(ExecRequest::shell("cat /workspace/marker; echo; ls /workspace | wc -l"))
+                .commands()
+                .run(ExecRequest::shell("cat /workspace/marker; echo; ls /workspace | wc -l"))
                 .await?;
             let seen = String::from_utf8_lossy(&out.stdout).into_owned();
             let clean = seen == format!("{marker}\n1\n");
             if !clean {
                 eprintln!("sandbox {i} saw {seen:?}");
             }
-            let uid = sb.bound().pod.uid.clone();
+            let uid = sb
+                .backend::<namzu::backend::kubernetes::KubernetesSandbox>()
+                .map(|k| k.bound().pod.uid.clone())
+                .unwrap_or_default();
             Ok::<_, namzu::Error>((took, clean, uid, sb))
         })
     });

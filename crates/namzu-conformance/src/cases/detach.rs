@@ -9,10 +9,11 @@ use super::*;
 pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offset(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let mut s = sb
-            .exec_stream(ExecRequest::shell(TALKER).execution_id("job-1"))
+            .commands()
+            .stream(ExecRequest::shell(TALKER).execution_id("job-1"))
             .await
             .ctx("start")?;
-        ensure!(s.exec_id == "job-1", "{}", s.exec_id);
+        ensure!(s.execution_id == "job-1", "{}", s.execution_id);
         let (mut out, mut err) = (Vec::new(), Vec::new());
         while out.len() < 20 {
             match s.next().await {
@@ -30,7 +31,8 @@ pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offs
         drop(s);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut rest = sb
-            .attach_execution_stream(
+            .commands()
+            .attach_stream(
                 "job-1",
                 namzu::AttachOptions {
                     from_offset: off,
@@ -54,8 +56,16 @@ pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offs
             String::from_utf8_lossy(&err)
         );
         ensure!(exit.status.code == Some(7) && !exit.stdout_truncated, "{exit:?}");
-        let a = sb.attach_execution("job-1", Default::default()).await.ctx("attach 1")?;
-        let b = sb.attach_execution("job-1", Default::default()).await.ctx("attach 2")?;
+        let a = sb
+            .commands()
+            .attach("job-1", Default::default())
+            .await
+            .ctx("attach 1")?;
+        let b = sb
+            .commands()
+            .attach("job-1", Default::default())
+            .await
+            .ctx("attach 2")?;
         ensure!(
             a.stdout == want_out.as_bytes() && a.stderr == want_err.as_bytes(),
             "attach from 0: {a:?}"
@@ -70,7 +80,8 @@ pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offs
         );
         // The same id again: nothing runs, the caller gets the retained run.
         let again = sb
-            .exec(ExecRequest::shell("touch ran-twice; exit 0").execution_id("job-1"))
+            .commands()
+            .run(ExecRequest::shell("touch ran-twice; exit 0").execution_id("job-1"))
             .await
             .ctx("second start")?;
         ensure!(
@@ -78,10 +89,10 @@ pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offs
             "second start: {again:?}"
         );
         ensure!(
-            sb.stat(p("ran-twice")).await.is_err(),
+            sb.files().stat("ran-twice").await.is_err(),
             "the second start ran its command"
         );
-        match sb.cancel_execution("job-1").await {
+        match sb.commands().cancel("job-1").await {
             Ok(namzu::CancelOutcome::AlreadyExited) => {}
             other => return Err(format!("cancel after the exit: {other:?}")),
         }
@@ -94,7 +105,7 @@ pub(super) async fn detachable_execution_outlives_its_stream_and_resumes_by_offs
 /// that was not started detachable, a bad name, an offset past the end.
 pub(super) async fn detachable_execution_refusals_are_typed(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        match sb.attach_execution("never-started", Default::default()).await {
+        match sb.commands().attach("never-started", Default::default()).await {
             Err(Error::ExecutionNotAttachable {
                 execution_id,
                 state: namzu::AttachRefusal::Unknown,
@@ -103,11 +114,12 @@ pub(super) async fn detachable_execution_refusals_are_typed(f: Factory) -> Outco
             other => return Err(format!("unknown id: {other:?}")),
         }
         let mut plain = sb
-            .exec_stream(ExecRequest::shell("echo go; exec sleep 300"))
+            .commands()
+            .stream(ExecRequest::shell("echo go; exec sleep 300"))
             .await
             .ctx("plain exec")?;
         let _ = plain.next().await;
-        match sb.attach_execution(&plain.exec_id, Default::default()).await {
+        match sb.commands().attach(&plain.execution_id, Default::default()).await {
             Err(Error::ExecutionNotAttachable {
                 state: namzu::AttachRefusal::NotDetachable,
                 ..
@@ -116,25 +128,29 @@ pub(super) async fn detachable_execution_refusals_are_typed(f: Factory) -> Outco
         }
         drop(plain);
         match sb
-            .exec(ExecRequest::shell("true").execution_id("no spaces/allowed"))
+            .commands()
+            .run(ExecRequest::shell("true").execution_id("no spaces/allowed"))
             .await
         {
             Err(Error::InvalidArgument { .. }) => {}
             other => return Err(format!("bad name: {other:?}")),
         }
-        sb.exec(ExecRequest::shell("echo 123").execution_id("short"))
+        sb.commands()
+            .run(ExecRequest::shell("echo 123").execution_id("short"))
             .await
             .ctx("short")?;
         let past = namzu::AttachOptions {
             from_offset: 100,
             ..Default::default()
         };
-        match sb.attach_execution("short", past).await {
+        match sb.commands().attach("short", past).await {
             Err(Error::InvalidArgument { .. }) => {}
             other => return Err(format!("offset past the end: {other:?}")),
         }
-        match sb.cancel_execution("never-started").await {
-            Err(Error::UnknownExecution { exec_id, .. }) => ensure!(exec_id == "never-started", "{exec_id}"),
+        match sb.commands().cancel("never-started").await {
+            Err(Error::UnknownExecution { execution_id, .. }) => {
+                ensure!(execution_id == "never-started", "{execution_id}")
+            }
             other => return Err(format!("cancel of an unknown id: {other:?}")),
         }
         Ok(())
@@ -154,36 +170,38 @@ pub(super) async fn detachable_execution_cancel_and_retention_limits(f: Factory)
     with_sandbox(&f, spec, |sb| async move {
         for id in ["a", "b"] {
             let s = sb
-                .exec_stream(ExecRequest::shell("exec sleep 300").execution_id(id))
+                .commands()
+                .stream(ExecRequest::shell("exec sleep 300").execution_id(id))
                 .await
                 .ctx(id)?;
             drop(s);
         }
-        match sb.exec_stream(ExecRequest::shell("true").execution_id("c")).await {
+        match sb.commands().stream(ExecRequest::shell("true").execution_id("c")).await {
             Err(Error::LimitExceeded { limit, value, .. }) => {
                 ensure!(limit == "max_retained_logs" && value == 2, "{limit}={value}")
             }
-            other => return Err(format!("third log: {:?}", other.map(|s| s.exec_id.clone()))),
+            other => return Err(format!("third log: {:?}", other.map(|s| s.execution_id.clone()))),
         }
-        match sb.cancel_execution("a").await {
+        match sb.commands().cancel("a").await {
             Ok(namzu::CancelOutcome::Killed) => {}
             other => return Err(format!("cancel a: {other:?}")),
         }
-        let a = sb.attach_execution("a", Default::default()).await.ctx("attach a")?;
+        let a = sb.commands().attach("a", Default::default()).await.ctx("attach a")?;
         ensure!(a.status.cancelled && a.status.signal == Some(9), "{:?}", a.status);
         let c = sb
-            .exec(ExecRequest::shell("echo c").execution_id("c"))
+            .commands()
+            .run(ExecRequest::shell("echo c").execution_id("c"))
             .await
             .ctx("c after a exited")?;
         ensure!(c.stdout.as_ref() == b"c\n", "{c:?}");
-        match sb.attach_execution("a", Default::default()).await {
+        match sb.commands().attach("a", Default::default()).await {
             Err(Error::ExecutionNotAttachable {
                 state: namzu::AttachRefusal::Unknown,
                 ..
             }) => {}
             other => return Err(format!("a should have made room: {other:?}")),
         }
-        match sb.cancel_execution("b").await {
+        match sb.commands().cancel("b").await {
             Ok(namzu::CancelOutcome::Killed) => Ok(()),
             other => Err(format!("cancel b: {other:?}")),
         }
@@ -201,15 +219,16 @@ pub(super) async fn evicted_execution_output_is_a_gap_and_truncation(f: Factory)
     };
     with_sandbox(&f, spec, |sb| async move {
         let s = sb
-            .exec_stream(ExecRequest::shell("head -c 10000 /dev/zero | tr '\\0' a; echo -n b").detach())
+            .commands()
+            .stream(ExecRequest::shell("head -c 10000 /dev/zero | tr '\\0' a; echo -n b").detachable())
             .await
             .ctx("start")?;
-        let id = s.exec_id.clone();
+        let id = s.execution_id.clone();
         drop(s);
         let lost = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = lost.clone();
         // The first attach waits for the exit; the second reads a finished log.
-        sb.attach_execution(&id, Default::default()).await.ctx("wait")?;
+        sb.commands().attach(&id, Default::default()).await.ctx("wait")?;
         let opts = namzu::AttachOptions {
             on_gap: Some(Arc::new(move |g: namzu::OutputGap| {
                 if let Ok(mut v) = seen.lock() {
@@ -218,7 +237,7 @@ pub(super) async fn evicted_execution_output_is_a_gap_and_truncation(f: Factory)
             })),
             ..Default::default()
         };
-        let r = sb.attach_execution(&id, opts).await.ctx("attach")?;
+        let r = sb.commands().attach(&id, opts).await.ctx("attach")?;
         let gaps = lost.lock().map(|v| v.clone()).unwrap_or_default();
         ensure!(
             gaps == [namzu::OutputGap {
@@ -246,12 +265,13 @@ pub(super) async fn cancel_before_start_of_a_detachable_execution_never_runs(f: 
         let token = CancellationToken::new();
         token.cancel();
         let r = sb
-            .exec(ExecRequest::shell("touch ran").execution_id("pre").cancel_token(token))
+            .commands()
+            .run(ExecRequest::shell("touch ran").execution_id("pre").cancel_token(token))
             .await
             .ctx("exec")?;
         ensure!(r.status.cancelled, "{:?}", r.status);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        ensure!(sb.stat(p("ran")).await.is_err(), "the cancelled command ran");
+        ensure!(sb.files().stat("ran").await.is_err(), "the cancelled command ran");
         Ok(())
     })
     .await
@@ -266,12 +286,13 @@ pub(super) async fn exited_execution_records_expire_after_the_ttl(f: Factory) ->
     };
     with_sandbox(&f, spec, |sb| async move {
         let first = sb
-            .exec(ExecRequest::shell("echo first").execution_id("ttl"))
+            .commands()
+            .run(ExecRequest::shell("echo first").execution_id("ttl"))
             .await
             .ctx("first")?;
         ensure!(first.stdout.as_ref() == b"first\n", "{first:?}");
         tokio::time::sleep(Duration::from_millis(400)).await;
-        match sb.attach_execution("ttl", Default::default()).await {
+        match sb.commands().attach("ttl", Default::default()).await {
             Err(Error::ExecutionNotAttachable {
                 state: namzu::AttachRefusal::Unknown,
                 ..
@@ -279,7 +300,8 @@ pub(super) async fn exited_execution_records_expire_after_the_ttl(f: Factory) ->
             other => return Err(format!("attach past the ttl: {other:?}")),
         }
         let second = sb
-            .exec(ExecRequest::shell("echo second").execution_id("ttl"))
+            .commands()
+            .run(ExecRequest::shell("echo second").execution_id("ttl"))
             .await
             .ctx("second")?;
         ensure!(second.stdout.as_ref() == b"second\n", "{second:?}");

@@ -5,7 +5,11 @@ use super::*;
 /// A command runs, its stdout is returned byte-exact, and exit 0 is success.
 pub(super) async fn exec_basics(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        let out = sb.exec(ExecRequest::new("echo").arg("hello")).await.ctx("echo")?;
+        let out = sb
+            .commands()
+            .run(ExecRequest::new("echo").arg("hello"))
+            .await
+            .ctx("echo")?;
         ensure!(&out.stdout[..] == b"hello\n", "stdout {:?}", out.stdout);
         ensure!(out.stderr.is_empty(), "stderr {:?}", out.stderr);
         ensure!(
@@ -47,7 +51,11 @@ pub(super) async fn exit_codes_and_signals(f: Factory) -> Outcome {
 pub(super) async fn stdout_stderr_separated_with_offsets(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let script = "i=0; while [ $i -lt 200 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done";
-        let mut s = sb.exec_stream(ExecRequest::shell(script)).await.ctx("exec_stream")?;
+        let mut s = sb
+            .commands()
+            .stream(ExecRequest::shell(script))
+            .await
+            .ctx("exec_stream")?;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let mut exit = None;
         while let Some(ev) = s.next().await {
@@ -86,21 +94,28 @@ pub(super) async fn env_cwd_stdin(f: Factory) -> Outcome {
     };
     with_sandbox(&f, spec, |sb| async move {
         let out = sb
-            .exec(ExecRequest::shell("printf '%s %s' \"$SPEC_VAR\" \"$CMD_VAR\"").env("CMD_VAR", "from-cmd"))
+            .commands()
+            .run(ExecRequest::shell("printf '%s %s' \"$SPEC_VAR\" \"$CMD_VAR\"").env("CMD_VAR", "from-cmd"))
             .await
             .ctx("env")?;
         ensure!(&out.stdout[..] == b"from-spec from-cmd", "env gave {:?}", out.stdout);
-        sb.mkdir(p("sub/dir"), true).await.ctx("mkdir")?;
-        let out = sb.exec(ExecRequest::new("pwd").cwd("sub/dir")).await.ctx("pwd")?;
+        sb.files().mkdir_all("sub/dir").await.ctx("mkdir")?;
+        let out = sb
+            .commands()
+            .run(ExecRequest::new("pwd").cwd("sub/dir"))
+            .await
+            .ctx("pwd")?;
         ensure!(out.stdout.ends_with(b"/sub/dir\n"), "cwd gave {:?}", out.stdout);
         let out = sb
-            .exec(ExecRequest::new("cat").stdin(Bytes::from_static(b"stdin bytes")))
+            .commands()
+            .run(ExecRequest::new("cat").stdin(Bytes::from_static(b"stdin bytes")))
             .await
             .ctx("cat")?;
         ensure!(&out.stdout[..] == b"stdin bytes", "stdin bytes gave {:?}", out.stdout);
         let chunks = futures::stream::iter((0..100).map(|i| Bytes::from(format!("chunk{i};"))));
         let out = sb
-            .exec(ExecRequest::new("cat").stdin_stream(chunks))
+            .commands()
+            .run(ExecRequest::new("cat").stdin_stream(chunks))
             .await
             .ctx("cat stream")?;
         let want: String = (0..100).map(|i| format!("chunk{i};")).collect();
@@ -109,7 +124,7 @@ pub(super) async fn env_cwd_stdin(f: Factory) -> Outcome {
             "streamed stdin gave {} bytes",
             out.stdout.len()
         );
-        let out = sb.exec(ExecRequest::new("cat")).await.ctx("cat null")?;
+        let out = sb.commands().run(ExecRequest::new("cat")).await.ctx("cat null")?;
         ensure!(
             out.stdout.is_empty() && out.status.success(),
             "null stdin: {:?}",
@@ -126,7 +141,8 @@ pub(super) async fn non_utf8_argv_round_trips(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let arg = std::ffi::OsStr::from_bytes(b"\xff\xfe-not-utf8\x80");
         let out = sb
-            .exec(ExecRequest::new("printf").arg("%s").arg(arg))
+            .commands()
+            .run(ExecRequest::new("printf").arg("%s").arg(arg))
             .await
             .ctx("printf")?;
         ensure!(&out.stdout[..] == arg.as_bytes(), "got {:?}", out.stdout);
@@ -138,7 +154,7 @@ pub(super) async fn non_utf8_argv_round_trips(f: Factory) -> Outcome {
 /// A command that cannot start is a typed SpawnFailed, not an exit code.
 pub(super) async fn missing_command_is_spawn_failed(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        match sb.exec(ExecRequest::new("/no/such/namzu-binary")).await {
+        match sb.commands().run(ExecRequest::new("/no/such/namzu-binary")).await {
             Err(Error::SpawnFailed { command, errno, .. }) => {
                 ensure!(command == Path::new("/no/such/namzu-binary"), "command {command:?}");
                 ensure!(errno == 2, "errno {errno}");
@@ -161,14 +177,15 @@ pub(super) async fn timeout_kills_the_whole_group(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let script = "sleep 300 & echo $! > bg.pid; echo $$ > fg.pid; sleep 300";
         let out = sb
-            .exec(ExecRequest::shell(script).timeout(Duration::from_millis(700)))
+            .commands()
+            .run(ExecRequest::shell(script).timeout(Duration::from_millis(700)))
             .await
             .ctx("exec")?;
         ensure!(out.status.timed_out, "not timed out: {:?}", out.status);
         ensure!(out.status.signal == Some(9), "not killed: {:?}", out.status);
         ensure!(out.duration < Duration::from_secs(60), "took {:?}", out.duration);
         for f in ["bg.pid", "fg.pid"] {
-            let pid = String::from_utf8_lossy(&sb.read_file(p(f), None).await.ctx(f)?.data)
+            let pid = String::from_utf8_lossy(&sb.files().read(f).await.ctx(f)?)
                 .trim()
                 .to_owned();
             ensure!(!pid.is_empty(), "{f} empty");
@@ -189,7 +206,11 @@ pub(super) async fn timeout_above_the_maximum_is_refused(f: Factory) -> Outcome 
         ..Default::default()
     };
     with_sandbox(&f, spec, |sb| async move {
-        match sb.exec(ExecRequest::new("true").timeout(Duration::from_secs(6))).await {
+        match sb
+            .commands()
+            .run(ExecRequest::new("true").timeout(Duration::from_secs(6)))
+            .await
+        {
             Err(Error::LimitExceeded { limit, value, .. }) => {
                 ensure!(
                     limit == "sandbox_max_timeout_ms" && value == 5_000,
@@ -199,7 +220,8 @@ pub(super) async fn timeout_above_the_maximum_is_refused(f: Factory) -> Outcome 
             other => return Err(format!("expected LimitExceeded, got {other:?}")),
         }
         ensure!(
-            sb.exec(ExecRequest::new("true").timeout(Duration::from_secs(5)))
+            sb.commands()
+                .run(ExecRequest::new("true").timeout(Duration::from_secs(5)))
                 .await
                 .ctx("at the max")?
                 .status
@@ -218,7 +240,8 @@ pub(super) async fn cancel_kills_the_whole_group(f: Factory) -> Outcome {
         let token = CancellationToken::new();
         let script = "sleep 300 & echo $! > bg.pid; echo ready; sleep 300";
         let mut s = sb
-            .exec_stream(ExecRequest::shell(script).cancel_token(token.clone()))
+            .commands()
+            .stream(ExecRequest::shell(script).cancel_token(token.clone()))
             .await
             .ctx("exec_stream")?;
         let fg = s.pid.ok_or("no pid")?;
@@ -236,7 +259,7 @@ pub(super) async fn cancel_kills_the_whole_group(f: Factory) -> Outcome {
             "exit {:?}",
             exit.status
         );
-        let bg = String::from_utf8_lossy(&sb.read_file(p("bg.pid"), None).await.ctx("bg.pid")?.data)
+        let bg = String::from_utf8_lossy(&sb.files().read("bg.pid").await.ctx("bg.pid")?)
             .trim()
             .to_owned();
         ensure!(
@@ -258,7 +281,8 @@ pub(super) async fn cancel_before_start_never_runs(f: Factory) -> Outcome {
         let token = CancellationToken::new();
         token.cancel();
         let out = sb
-            .exec(ExecRequest::shell("echo ran > ran.txt").cancel_token(token))
+            .commands()
+            .run(ExecRequest::shell("echo ran > ran.txt").cancel_token(token))
             .await
             .ctx("exec")?;
         ensure!(
@@ -266,7 +290,7 @@ pub(super) async fn cancel_before_start_never_runs(f: Factory) -> Outcome {
             "status {:?}",
             out.status
         );
-        match sb.stat(p("ran.txt")).await {
+        match sb.files().stat("ran.txt").await {
             Err(Error::NotFound { .. }) => Ok(()),
             other => Err(format!("the command ran anyway: {other:?}")),
         }
@@ -289,10 +313,11 @@ pub(super) async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcom
         let script = "(sleep 30 & exec setsid sleep 30) & echo ready; wait";
         let token = CancellationToken::new();
         let mut s = sb
-            .exec_stream(ExecRequest::shell(script).cancel_token(token.clone()))
+            .commands()
+            .stream(ExecRequest::shell(script).cancel_token(token.clone()))
             .await
             .ctx("exec_stream")?;
-        let exec_id = s.exec_id.clone();
+        let execution_id = s.execution_id.clone();
         let mut last = None;
         while let Some(ev) = s.next().await {
             match ev {
@@ -308,10 +333,12 @@ pub(super) async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcom
             }
         }
         match last {
-            Some(Error::RemoteCancellationUnknown { exec_id: id }) => ensure!(id == exec_id, "id {id} != {exec_id}"),
+            Some(Error::RemoteCancellationUnknown { execution_id: id }) => {
+                ensure!(id == execution_id, "id {id} != {execution_id}")
+            }
             other => return Err(format!("expected RemoteCancellationUnknown, got {other:?}")),
         }
-        match sb.exec(ExecRequest::new("true")).await {
+        match sb.commands().run(ExecRequest::new("true")).await {
             Err(Error::AgentRetiring { .. }) => {}
             other => return Err(format!("retired sandbox still runs commands: {other:?}")),
         }
@@ -319,13 +346,13 @@ pub(super) async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcom
         // retiring agent before; every one is fenced now.
         let ws = Path::new("/workspace");
         let fenced: Vec<(&str, Result<(), Error>)> = vec![
-            ("read_file", sb.read_file(&ws.join("x"), None).await.map(drop)),
-            ("list_files", sb.list_files(ws).await.map(drop)),
-            ("stat", sb.stat(ws).await.map(drop)),
-            ("mkdir", sb.mkdir(&ws.join("d"), false).await),
-            ("remove", sb.remove(&ws.join("x"), false).await),
-            ("rename", sb.rename(&ws.join("x"), &ws.join("y")).await),
-            ("list_sessions", sb.list_sessions().await.map(drop)),
+            ("read_file", sb.files().read(&ws.join("x")).await.map(drop)),
+            ("list_files", sb.files().list(ws).await.map(drop)),
+            ("stat", sb.files().stat(ws).await.map(drop)),
+            ("mkdir", sb.files().mkdir(&ws.join("d")).await),
+            ("remove", sb.files().remove(&ws.join("x")).await),
+            ("rename", sb.files().rename(&ws.join("x"), &ws.join("y")).await),
+            ("list_sessions", sb.sessions().list().await.map(drop)),
             ("quiesce", sb.quiesce(Duration::from_millis(10)).await.map(drop)),
         ];
         for (op, r) in fenced {
@@ -348,7 +375,7 @@ pub(super) async fn concurrent_execs_do_not_cross_talk(f: Factory) -> Outcome {
             let sb = sb.clone();
             async move {
                 let script = format!("i=0; while [ $i -lt 2000 ]; do echo {n}-$i; echo e{n} >&2; i=$((i+1)); done");
-                (n, sb.exec(ExecRequest::shell(script)).await)
+                (n, sb.commands().run(script).await)
             }
         });
         for (n, out) in futures::future::join_all(runs).await {
@@ -395,17 +422,17 @@ pub(super) async fn output_cap_reports_truncation(f: Factory) -> Outcome {
 /// After destroy every op fails with SandboxDestroyed, and destroy again is
 /// a no-op.
 pub(super) async fn every_op_is_refused_after_destroy(f: Factory) -> Outcome {
-    let sb: Arc<dyn Sandbox> = Arc::from(f(SandboxSpec::default()).await.ctx("create")?);
+    let sb: Sandbox = f(SandboxSpec::default()).await.ctx("create")?;
     sb.destroy().await.ctx("destroy")?;
     let id = sb.id().to_owned();
     let is_gone = |e: &Error| matches!(e, Error::SandboxDestroyed { id: i } if *i == id);
-    let r = sb.exec(ExecRequest::new("true")).await;
+    let r = sb.commands().run(ExecRequest::new("true")).await;
     ensure!(r.as_ref().err().is_some_and(is_gone), "exec: {r:?}");
-    let r = sb.read_file(p("x"), None).await;
+    let r = sb.files().read("x").await;
     ensure!(r.as_ref().err().is_some_and(is_gone), "read: {r:?}");
-    let r = sb.write_file(p("x"), Bytes::new(), WriteOptions::default()).await;
+    let r = sb.files().write("x", Bytes::new()).await;
     ensure!(r.as_ref().err().is_some_and(is_gone), "write: {r:?}");
-    let r = sb.list_files(p(".")).await;
+    let r = sb.files().list(".").await;
     ensure!(r.as_ref().err().is_some_and(is_gone), "list: {r:?}");
     sb.destroy().await.ctx("second destroy")?;
     Ok(())
@@ -417,14 +444,15 @@ pub(super) async fn every_op_is_refused_after_destroy(f: Factory) -> Outcome {
 pub(super) async fn dropping_an_exec_stream_kills_the_command(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let mut s = sb
-            .exec_stream(ExecRequest::shell("echo $$ > held.pid; echo go; exec sleep 300"))
+            .commands()
+            .stream(ExecRequest::shell("echo $$ > held.pid; echo go; exec sleep 300"))
             .await
             .ctx("exec_stream")?;
         match s.next().await {
             Some(Ok(ExecEvent::Stdout { .. })) => {}
             other => return Err(format!("no output: {other:?}")),
         }
-        let pid = String::from_utf8_lossy(&sb.read_file(p("held.pid"), None).await.ctx("pid")?.data)
+        let pid = String::from_utf8_lossy(&sb.files().read("held.pid").await.ctx("pid")?)
             .trim()
             .to_owned();
         drop(s);

@@ -8,12 +8,9 @@ pub(super) async fn write_64mib_round_trips(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         const N: usize = 64 << 20;
         let data = Bytes::from(pattern(7, N));
-        let n = sb
-            .write_file(p("big.bin"), data.clone(), WriteOptions::default())
-            .await
-            .ctx("write")?;
+        let n = sb.files().write("big.bin", data.clone()).await.ctx("write")?;
         ensure!(n == N as u64, "wrote {n}");
-        let mut s = sb.read_file_stream(p("big.bin"), None).await.ctx("stream")?;
+        let mut s = sb.files().stream("big.bin").await.ctx("stream")?;
         let mut got = 0usize;
         while let Some(chunk) = s.next().await {
             let chunk = chunk.ctx("chunk")?;
@@ -25,12 +22,13 @@ pub(super) async fn write_64mib_round_trips(f: Factory) -> Outcome {
         }
         ensure!(got == N, "streamed {got} of {N}");
         let r = sb
-            .read_file(
-                p("big.bin"),
-                Some(ByteRange {
+            .files()
+            .read_range(
+                "big.bin",
+                ByteRange {
                     offset: 10 << 20,
                     length: Some(1 << 20),
-                }),
+                },
             )
             .await
             .ctx("range")?;
@@ -38,7 +36,7 @@ pub(super) async fn write_64mib_round_trips(f: Factory) -> Outcome {
             r.data[..] == data[10 << 20..11 << 20] && r.file_size == N as u64,
             "range differs"
         );
-        match sb.read_file(p("big.bin"), None).await {
+        match sb.files().read("big.bin").await {
             Err(Error::LimitExceeded { limit, .. }) => ensure!(limit == "max_read_range_bytes", "limit {limit}"),
             other => {
                 return Err(format!(
@@ -59,9 +57,7 @@ pub(super) async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         const N: usize = 1 << 20;
         let a = Bytes::from(vec![b'a'; N]);
         let b = Bytes::from(vec![b'b'; 2 * N]);
-        sb.write_file(p("f"), a.clone(), WriteOptions::default())
-            .await
-            .ctx("seed")?;
+        sb.files().write("f", a.clone()).await.ctx("seed")?;
         let whole = |data: &[u8]| data == &a[..];
         let (paused_tx, paused) = tokio::sync::oneshot::channel();
         let (resume, resume_rx) = tokio::sync::oneshot::channel();
@@ -69,7 +65,8 @@ pub(super) async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         let held = {
             let sb = sb.clone();
             tokio::spawn(async move {
-                sb.write_file_from(p("f"), Box::new(reader), WriteOptions::default())
+                sb.files()
+                    .write_from("f", Box::new(reader), WriteOptions::default())
                     .await
             })
         };
@@ -80,25 +77,25 @@ pub(super) async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         // 1.5 MiB are in flight or in the temporary by now.
         tokio::time::sleep(Duration::from_millis(200)).await;
         for i in 0..5 {
-            let r = sb.read_file(p("f"), None).await.ctx("read during the write")?;
+            let r = sb.files().read("f").await.ctx("read during the write")?;
             ensure!(
-                whole(&r.data),
+                whole(&r),
                 "read {i} during the held write saw {} bytes, not the old file",
-                r.data.len()
+                r.len()
             );
         }
         let _ = resume.send(());
         held.await.ctx("writer task")?.ctx("held write")?;
-        let r = sb.read_file(p("f"), None).await.ctx("read after")?;
-        ensure!(r.data.len() == 4 << 20, "after the write: {} bytes", r.data.len());
-        crate::util::check_pattern(7, 0, &r.data)?;
+        let r = sb.files().read("f").await.ctx("read after")?;
+        ensure!(r.len() == 4 << 20, "after the write: {} bytes", r.len());
+        crate::util::check_pattern(7, 0, &r)?;
 
         let writer = {
             let sb = sb.clone();
             tokio::spawn(async move {
                 for i in 0..20 {
                     let d = if i % 2 == 0 { b.clone() } else { a.clone() };
-                    sb.write_file(p("f"), d, WriteOptions::default()).await?;
+                    sb.files().write("f", d).await?;
                 }
                 Ok::<_, Error>(())
             })
@@ -106,12 +103,13 @@ pub(super) async fn readers_never_see_a_partial_write(f: Factory) -> Outcome {
         let mut reads = 0;
         while !writer.is_finished() || reads < 5 {
             let r = sb
-                .read_file(
-                    p("f"),
-                    Some(ByteRange {
+                .files()
+                .read_range(
+                    "f",
+                    ByteRange {
                         offset: 0,
                         length: Some(4 * N as u64),
-                    }),
+                    },
                 )
                 .await
                 .ctx("read")?;
@@ -138,7 +136,8 @@ pub(super) async fn failed_write_leaves_the_old_file(f: Factory) -> Outcome {
         seed_old(&sb).await?;
         let reader = PatternReader::new(1, 8 << 20).failing_at(3 << 20);
         let r = sb
-            .write_file_from(p("keep.txt"), Box::new(reader), WriteOptions::default())
+            .files()
+            .write_from("keep.txt", Box::new(reader), WriteOptions::default())
             .await;
         ensure!(
             matches!(r, Err(Error::LocalIo { .. })),
@@ -158,9 +157,7 @@ pub(super) async fn oversized_write_is_refused_by_limit(f: Factory) -> Outcome {
     };
     with_sandbox(&f, spec, |sb| async move {
         seed_old(&sb).await?;
-        let r = sb
-            .write_file(p("keep.txt"), Bytes::from(vec![0u8; 2 << 20]), WriteOptions::default())
-            .await;
+        let r = sb.files().write("keep.txt", Bytes::from(vec![0u8; 2 << 20])).await;
         match r {
             Err(Error::LimitExceeded { limit, value, .. }) => {
                 ensure!(limit == "max_write_bytes" && value == 1 << 20, "{limit}={value}")
@@ -180,7 +177,9 @@ pub(super) async fn abandoned_write_leaves_the_old_file(f: Factory) -> Outcome {
         seed_old(&sb).await?;
         // 2 MiB arrive, then the source stalls forever.
         let stalled = tokio::io::AsyncReadExt::chain(PatternReader::new(5, 2 << 20), Stall);
-        let write = sb.write_file_from(p("keep.txt"), Box::new(stalled), WriteOptions::default());
+        let write = sb
+            .files()
+            .write_from("keep.txt", Box::new(stalled), WriteOptions::default());
         ensure!(
             tokio::time::timeout(Duration::from_millis(500), write).await.is_err(),
             "stalled write finished"
@@ -202,7 +201,7 @@ pub(super) async fn abandoned_write_leaves_the_old_file(f: Factory) -> Outcome {
 pub(super) async fn streamed_read_refuses_non_regular_files(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         ensure!(sh(&sb, "mkfifo pipe && mkdir dir").await?.status.success(), "mkfifo");
-        let r = tokio::time::timeout(Duration::from_secs(10), sb.read_file_stream(p("pipe"), None))
+        let r = tokio::time::timeout(Duration::from_secs(10), sb.files().stream("pipe"))
             .await
             .ctx("fifo blocked")?;
         ensure!(
@@ -210,7 +209,7 @@ pub(super) async fn streamed_read_refuses_non_regular_files(f: Factory) -> Outco
             "fifo stream: {:?}",
             r.err()
         );
-        let r = tokio::time::timeout(Duration::from_secs(10), sb.read_file(p("pipe"), None))
+        let r = tokio::time::timeout(Duration::from_secs(10), sb.files().read("pipe"))
             .await
             .ctx("fifo blocked")?;
         ensure!(
@@ -218,7 +217,7 @@ pub(super) async fn streamed_read_refuses_non_regular_files(f: Factory) -> Outco
             "fifo read: {:?}",
             r.err()
         );
-        let r = sb.read_file_stream(p("dir"), None).await;
+        let r = sb.files().stream("dir").await;
         ensure!(
             matches!(r, Err(Error::IsADirectory { .. })),
             "dir stream: {:?}",
@@ -236,19 +235,20 @@ pub(super) async fn mode_is_preserved(f: Factory) -> Outcome {
             mode: Some(0o600),
             ..Default::default()
         };
-        sb.write_file(p("new.sh"), Bytes::from_static(b"#!/bin/sh\necho hi\n"), opts)
+        sb.files()
+            .write_with("new.sh", Bytes::from_static(b"#!/bin/sh\necho hi\n"), opts)
             .await
             .ctx("write")?;
-        ensure!(sb.stat(p("new.sh")).await.ctx("stat")?.mode == 0o600, "new file mode");
+        ensure!(
+            sb.files().stat("new.sh").await.ctx("stat")?.mode == 0o600,
+            "new file mode"
+        );
         ensure!(sh(&sb, "chmod 0751 new.sh").await?.status.success(), "chmod");
-        sb.write_file(
-            p("new.sh"),
-            Bytes::from_static(b"#!/bin/sh\necho again\n"),
-            WriteOptions::default(),
-        )
-        .await
-        .ctx("overwrite")?;
-        let st = sb.stat(p("new.sh")).await.ctx("stat")?;
+        sb.files()
+            .write("new.sh", Bytes::from_static(b"#!/bin/sh\necho again\n"))
+            .await
+            .ctx("overwrite")?;
+        let st = sb.files().stat("new.sh").await.ctx("stat")?;
         ensure!(st.mode == 0o751, "overwrite changed mode to {:o}", st.mode);
         let out = sh(&sb, "./new.sh").await?;
         ensure!(
@@ -265,11 +265,12 @@ pub(super) async fn mode_is_preserved(f: Factory) -> Outcome {
 /// what exists; a stream honours offset and length.
 pub(super) async fn ranged_reads(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.write_file(p("r.txt"), Bytes::from_static(b"0123456789"), WriteOptions::default())
+        sb.files()
+            .write("r.txt", Bytes::from_static(b"0123456789"))
             .await
             .ctx("write")?;
-        let rng = |o, l| Some(ByteRange { offset: o, length: l });
-        let r = sb.read_file(p("r.txt"), rng(2, Some(3))).await.ctx("2+3")?;
+        let rng = |o, l| ByteRange { offset: o, length: l };
+        let r = sb.files().read_range("r.txt", rng(2, Some(3))).await.ctx("2+3")?;
         ensure!(
             &r.data[..] == b"234" && r.file_size == 10 && !r.eof,
             "2+3 gave {:?} size {} eof {}",
@@ -277,23 +278,23 @@ pub(super) async fn ranged_reads(f: Factory) -> Outcome {
             r.file_size,
             r.eof
         );
-        let r = sb.read_file(p("r.txt"), rng(8, Some(10))).await.ctx("8+10")?;
+        let r = sb.files().read_range("r.txt", rng(8, Some(10))).await.ctx("8+10")?;
         ensure!(&r.data[..] == b"89" && r.eof, "8+10 gave {:?} eof {}", r.data, r.eof);
-        let r = sb.read_file(p("r.txt"), rng(20, Some(5))).await.ctx("20+5")?;
+        let r = sb.files().read_range("r.txt", rng(20, Some(5))).await.ctx("20+5")?;
         ensure!(
             r.data.is_empty() && r.eof && r.file_size == 10,
             "past EOF gave {:?}",
             r.data
         );
-        let r = sb.read_file(p("r.txt"), rng(4, None)).await.ctx("4+")?;
+        let r = sb.files().read_range("r.txt", rng(4, None)).await.ctx("4+")?;
         ensure!(&r.data[..] == b"456789" && r.eof, "4.. gave {:?}", r.data);
-        let mut s = sb.read_file_stream(p("r.txt"), rng(3, Some(4))).await.ctx("stream")?;
+        let mut s = sb.files().stream_range("r.txt", rng(3, Some(4))).await.ctx("stream")?;
         let mut got = Vec::new();
         while let Some(c) = s.next().await {
             got.extend_from_slice(&c.ctx("chunk")?);
         }
         ensure!(got == b"3456", "stream range gave {got:?}");
-        let r = sb.read_file(p("empty"), None).await;
+        let r = sb.files().read("empty").await;
         ensure!(matches!(r, Err(Error::NotFound { .. })), "missing file gave {r:?}");
         Ok(())
     })
@@ -307,15 +308,12 @@ pub(super) async fn streamed_1gib_read_keeps_agent_memory_bounded(f: Factory) ->
     const BOUND: u64 = 96 << 20;
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let before = sb.agent().health().await.ctx("health")?;
-        sb.write_file_from(
-            p("huge.bin"),
-            Box::new(PatternReader::new(3, N)),
-            WriteOptions::default(),
-        )
-        .await
-        .ctx("write 1 GiB")?;
+        sb.files()
+            .write_from("huge.bin", Box::new(PatternReader::new(3, N)), WriteOptions::default())
+            .await
+            .ctx("write 1 GiB")?;
         let after_write = sb.agent().health().await.ctx("health")?;
-        let mut s = sb.read_file_stream(p("huge.bin"), None).await.ctx("stream")?;
+        let mut s = sb.files().stream("huge.bin").await.ctx("stream")?;
         let mut off = 0u64;
         while let Some(c) = s.next().await {
             let c = c.ctx("chunk")?;
@@ -346,18 +344,20 @@ pub(super) async fn streamed_1gib_read_keeps_agent_memory_bounded(f: Factory) ->
 /// The basic file ops, with their typed failures.
 pub(super) async fn list_stat_mkdir_remove_rename(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        sb.mkdir(p("d/e"), true).await.ctx("mkdir -p")?;
+        sb.files().mkdir_all("d/e").await.ctx("mkdir -p")?;
         ensure!(
-            matches!(sb.mkdir(p("d"), false).await, Err(Error::AlreadyExists { .. })),
+            matches!(sb.files().mkdir("d").await, Err(Error::AlreadyExists { .. })),
             "mkdir existing"
         );
-        sb.write_file(p("d/x.txt"), Bytes::from_static(b"xx"), WriteOptions::default())
+        sb.files()
+            .write("d/x.txt", Bytes::from_static(b"xx"))
             .await
             .ctx("write")?;
-        let st = sb.stat(p("d/x.txt")).await.ctx("stat")?;
+        let st = sb.files().stat("d/x.txt").await.ctx("stat")?;
         ensure!(st.kind == FileKind::File && st.size == 2, "stat {st:?}");
         let names: Vec<_> = sb
-            .list_files(p("d"))
+            .files()
+            .list("d")
             .await
             .ctx("list")?
             .into_iter()
@@ -368,25 +368,25 @@ pub(super) async fn list_stat_mkdir_remove_rename(f: Factory) -> Outcome {
             "list {names:?}"
         );
         ensure!(
-            matches!(sb.list_files(p("d/x.txt")).await, Err(Error::NotADirectory { .. })),
+            matches!(sb.files().list("d/x.txt").await, Err(Error::NotADirectory { .. })),
             "list of a file"
         );
-        sb.rename(p("d/x.txt"), p("d/e/y.txt")).await.ctx("rename")?;
+        sb.files().rename("d/x.txt", "d/e/y.txt").await.ctx("rename")?;
         ensure!(
-            matches!(sb.stat(p("d/x.txt")).await, Err(Error::NotFound { .. })),
+            matches!(sb.files().stat("d/x.txt").await, Err(Error::NotFound { .. })),
             "old name remains"
         );
         ensure!(
-            matches!(sb.remove(p("d"), false).await, Err(Error::DirectoryNotEmpty { .. })),
+            matches!(sb.files().remove("d").await, Err(Error::DirectoryNotEmpty { .. })),
             "non-recursive remove of a tree"
         );
-        sb.remove(p("d"), true).await.ctx("rm -r")?;
+        sb.files().remove_all("d").await.ctx("rm -r")?;
         ensure!(
-            matches!(sb.stat(p("d")).await, Err(Error::NotFound { .. })),
+            matches!(sb.files().stat("d").await, Err(Error::NotFound { .. })),
             "tree remains"
         );
         ensure!(
-            matches!(sb.remove(p("d"), true).await, Err(Error::NotFound { .. })),
+            matches!(sb.files().remove_all("d").await, Err(Error::NotFound { .. })),
             "remove of nothing"
         );
         Ok(())
@@ -412,7 +412,7 @@ pub(super) async fn walk_reports_symlinks_and_honours_limits(f: Factory) -> Outc
         let collect = |opts: WalkOptions| {
             let sb = sb.clone();
             async move {
-                let mut s = sb.walk_files(p("t"), opts).await?;
+                let mut s = sb.files().walk("t", opts).await?;
                 let mut v = Vec::new();
                 while let Some(e) = s.next().await {
                     match e {
@@ -465,7 +465,7 @@ pub(super) async fn walk_reports_symlinks_and_honours_limits(f: Factory) -> Outc
             matches!(err, Some(Error::WalkLimit { limit: 3, .. })),
             "budget overrun gave {err:?}"
         );
-        match sb.walk_files(p("nope"), WalkOptions::default()).await {
+        match sb.files().walk("nope", WalkOptions::default()).await {
             Err(Error::NotFound { .. }) => {}
             Ok(_) => return Err("walk of a missing root succeeded".into()),
             Err(e) => return Err(format!("walk of a missing root: {e:?}")),
@@ -495,36 +495,34 @@ pub(super) async fn path_escapes_are_refused(f: Factory) -> Outcome {
         let outside = Path::new("/etc/passwd");
         let mut escapes = vec!["../x", "a/../../x", "rootlink/etc/passwd", "up/passwd", "d/tmplink/x"];
         if roots.iter().any(|r| outside.starts_with(r)) {
-            sb.read_file(outside, None).await.ctx("read of a path inside a root")?;
+            sb.files().read(outside).await.ctx("read of a path inside a root")?;
         } else {
             escapes.push("/etc/passwd");
         }
         for e in escapes {
-            let r = sb.read_file(p(e), None).await;
+            let r = sb.files().read(e).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "read {e}: {r:?}");
-            let r = sb
-                .write_file(p(e), Bytes::from_static(b"pwn"), WriteOptions::default())
-                .await;
+            let r = sb.files().write(e, Bytes::from_static(b"pwn")).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "write {e}: {r:?}");
-            let r = sb.read_file_stream(p(e), None).await;
+            let r = sb.files().stream(e).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "stream {e}: {:?}", r.err());
-            let r = sb.list_files(p(e)).await;
+            let r = sb.files().list(e).await;
             ensure!(matches!(r, Err(Error::PathEscape { .. })), "list {e}: {r:?}");
         }
-        let r = sb.rename(p("d"), p("../moved")).await;
+        let r = sb.files().rename("d", "../moved").await;
         ensure!(matches!(r, Err(Error::PathEscape { .. })), "rename out: {r:?}");
-        let r = sb.remove(p("rootlink/tmp"), true).await;
+        let r = sb.files().remove_all("rootlink/tmp").await;
         ensure!(
             matches!(r, Err(Error::PathEscape { .. })),
             "remove through a link: {r:?}"
         );
         // The link itself is inside and may be inspected and removed.
-        let st = sb.stat(p("rootlink")).await.ctx("stat link")?;
+        let st = sb.files().stat("rootlink").await.ctx("stat link")?;
         ensure!(
             st.kind == FileKind::Symlink && st.symlink_target.as_deref() == Some(Path::new("/")),
             "stat link {st:?}"
         );
-        sb.remove(p("rootlink"), false).await.ctx("remove link")?;
+        sb.files().remove("rootlink").await.ctx("remove link")?;
         Ok(())
     })
     .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use namzu::{Error, SandboxSpec, WalkOptions};
 
-use super::{detached, drain_session, p, sh};
+use super::{detached, drain_session, sh};
 use crate::util::{with_sandbox, Ctx};
 use crate::{ensure, Factory, Outcome};
 
@@ -68,16 +68,16 @@ pub(super) async fn named_list_walk_and_session_limits_hold(f: Factory) -> Outco
         )
         .await?;
         ensure!(out.status.success(), "setup: {:?}", out.status);
-        let r = sb.list_files(p("many")).await;
+        let r = sb.files().list("many").await;
         ensure!(
             matches!(&r, Err(Error::LimitExceeded { limit, value: 5, .. }) if limit == "max_list_entries"),
             "list of 10 under max_list_entries 5: {r:?}"
         );
         ensure!(
-            sb.list_files(p("few")).await.ctx("list under the limit")?.len() == 1,
+            sb.files().list("few").await.ctx("list under the limit")?.len() == 1,
             "few"
         );
-        let mut walk = sb.walk_files(p("many"), WalkOptions::default()).await.ctx("walk")?;
+        let mut walk = sb.files().walk("many", WalkOptions::default()).await.ctx("walk")?;
         let mut seen = 0;
         let end = loop {
             match walk.next().await {
@@ -90,14 +90,15 @@ pub(super) async fn named_list_walk_and_session_limits_hold(f: Factory) -> Outco
             seen == 7 && matches!(end, Some(Error::WalkLimit { limit: 7, .. })),
             "walk of 10 under max_walk_entries 7: {seen} entries, then {end:?}"
         );
-        sb.start_detached(detached("brief", "echo hi"))
+        sb.sessions()
+            .start(detached("brief", "echo hi"))
             .await
-            .ctx("start_detached")?;
+            .ctx("start_session")?;
         let (out, _) = drain_session(&sb, "brief", 0).await?;
         ensure!(out == b"hi\n", "session output {out:?}");
         // Kept for session_ttl_ms after it exited, then gone.
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        let r = sb.read_session("brief", 0, 0).await;
+        let r = sb.sessions().read_max("brief", 0, 0).await;
         ensure!(
             matches!(&r, Err(Error::SessionNotFound { id }) if id == "brief"),
             "an exited session past session_ttl_ms: {r:?}"

@@ -11,14 +11,15 @@ pub(super) async fn tcp_into_the_sandbox_round_trips_with_half_close(f: Factory)
         crate::escape::install(&sb).await?;
         let port = 7000 + (std::process::id() % 1000) as u16;
         let mut server = sb
-            .exec_stream(ExecRequest::new("./escape").arg("--echo-server").arg(port.to_string()))
+            .commands()
+            .stream(ExecRequest::new("./escape").arg("--echo-server").arg(port.to_string()))
             .await
             .ctx("start echo server")?;
         match server.next().await {
             Some(Ok(ExecEvent::Stdout { data, .. })) if data.starts_with(b"listening") => {}
             other => return Err(format!("echo server did not start: {other:?}")),
         }
-        let conn = sb.open_tcp_connection(port).await.ctx("open tcp")?;
+        let conn = sb.network().connect(port).await.ctx("open tcp")?;
         let (mut rd, mut wr) = tokio::io::split(conn);
         let data = Bytes::from(pattern(11, 4 << 20));
         let sent = data.clone();
@@ -39,7 +40,7 @@ pub(super) async fn tcp_into_the_sandbox_round_trips_with_half_close(f: Factory)
         );
         ensure!(back == data, "echo differs");
         let closed = port.wrapping_add(1);
-        match sb.open_tcp_connection(closed).await {
+        match sb.network().connect(closed).await {
             Err(Error::ConnectionRefused { port }) => ensure!(port == closed, "refusal names port {port}"),
             other => return Err(format!("expected ConnectionRefused, got {:?}", other.err())),
         }

@@ -8,7 +8,7 @@ use super::*;
 /// agent serving.
 pub(super) async fn quiesce_stops_everything_but_the_agent(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
-        let mut running = sb.exec_stream(ExecRequest::shell("echo go; exec sleep 300")).await.ctx("exec")?;
+        let mut running = sb.commands().stream(ExecRequest::shell("echo go; exec sleep 300")).await.ctx("exec")?;
         let running_pid = running.pid.ok_or("no pid")?;
         match running.next().await {
             Some(Ok(ExecEvent::Stdout { .. })) => {}
@@ -18,8 +18,8 @@ pub(super) async fn quiesce_stops_everything_but_the_agent(f: Factory) -> Outcom
         ensure!(sh(&sb, script).await?.status.success(), "start the stubborn process");
         let mut stubborn = String::new();
         for _ in 0..100 {
-            if let Ok(d) = sb.read_file(p("stubborn.pid"), None).await {
-                stubborn = String::from_utf8_lossy(&d.data).trim().to_owned();
+            if let Ok(d) = sb.files().read("stubborn.pid").await {
+                stubborn = String::from_utf8_lossy(&d).trim().to_owned();
                 if !stubborn.is_empty() {
                     break;
                 }

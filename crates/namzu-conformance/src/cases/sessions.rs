@@ -7,7 +7,11 @@ use super::*;
 pub(super) async fn detached_session_output_is_read_by_offset(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let script = "i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done; echo err >&2; exit 3";
-        let info = sb.start_detached(detached("job", script)).await.ctx("start_detached")?;
+        let info = sb
+            .sessions()
+            .start(detached("job", script))
+            .await
+            .ctx("start_session")?;
         ensure!(info.session_id == "job" && info.pid > 0, "{info:?}");
         let (a, end) = drain_session(&sb, "job", 0).await?;
         let want: String = (0..300).map(|i| format!("line{i}\n")).collect::<String>() + "err\n";
@@ -37,11 +41,12 @@ pub(super) async fn session_ring_eviction_is_reported_as_dropped_bytes(f: Factor
         ..Default::default()
     };
     with_sandbox(&f, spec, |sb| async move {
-        sb.start_detached(detached("big", "head -c 10000 /dev/zero | tr '\\0' a"))
+        sb.sessions()
+            .start(detached("big", "head -c 10000 /dev/zero | tr '\\0' a"))
             .await
             .ctx("start")?;
         for _ in 0..500 {
-            let c = sb.read_session("big", 0, 0).await.ctx("read")?;
+            let c = sb.sessions().read_max("big", 0, 0).await.ctx("read")?;
             if matches!(c.info.state, namzu::SessionState::Exited(_)) {
                 ensure!(c.info.output_bytes == 10_000, "{:?}", c.info);
                 ensure!(c.dropped_bytes == 10_000 - 1024 && c.offset == 10_000 - 1024, "{c:?}");
@@ -69,13 +74,14 @@ pub(super) async fn kill_session_kills_the_whole_session(f: Factory) -> Outcome 
         ..Default::default()
     };
     with_sandbox(&f, spec, |sb| async move {
-        sb.start_detached(detached("svc", "sleep 300 & echo $! > bg.pid; sleep 300"))
+        sb.sessions()
+            .start(detached("svc", "sleep 300 & echo $! > bg.pid; sleep 300"))
             .await
             .ctx("start")?;
         let mut bg = String::new();
         for _ in 0..200 {
-            if let Ok(d) = sb.read_file(p("bg.pid"), None).await {
-                bg = String::from_utf8_lossy(&d.data).trim().to_owned();
+            if let Ok(d) = sb.files().read("bg.pid").await {
+                bg = String::from_utf8_lossy(&d).trim().to_owned();
                 if !bg.is_empty() {
                     break;
                 }
@@ -83,19 +89,23 @@ pub(super) async fn kill_session_kills_the_whole_session(f: Factory) -> Outcome 
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         ensure!(!bg.is_empty(), "background pid never written");
-        match sb.start_detached(detached("svc", "true")).await {
+        match sb.sessions().start(detached("svc", "true")).await {
             Err(Error::SessionExists { id }) => ensure!(id == "svc", "{id}"),
             other => return Err(format!("duplicate id: {other:?}")),
         }
-        sb.start_detached(detached("second", "sleep 300")).await.ctx("second")?;
-        match sb.start_detached(detached("third", "true")).await {
+        sb.sessions()
+            .start(detached("second", "sleep 300"))
+            .await
+            .ctx("second")?;
+        match sb.sessions().start(detached("third", "true")).await {
             Err(Error::LimitExceeded { limit, value, .. }) => {
                 ensure!(limit == "max_sessions" && value == 2, "{limit}={value}")
             }
             other => return Err(format!("third session: {other:?}")),
         }
         let info = sb
-            .kill_session("svc", namzu::SessionSignal::Term)
+            .sessions()
+            .kill("svc", namzu::SessionSignal::Term)
             .await
             .ctx("kill_session")?;
         ensure!(
@@ -107,20 +117,21 @@ pub(super) async fn kill_session_kills_the_whole_session(f: Factory) -> Outcome 
             "{info:?}"
         );
         ensure!(!pid_alive(&sb, &bg).await?, "background job {bg} survived kill_session");
-        let listed = sb.list_sessions().await.ctx("list")?;
+        let listed = sb.sessions().list().await.ctx("list")?;
         ensure!(
             listed.iter().any(|s| s.session_id == "svc" && s.state == info.state),
             "{listed:?}"
         );
         let info = sb
-            .kill_session("second", namzu::SessionSignal::Kill)
+            .sessions()
+            .kill("second", namzu::SessionSignal::Kill)
             .await
             .ctx("kill -9")?;
         ensure!(
             matches!(info.state, namzu::SessionState::Exited(st) if st.signal == Some(9)),
             "{info:?}"
         );
-        match sb.read_session("nope", 0, 0).await {
+        match sb.sessions().read_max("nope", 0, 0).await {
             Err(Error::SessionNotFound { id }) => ensure!(id == "nope", "{id}"),
             other => return Err(format!("unknown session: {:?}", other.map(|c| c.info))),
         }

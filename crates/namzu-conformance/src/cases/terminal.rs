@@ -12,7 +12,7 @@ pub(super) async fn terminal_runs_resizes_and_close_kills_the_session(f: Factory
             rows: 24,
             ..Default::default()
         };
-        let mut t = sb.open_terminal(opts).await.ctx("open terminal")?;
+        let mut t = sb.terminals().open(opts).await.ctx("open terminal")?;
         let mut seen = String::new();
         // The typed line never contains the answer; and the shell may print
         // its prompt after the tty's echo, so "42" need not start a line.
@@ -54,7 +54,8 @@ pub(super) async fn terminal_runs_resizes_and_close_kills_the_session(f: Factory
 pub(super) async fn terminal_login_shell_exit_code(f: Factory) -> Outcome {
     with_sandbox(&f, SandboxSpec::default(), |sb| async move {
         let mut t = sb
-            .open_terminal(namzu::TerminalOptions::default())
+            .terminals()
+            .open(namzu::TerminalOptions::default())
             .await
             .ctx("open terminal")?;
         t.write(Bytes::from_static(b"exit 7\n")).await.ctx("write")?;
@@ -86,24 +87,24 @@ pub(super) async fn persistent_terminal_detaches_and_resumes(f: Factory) -> Outc
             session_id: Some("pt".into()),
             ..Default::default()
         };
-        let mut t = sb.open_terminal(opts).await.ctx("open persistent terminal")?;
+        let mut t = sb.terminals().open(opts).await.ctx("open persistent terminal")?;
         let mut seen = String::new();
         t.write(Bytes::from_static(b"echo one-$((1+0))\n")).await.ctx("write")?;
         read_until(&mut t, &mut seen, "one-1").await?;
         let off = t.next_offset();
         drop(t);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let listed = sb.list_sessions().await.ctx("list")?;
+        let listed = sb.sessions().list().await.ctx("list")?;
         ensure!(
             listed
                 .iter()
                 .any(|s| s.session_id == "pt" && s.state == namzu::SessionState::Running),
             "the shell did not survive the detach: {listed:?}"
         );
-        let mut again = sb.attach_terminal("pt", 0).await.ctx("attach from 0")?;
+        let mut again = sb.terminals().attach("pt", 0).await.ctx("attach from 0")?;
         let mut replay = String::new();
         read_until(&mut again, &mut replay, "one-1").await?;
-        let mut third = sb.attach_terminal("pt", off).await.ctx("attach from the offset")?;
+        let mut third = sb.terminals().attach("pt", off).await.ctx("attach from the offset")?;
         loop {
             match again.next().await {
                 Some(Err(Error::AttachmentReplaced { session_id, .. })) => {
@@ -128,7 +129,7 @@ pub(super) async fn persistent_terminal_detaches_and_resumes(f: Factory) -> Outc
         };
         ensure!(rest.contains("two-2"), "{rest:?}");
         ensure!(status.code == Some(5), "{status:?}");
-        let all = sb.read_session("pt", 0, 0).await.ctx("read_session")?;
+        let all = sb.sessions().read_max("pt", 0, 0).await.ctx("read_session")?;
         let text = String::from_utf8_lossy(&all.data);
         ensure!(text.contains("one-1") && text.contains("two-2"), "{text:?}");
         Ok(())

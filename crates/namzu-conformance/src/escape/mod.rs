@@ -4,7 +4,6 @@
 //! passes a factory, as for the conformance suite.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use namzu::{Error, ExecRequest, Sandbox, SandboxSpec, WriteOptions};
@@ -31,13 +30,14 @@ pub fn escape_binary() -> Result<PathBuf, String> {
 }
 
 /// Copies the escape binary into the sandbox's workspace.
-pub async fn install(sb: &Arc<dyn Sandbox>) -> Outcome {
+pub async fn install(sb: &Sandbox) -> Outcome {
     let bin = std::fs::read(escape_binary()?).ctx("read namzu-escape")?;
     let opts = WriteOptions {
         mode: Some(0o755),
         ..Default::default()
     };
-    sb.write_file(Path::new("escape"), Bytes::from(bin), opts)
+    sb.files()
+        .write_with(Path::new("escape"), Bytes::from(bin), opts)
         .await
         .ctx("install namzu-escape")?;
     Ok(())
@@ -57,7 +57,8 @@ pub async fn fork_bomb_is_contained(factory: &Factory, limit: u64) -> Outcome {
     crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
         install(&sb).await?;
         let out = sb
-            .exec(ExecRequest::new("./escape").arg("--fork-bomb").arg("100000"))
+            .commands()
+            .run(ExecRequest::new("./escape").arg("--fork-bomb").arg("100000"))
             .await
             .ctx("fork bomb")?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -72,7 +73,8 @@ pub async fn fork_bomb_is_contained(factory: &Factory, limit: u64) -> Outcome {
             .ctx("host fork during the bomb")?;
         ensure!(host.success(), "host could not fork");
         ensure!(
-            sb.exec(ExecRequest::new("true"))
+            sb.commands()
+                .run(ExecRequest::new("true"))
                 .await
                 .ctx("agent after the bomb")?
                 .status
@@ -94,7 +96,8 @@ pub async fn disk_fill_is_bounded(factory: &Factory, tmpfs_bytes: u64, max_file_
             ("/workspace/fill", max_file_bytes, "File too large"),
         ] {
             let out = sb
-                .exec(ExecRequest::new("./escape").arg("--disk-fill").arg(path))
+                .commands()
+                .run(ExecRequest::new("./escape").arg("--disk-fill").arg(path))
                 .await
                 .ctx("disk fill")?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -114,19 +117,19 @@ pub async fn disk_fill_is_bounded(factory: &Factory, tmpfs_bytes: u64, max_file_
 pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
     crate::util::with_sandbox(factory, SandboxSpec::default(), |sb| async move {
         ensure!(
-            sb.exec(ExecRequest::shell("mkdir -p race /tmp/outside")).await.ctx("setup")?.status.success(),
+            sb.commands().run("mkdir -p race /tmp/outside").await.ctx("setup")?.status.success(),
             "setup"
         );
         let racer = {
             let sb = sb.clone();
             tokio::spawn(async move {
                 let script = "touch started; i=0; while [ $i -lt 3000 ]; do mv race race.d && ln -s /tmp/outside race && rm race && mv race.d race || exit 3; i=$((i+1)); done";
-                sb.exec(ExecRequest::shell(script)).await
+                sb.commands().run(script).await
             })
         };
         // Writes start once the racer has.
         for _ in 0..200 {
-            if sb.stat(Path::new("started")).await.is_ok() {
+            if sb.files().stat(Path::new("started")).await.is_ok() {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -134,7 +137,7 @@ pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
         let (mut inside, mut refused) = (0, 0);
         let mut i = 0;
         while !racer.is_finished() && i < 5000 {
-            match sb.write_file(Path::new(&format!("race/f{i}")), Bytes::from_static(b"x"), WriteOptions::default()).await {
+            match sb.files().write(Path::new(&format!("race/f{i}")), Bytes::from_static(b"x")).await {
                 Ok(_) => inside += 1,
                 Err(Error::PathEscape { .. } | Error::NotFound { .. } | Error::NotADirectory { .. }) => refused += 1,
                 Err(e) => return Err(format!("write {i}: {e}")),
@@ -147,7 +150,7 @@ pub async fn symlink_race_on_the_workspace(factory: &Factory) -> Outcome {
             inside > 0 && refused > 0,
             "the race did not overlap: {inside} writes landed, {refused} refused"
         );
-        let out = sb.exec(ExecRequest::shell("ls /tmp/outside | wc -l")).await.ctx("count")?;
+        let out = sb.commands().run("ls /tmp/outside | wc -l").await.ctx("count")?;
         let leaked = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         ensure!(leaked == "0", "{leaked} writes landed outside the workspace ({inside} ok, {refused} refused)");
         Ok(())
@@ -173,7 +176,8 @@ pub async fn memory_hog_is_killed(factory: &Factory, limit: u64) -> Outcome {
             "no memory cgroup reported: {applied:?}"
         );
         let out = sb
-            .exec(ExecRequest::new("./escape").arg("--mem-hog"))
+            .commands()
+            .run(ExecRequest::new("./escape").arg("--mem-hog"))
             .await
             .ctx("memory hog")?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -194,7 +198,8 @@ pub async fn memory_hog_is_killed(factory: &Factory, limit: u64) -> Outcome {
             limit >> 20
         );
         ensure!(
-            sb.exec(ExecRequest::new("true"))
+            sb.commands()
+                .run(ExecRequest::new("true"))
                 .await
                 .ctx("agent after the hog")?
                 .status
@@ -239,7 +244,8 @@ async fn burn_share(factory: &Factory, spec: SandboxSpec) -> Result<f64, String>
     crate::util::with_sandbox(factory, spec, |sb| async move {
         install(&sb).await?;
         let out = sb
-            .exec(ExecRequest::new("./escape").arg("--cpu-burn").arg("1.5"))
+            .commands()
+            .run(ExecRequest::new("./escape").arg("--cpu-burn").arg("1.5"))
             .await
             .ctx("cpu burn")?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();

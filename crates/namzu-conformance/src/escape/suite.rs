@@ -363,14 +363,16 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
         super::install(&sb).await?;
         let hardening = sb.agent().info().hardening.clone();
         let out = sb
-            .exec(ExecRequest::new("./escape").args(args))
+            .commands()
+            .run(ExecRequest::new("./escape").args(args))
             .await
             .ctx("run namzu-escape")?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         ensure!(out.status.success(), "namzu-escape failed: {:?}\n{text}", out.status);
         // The agent outlived every attempt on it.
         let after = sb
-            .exec(ExecRequest::new("true"))
+            .commands()
+            .run(ExecRequest::new("true"))
             .await
             .ctx("agent after the attempts")?;
         ensure!(after.status.success(), "agent down");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::sandbox::Resources;
+use crate::spec::Resources;
 
 /// The groups made for one sandbox: one directory per hierarchy used.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]

@@ -17,7 +17,9 @@ use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateD
 use crate::backend::{check_spec, find_agent_binary};
 use crate::client::ClientOptions;
 use crate::error::Result;
-use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+use crate::handle::Sandbox;
+use crate::provider::Provider;
+use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 /// Makes `host`-tier sandboxes. See the module docs: no isolation.
 #[derive(Debug, Clone)]
@@ -48,7 +50,7 @@ impl HostProvider {
     /// fresh random one if `None`): how a caller that names the token
     /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
     /// token is their uid), starts one.
-    pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Box<dyn Sandbox>> {
+    pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Sandbox> {
         check_spec(Tier::Host, &spec)?;
         let (id, dir, _token, made) = self.state.create(token)?;
         let workspace = dir.join("workspace");
@@ -86,7 +88,7 @@ impl HostProvider {
         self.state.record_processes(&dir, &mut meta)?;
         made.keep();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
-        Ok(Box::new(StateSandbox {
+        Ok(Sandbox::new(StateSandbox {
             id,
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),
@@ -103,13 +105,13 @@ impl Provider for HostProvider {
         Tier::Host
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+    async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
         self.create_with_token(spec, None).await
     }
 
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+    async fn connect(&self, id: &str) -> Result<Sandbox> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
-        Ok(Box::new(StateSandbox {
+        Ok(Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),

@@ -26,7 +26,9 @@ use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateD
 use crate::backend::{check_spec, find_agent_binary, privilege_probe};
 use crate::client::ClientOptions;
 use crate::error::{Error, Result};
-use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+use crate::handle::{Sandbox, SandboxBackend};
+use crate::provider::Provider;
+use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
 pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
@@ -283,7 +285,7 @@ impl LocalProvider {
         spec: SandboxSpec,
         token: Option<Vec<u8>>,
         tcp_listen: Option<String>,
-    ) -> Result<Box<dyn Sandbox>> {
+    ) -> Result<Sandbox> {
         check_spec(Tier::Local, &spec)?;
         let (id, dir, _token, made) = self.state.create(token)?;
         let euid = nix::unistd::geteuid().as_raw();
@@ -309,7 +311,7 @@ impl LocalProvider {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
-        Ok(Box::new(sandbox))
+        Ok(Sandbox::new(sandbox))
     }
 }
 
@@ -319,15 +321,15 @@ impl Provider for LocalProvider {
         Tier::Local
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+    async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
         self.create_with(spec, None, None).await
     }
 
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+    async fn connect(&self, id: &str) -> Result<Sandbox> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
         let dir = self.state.dir(id)?;
         self.state.ensure_egress(id, &dir, &self.agent_bin).await?;
-        Ok(Box::new(StateSandbox {
+        Ok(Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Local,
             provider: std::sync::Arc::new(self.clone()),

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use crate::client::AgentClient;
 use crate::error::{Error, Result};
-use crate::sandbox::{SandboxSpec, Tier};
+use crate::spec::{SandboxSpec, Tier};
 
 /// Where sandboxes' state lives: `NAMZU_STATE_DIR`, else
 /// `$XDG_STATE_HOME/namzu`, else `~/.local/state/namzu`.
@@ -228,7 +228,7 @@ fn kubernetes_refusals(spec: &SandboxSpec) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::Resources;
+    use crate::spec::Resources;
 
     const HARDENED: &str = "Name:\tsh\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
 

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
-use crate::sandbox::{Provider, Sandbox, SandboxInfo, Tier};
+use crate::handle::SandboxBackend;
+use crate::provider::Provider;
+use crate::spec::{SandboxInfo, Tier};
 
 /// How long a new agent has to start listening.
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -374,7 +376,7 @@ pub(crate) struct StateSandbox {
 }
 
 #[async_trait::async_trait]
-impl Sandbox for StateSandbox {
+impl SandboxBackend for StateSandbox {
     fn id(&self) -> &str {
         &self.id
     }

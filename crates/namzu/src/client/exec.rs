@@ -13,7 +13,7 @@ impl AgentClient {
     /// a cancel that races the start is never lost.
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream> {
         const OP: &str = "exec";
-        if req.detach.is_some() {
+        if req.detachable.is_some() {
             return self.exec_detached(req).await;
         }
         self.require(OP, feat::EXEC)?;
@@ -29,25 +29,25 @@ impl AgentClient {
         // With a cancel token the id is reserved first, so a cancel racing
         // the start is never lost; without one, the agent reserves it and
         // names it in `Started`, saving a round trip.
-        let mut exec_id = String::new();
+        let mut execution_id = String::new();
         if cancel.is_some() {
-            exec_id = self
+            execution_id = self
                 .rpc()
                 .reserve_exec(v1::ReserveExecRequest::default())
                 .await
                 .map_err(|s| self.status("reserve_exec", s))?
                 .into_inner()
-                .exec_id;
-            start.exec_id = exec_id.clone();
+                .execution_id;
+            start.execution_id = execution_id.clone();
         }
 
         // From here a cancel is answered by the agent even before the start.
         // A token cancelled already is sent first, so the start is answered
         // "cancelled" without ever spawning the command.
         if cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
-            self.cancel(&exec_id).await?;
+            self.cancel_or_retire(&execution_id).await?;
         }
-        let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), exec_id.clone(), token, false)));
+        let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), execution_id.clone(), token, false)));
         // The forwarder keeps the request half open for the whole call; the
         // stream aborts it when dropped, which lets HTTP/2 reset the call so
         // the agent kills the command instead of running it unwatched.
@@ -62,8 +62,8 @@ impl AgentClient {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Started(s)),
             }) => {
-                if exec_id.is_empty() {
-                    exec_id = s.exec_id;
+                if execution_id.is_empty() {
+                    execution_id = s.execution_id;
                 }
                 Some(s.pid)
             }
@@ -72,7 +72,12 @@ impl AgentClient {
                 msg: Some(exec_output::Msg::Exit(x)),
             }) => {
                 input_task.abort();
-                return Ok(ExecStream::finished(self.clone(), exec_id, exit_summary(x), canceller));
+                return Ok(ExecStream::finished(
+                    self.clone(),
+                    execution_id,
+                    exit_summary(x),
+                    canceller,
+                ));
             }
             other => {
                 return Err(Error::Protocol {
@@ -82,7 +87,7 @@ impl AgentClient {
             }
         };
         Ok(ExecStream {
-            exec_id,
+            execution_id,
             pid,
             client: self.clone(),
             out: Some(out),
@@ -95,7 +100,7 @@ impl AgentClient {
         })
     }
 
-    /// A detachable execution (see [`Detach`]): started by name, it outlives
+    /// A detachable execution (see [`Detachable`]): started by name, it outlives
     /// this call; the stream survives a failed link by reattaching from the
     /// last byte it received. Dropping the stream stops watching and leaves
     /// the command running; the cancel token still kills it.
@@ -109,20 +114,22 @@ impl AgentClient {
         if req.cancel.is_some() {
             self.require(OP, feat::EXEC_CANCEL)?;
         }
-        let detach = req.detach.take().unwrap_or_default();
+        let detach = req.detachable.take().unwrap_or_default();
         let id = detach
             .execution_id
             .clone()
             .unwrap_or_else(|| format!("e-{:016x}", rand::random::<u64>()));
         let cancel = req.cancel.clone();
         let (mut start, stdin_stream) = exec_start(req);
-        start.exec_id = id.clone();
-        start.detach = true;
+        start.execution_id = id.clone();
+        start.detachable = true;
         start.host_heartbeats = self.inner.heartbeat.is_some();
         if cancel.is_some() {
             // Reserved by name, so a cancel racing the start is remembered.
             self.rpc()
-                .reserve_exec(v1::ReserveExecRequest { exec_id: id.clone() })
+                .reserve_exec(v1::ReserveExecRequest {
+                    execution_id: id.clone(),
+                })
                 .await
                 .map_err(|s| self.status("reserve_exec", s))?;
             if cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
@@ -199,11 +206,11 @@ impl AgentClient {
     }
 
     /// One Cancel call; `None` when the agent could not confirm the kill.
-    async fn cancel_rpc(&self, op: &str, exec_id: &str) -> Result<Option<CancelOutcome>> {
+    async fn cancel_rpc(&self, op: &str, execution_id: &str) -> Result<Option<CancelOutcome>> {
         let r = self
             .rpc()
             .cancel(v1::CancelRequest {
-                exec_id: exec_id.into(),
+                execution_id: execution_id.into(),
             })
             .await
             .map_err(|s| self.status(op, s))?
@@ -224,7 +231,7 @@ impl AgentClient {
     async fn attach_raw(&self, id: &str, from: u64, follow: bool) -> Result<Opened> {
         const OP: &str = "attach_execution";
         let req = v1::AttachExecRequest {
-            exec_id: id.into(),
+            execution_id: id.into(),
             from_offset: from,
             follow,
         };
@@ -235,8 +242,8 @@ impl AgentClient {
             .map_err(|s| self.status(OP, s))?
             .into_inner();
         self.opened_log(OP, id, out).await.map_err(|e| match e {
-            Error::UnknownExecution { exec_id, .. } => Error::ExecutionNotAttachable {
-                execution_id: exec_id,
+            Error::UnknownExecution { execution_id, .. } => Error::ExecutionNotAttachable {
+                execution_id,
                 state: crate::error::AttachRefusal::Unknown,
                 reason: "the agent holds no record of it (never started, past retention, or the agent restarted)"
                     .into(),
@@ -271,11 +278,11 @@ impl AgentClient {
         input_task: Option<tokio::task::JoinHandle<()>>,
     ) -> ExecStream {
         let (tx, rx) = mpsc::channel(16);
-        let exec_id = follow.id.clone();
+        let execution_id = follow.id.clone();
         let next_offset = follow.at;
         let driver = tokio::spawn(drive(self.clone(), follow, out, tx, input_task));
         ExecStream {
-            exec_id,
+            execution_id,
             pid: Some(pid),
             client: self.clone(),
             out: None,
@@ -290,15 +297,15 @@ impl AgentClient {
 
     /// Cancels an execution: kills its process group and waits for the
     /// agent to confirm. An unconfirmed kill retires the sandbox.
-    pub async fn cancel(&self, exec_id: &str) -> Result<CancelOutcome> {
+    pub(crate) async fn cancel_or_retire(&self, execution_id: &str) -> Result<CancelOutcome> {
         const OP: &str = "cancel";
         self.open(OP)?;
-        match self.cancel_rpc(OP, exec_id).await? {
+        match self.cancel_rpc(OP, execution_id).await? {
             Some(outcome) => Ok(outcome),
             None => {
                 self.inner.retired.store(true, Ordering::SeqCst);
                 Err(Error::RemoteCancellationUnknown {
-                    exec_id: exec_id.into(),
+                    execution_id: execution_id.into(),
                 })
             }
         }
@@ -320,7 +327,7 @@ pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;
 
 /// A running command's output, ending with [`ExecEvent::Exit`].
 pub struct ExecStream {
-    pub exec_id: String,
+    pub execution_id: String,
     /// Pid inside the sandbox; `None` if it never started.
     pub pid: Option<u32>,
     client: AgentClient,
@@ -354,12 +361,12 @@ impl ExecStream {
     /// A stream whose command never started (cancelled before its start).
     fn finished(
         client: AgentClient,
-        exec_id: String,
+        execution_id: String,
         exit: ExitSummary,
         canceller: Option<tokio::task::JoinHandle<Result<CancelOutcome>>>,
     ) -> Self {
         Self {
-            exec_id,
+            execution_id,
             pid: None,
             client,
             out: None,
@@ -492,7 +499,7 @@ fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<StdinStream>) {
     };
     let b = |s: &std::ffi::OsStr| Bytes::copy_from_slice(s.as_bytes());
     let start = v1::ExecStart {
-        exec_id: String::new(),
+        execution_id: String::new(),
         command: b(&req.command),
         args: req.args.iter().map(|a| b(a)).collect(),
         cwd: req.cwd.as_ref().map(|c| b(c.as_os_str())).unwrap_or_default(),
@@ -506,22 +513,22 @@ fn exec_start(req: ExecRequest) -> (v1::ExecStart, Option<StdinStream>) {
         stdin_stream: follow,
         stdin,
         host_heartbeats: false,
-        detach: false,
+        detachable: false,
     };
     (start, stream)
 }
 
 async fn cancel_on(
     client: AgentClient,
-    exec_id: String,
+    execution_id: String,
     token: CancellationToken,
     detached: bool,
 ) -> Result<CancelOutcome> {
     token.cancelled().await;
     if detached {
-        client.cancel_execution(&exec_id).await
+        client.cancel_execution(&execution_id).await
     } else {
-        client.cancel(&exec_id).await
+        client.cancel_or_retire(&execution_id).await
     }
 }
 
@@ -535,7 +542,7 @@ async fn collect(mut stream: ExecStream, op: &str) -> Result<ExecOutput> {
             ExecEvent::Stderr { data, .. } => stderr.extend_from_slice(&data),
             ExecEvent::Exit(x) => {
                 return Ok(ExecOutput {
-                    exec_id: stream.exec_id.clone(),
+                    execution_id: stream.execution_id.clone(),
                     status: x.status,
                     stdout: stdout.into(),
                     stderr: stderr.into(),
@@ -696,7 +703,7 @@ async fn drive(
                     return;
                 }
                 _ if tokio::time::Instant::now() + backoff >= deadline => {
-                    let e = Error::ExecutionDetached {
+                    let e = Error::ExecutionLinkLost {
                         execution_id: f.id.clone(),
                         offset: f.at,
                     };

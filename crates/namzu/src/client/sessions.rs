@@ -4,11 +4,11 @@ use super::*;
 
 impl AgentClient {
     /// Starts a command in a named session that outlives this link.
-    pub async fn start_detached(&self, spec: DetachedSpec) -> Result<SessionInfo> {
-        const OP: &str = "start_detached";
+    pub async fn start_session(&self, spec: SessionSpec) -> Result<SessionInfo> {
+        const OP: &str = "start_session";
         self.require(OP, feat::SESSIONS)?;
         let b = |s: &std::ffi::OsStr| Bytes::copy_from_slice(s.as_bytes());
-        let req = v1::StartDetachedRequest {
+        let req = v1::StartSessionRequest {
             session_id: spec.session_id,
             command: b(&spec.command),
             args: spec.args.iter().map(|a| b(a)).collect(),
@@ -19,7 +19,7 @@ impl AgentClient {
                 .map(|(k, v)| v1::EnvVar { key: b(k), value: b(v) })
                 .collect(),
         };
-        let r = self.rpc().start_detached(req).await.map_err(|s| self.status(OP, s))?;
+        let r = self.rpc().start_session(req).await.map_err(|s| self.status(OP, s))?;
         Ok(session_info(r.into_inner()))
     }
 

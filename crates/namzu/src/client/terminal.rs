@@ -162,7 +162,7 @@ impl Terminal {
 
     /// The next output or the exit; `None` after the exit. A plain terminal
     /// whose agent goes silent for three heartbeat intervals resolves as
-    /// lost (exit code -1); a persistent one as [`Error::Detached`].
+    /// lost (exit code -1); a persistent one as [`Error::TerminalLinkLost`].
     pub async fn next(&mut self) -> Option<Result<TerminalEvent>> {
         if self.ended {
             return None;
@@ -175,7 +175,7 @@ impl Terminal {
                         self.ended = true;
                         tracing::warn!("terminal: no word from the agent in three heartbeat intervals");
                         return Some(match &self.session {
-                            Some(id) => Err(Error::Detached {
+                            Some(id) => Err(Error::TerminalLinkLost {
                                 session_id: id.clone(),
                                 offset: self.next_offset,
                             }),
@@ -220,7 +220,7 @@ impl Terminal {
             Err(s) => {
                 self.ended = true;
                 Some(Err(match (self.client.status("terminal", s), &self.session) {
-                    (Error::LinkLost { .. }, Some(id)) => Error::Detached {
+                    (Error::LinkLost { .. }, Some(id)) => Error::TerminalLinkLost {
                         session_id: id.clone(),
                         offset: self.next_offset,
                     },

@@ -87,6 +87,22 @@ pub enum PolicyError {
     NotLinkLocal { cidr: IpNet, reason: String },
 }
 
+impl EgressPolicy {
+    /// An allowlist of these hosts (`api.example.com`, or `.example.com`
+    /// for a domain and every name under it), every port.
+    pub fn allow_hosts<I, S>(hosts: I) -> Result<Self, PolicyError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let hosts = hosts
+            .into_iter()
+            .map(|h| HostRule::parse(h.as_ref(), None))
+            .collect::<Result<_, _>>()?;
+        Ok(Self::Allowlist { hosts })
+    }
+}
+
 impl HostRule {
     /// Parses an allowlist entry (`api.example.com`, `.example.com`) with
     /// optional ports.

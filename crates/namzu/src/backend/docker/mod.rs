@@ -71,7 +71,9 @@ use crate::backend::state::{now_unix, Meta, StateDir, StateSandbox, START_TIMEOU
 use crate::backend::{check_spec, find_agent_binary, privilege_probe};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
-use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+use crate::handle::Sandbox;
+use crate::provider::Provider;
+use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 /// Paths that stay writable (as tmpfs) under the read-only root filesystem:
 /// what programs expect to write besides the workspace.
@@ -746,8 +748,8 @@ impl DockerProvider {
         Ok(client)
     }
 
-    fn sandbox(&self, id: &str, client: AgentClient) -> Box<dyn Sandbox> {
-        Box::new(StateSandbox {
+    fn sandbox(&self, id: &str, client: AgentClient) -> Sandbox {
+        Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Docker,
             provider: Arc::new(self.clone()),
@@ -807,7 +809,7 @@ impl Provider for DockerProvider {
         Tier::Docker
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
+    async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
         check_spec(Tier::Docker, &spec)?;
         let (id, dir, _token, made) = self.state.create(None)?;
         let mut container = None;
@@ -827,7 +829,7 @@ impl Provider for DockerProvider {
         }
     }
 
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+    async fn connect(&self, id: &str) -> Result<Sandbox> {
         let (dir, meta) = self.state.read_meta(id)?;
         let Some(cm) = meta.container else {
             return Err(Error::State {

@@ -147,7 +147,7 @@ pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str,
 /// The environment a sandbox's spec asks of its agent: its `env`, and its
 /// agent-limit overrides under the names the agent reads them by
 /// (`NAMZU_<LIMIT>`).
-pub fn agent_env(spec: &crate::sandbox::SandboxSpec) -> Vec<(String, String)> {
+pub fn agent_env(spec: &crate::spec::SandboxSpec) -> Vec<(String, String)> {
     let mut env = spec.env.clone();
     env.extend(
         spec.limits

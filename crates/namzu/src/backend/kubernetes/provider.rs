@@ -17,7 +17,9 @@ use super::KubernetesOptions;
 use crate::backend::{check_spec, privilege_probe};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
-use crate::sandbox::{Provider, Sandbox, SandboxInfo, SandboxSpec, Tier};
+use crate::handle::{Sandbox, SandboxBackend};
+use crate::provider::Provider;
+use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 /// Makes task sandboxes on a cluster.
 #[derive(Clone)]
@@ -102,17 +104,20 @@ impl KubernetesProvider {
         })
     }
 
-    /// [`Provider::create`], with the handle's own type.
-    pub async fn create_task(&self, spec: SandboxSpec) -> Result<KubernetesSandbox> {
+    /// [`Provider::create`]; the handle's backend is a [`KubernetesSandbox`]
+    /// (`sb.backend::<KubernetesSandbox>()`).
+    pub async fn create_task(&self, spec: SandboxSpec) -> Result<Sandbox> {
         check_spec(Tier::Kubernetes, &spec)?;
         let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
-        self.acquire_as(&id, &super::build::agent_env(&spec)).await
+        self.acquire_as(&id, &super::build::agent_env(&spec))
+            .await
+            .map(Sandbox::new)
     }
 
     /// Acquires sandbox `id` (a caller-chosen id: how a host that lost the
     /// answer to an earlier create for the same id adopts it).
-    pub async fn create_task_with_id(&self, id: &str) -> Result<KubernetesSandbox> {
-        self.acquire_as(id, &[]).await
+    pub async fn create_task_with_id(&self, id: &str) -> Result<Sandbox> {
+        self.acquire_as(id, &[]).await.map(Sandbox::new)
     }
 
     async fn acquire_as(&self, id: &str, env: &[(String, String)]) -> Result<KubernetesSandbox> {
@@ -136,13 +141,13 @@ impl Provider for KubernetesProvider {
         Tier::Kubernetes
     }
 
-    async fn create(&self, spec: SandboxSpec) -> Result<Box<dyn Sandbox>> {
-        Ok(Box::new(self.create_task(spec).await?))
+    async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        self.create_task(spec).await
     }
 
-    async fn connect(&self, id: &str) -> Result<Box<dyn Sandbox>> {
+    async fn connect(&self, id: &str) -> Result<Sandbox> {
         let bound = acquire::find(&self.api, &self.opts, id).await?;
-        Ok(Box::new(self.open(bound).await?))
+        Ok(Sandbox::new(self.open(bound).await?))
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
@@ -188,7 +193,9 @@ fn info(o: &Value, owner: Leased) -> Option<SandboxInfo> {
         created_unix,
     })
 }
-
+/// A task sandbox on a cluster: the backend of its [`Sandbox`] handle,
+/// reached with `sb.backend::<KubernetesSandbox>()` for the objects it is
+/// bound to.
 /// A task sandbox on a cluster.
 pub struct KubernetesSandbox {
     provider: KubernetesProvider,
@@ -217,7 +224,7 @@ impl KubernetesSandbox {
 }
 
 #[async_trait]
-impl Sandbox for KubernetesSandbox {
+impl SandboxBackend for KubernetesSandbox {
     fn id(&self) -> &str {
         &self.bound.id
     }

@@ -1,0 +1,38 @@
+//! [`Provider`]: makes, finds, lists and destroys the sandboxes of one
+//! tier. Each tier implements it once; everything done inside a sandbox
+//! goes through the [`Sandbox`] handle it returns.
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::handle::Sandbox;
+use crate::spec::{SandboxInfo, SandboxSpec, Tier};
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    fn tier(&self) -> Tier;
+    async fn create(&self, spec: SandboxSpec) -> Result<Sandbox>;
+    /// Reattaches to a sandbox made earlier, possibly by another process.
+    async fn connect(&self, id: &str) -> Result<Sandbox>;
+    async fn list(&self) -> Result<Vec<SandboxInfo>>;
+    /// Destroys a sandbox by id, whether or not it is still alive.
+    async fn destroy(&self, id: &str) -> Result<()>;
+
+    /// Removes every sandbox whose agent is gone, with its leftovers.
+    /// Returns the ids removed.
+    async fn gc(&self) -> Result<Vec<String>> {
+        self.remove_dead().await
+    }
+
+    /// Destroys every listed sandbox that is not alive; returns their ids.
+    async fn remove_dead(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for s in self.list().await? {
+            if !s.alive {
+                self.destroy(&s.id).await?;
+                removed.push(s.id);
+            }
+        }
+        Ok(removed)
+    }
+}

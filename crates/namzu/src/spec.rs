@@ -1,0 +1,107 @@
+//! What a sandbox is made from and how it is summarised: the [`Tier`] it
+//! lives in, the [`SandboxSpec`] it is created with, and the
+//! [`SandboxInfo`] a provider lists. Plain data, no IO.
+
+use crate::error::{Error, Result};
+
+/// Isolation boundaries, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// No isolation: the agent is a plain child process. Development only.
+    Host,
+    /// Linux namespaces, seccomp, landlock; no daemon.
+    Local,
+    /// One OCI container per sandbox through dockerd (runc or runsc).
+    Docker,
+    /// One KVM guest per sandbox.
+    MicroVm,
+    /// agent-sandbox custom resources on a cluster.
+    Kubernetes,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 5] = [Tier::Host, Tier::Local, Tier::Docker, Tier::MicroVm, Tier::Kubernetes];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Host => "host",
+            Tier::Local => "local",
+            Tier::Docker => "docker",
+            Tier::MicroVm => "microvm",
+            Tier::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "tier".into(),
+                message: format!("unknown tier {s:?}; known: host, local, docker, microvm, kubernetes"),
+            })
+    }
+}
+
+/// Resource limits of a sandbox, applied through cgroups. `None`: not
+/// limited that way. A tier that cannot apply one refuses it by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Resources {
+    pub memory_bytes: Option<u64>,
+    /// CPU time, in CPUs (1.5 = one and a half cores).
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        self.memory_bytes.is_none() && self.cpus.is_none() && self.pids.is_none()
+    }
+}
+
+/// A host path shown inside the sandbox (nosuid, nodev; read-only unless
+/// `writable`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: std::path::PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: std::path::PathBuf,
+    pub writable: bool,
+}
+
+/// What to create. Options a tier cannot honour are refused by name.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxSpec {
+    /// Root filesystem: an imported image (name or `sha256:` id) or a rootfs
+    /// directory. `None`: the host view (read-only host /usr and friends).
+    pub image: Option<String>,
+    /// Host paths to show inside.
+    pub binds: Vec<Bind>,
+    pub resources: Resources,
+    /// Environment every command starts with.
+    pub env: Vec<(String, String)>,
+    /// Agent limits to override, by their names in
+    /// [`namzu_proto::limits`] (e.g. `sandbox_max_timeout_ms`).
+    pub limits: Vec<(String, u64)>,
+    /// What may leave the sandbox (default: nothing, names included), and
+    /// names the host resolves itself. See [`crate::egress`].
+    pub egress: crate::egress::EgressConfig,
+}
+
+/// A summary of a sandbox a provider knows about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub tier: Tier,
+    pub alive: bool,
+    pub created_unix: u64,
+}
