@@ -1,0 +1,45 @@
+//! `quiesce` and `flush`: stopping a sandbox's processes and making its
+//! workspace durable, e.g. before a snapshot.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::fail::Fail;
+use crate::providers::connect;
+
+fn seconds(flag: &str, s: f64) -> Result<Duration, Fail> {
+    if s.is_finite() && s >= 0.0 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(Fail(format!(
+            "{flag} must be a non-negative number of seconds, got {s}"
+        )))
+    }
+}
+
+/// Stops every process but the agent; prints what it stopped and how.
+pub async fn quiesce(state_dir: &Option<PathBuf>, id: String, grace: f64) -> Result<ExitCode, Fail> {
+    let grace = seconds("--grace", grace)?;
+    let sb = connect(state_dir, &id).await?;
+    let report = sb.quiesce(grace).await?;
+    for p in &report.stopped {
+        let how = if p.signal == 9 { "KILL" } else { "TERM" };
+        println!("{:<8} {:<16} {how}", p.pid, p.comm);
+    }
+    eprintln!(
+        "namzu: {} process(es) stopped in {} round(s)",
+        report.stopped.len(),
+        report.rounds
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Syncs the workspace to disk; prints how long it took.
+pub async fn flush(state_dir: &Option<PathBuf>, id: String, timeout: f64) -> Result<ExitCode, Fail> {
+    let timeout = seconds("--timeout", timeout)?;
+    let sb = connect(state_dir, &id).await?;
+    let took = sb.flush(timeout).await?;
+    println!("flushed in {} ms", took.as_millis());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,199 @@
+//! One module per command (as mini-redis's `cmd/`): this one declares them
+//! and dispatches.
+
+mod cp;
+mod exec;
+mod fs;
+mod image;
+mod lifecycle;
+mod logs;
+mod network;
+mod sandboxes;
+mod sessions;
+mod shell;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use namzu::Tier;
+
+use crate::args::{parse_kv, parse_ports, parse_signal, ExecArgs, KubeArgs, NetworkAction, ResourceArgs};
+use crate::fail::Fail;
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Create a sandbox, run one command in it, destroy it.
+    Run {
+        /// Isolation tier.
+        #[arg(long, default_value = "local")]
+        tier: Tier,
+        #[command(flatten)]
+        resources: ResourceArgs,
+        #[command(flatten)]
+        kube: KubeArgs,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Create a sandbox that outlives this process; prints its id.
+    Create {
+        #[arg(long, default_value = "local")]
+        tier: Tier,
+        /// KEY=VALUE in every command's environment (repeatable).
+        #[arg(long = "env", short = 'e', value_parser = parse_kv)]
+        env: Vec<(String, String)>,
+        #[command(flatten)]
+        resources: ResourceArgs,
+    },
+    /// Show or change what may leave a running sandbox.
+    Network {
+        id: String,
+        #[command(subcommand)]
+        action: NetworkAction,
+    },
+    /// Run a command in an existing sandbox.
+    Exec {
+        id: String,
+        /// Start it in a named session that outlives this process and return
+        /// at once (read it with `namzu logs`, stop it with `namzu kill`).
+        #[arg(long, requires = "session")]
+        detach: bool,
+        /// Name the command. Without --detach it runs in the foreground as a
+        /// detachable execution: if this process dies the command goes on,
+        /// and `namzu logs ID NAME --follow` picks it up (Ctrl-C still
+        /// cancels it). With --detach, the session's name.
+        #[arg(long = "id", value_name = "NAME")]
+        session: Option<String>,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Print a detached session's or a named execution's output from an
+    /// offset; --follow until it exits, then exit with its code.
+    Logs {
+        id: String,
+        session: String,
+        #[arg(long)]
+        follow: bool,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+    },
+    /// List a sandbox's sessions.
+    Sessions { id: String },
+    /// Signal every process of a session (SIGKILL unless --signal says
+    /// otherwise, as `docker kill`).
+    Kill {
+        id: String,
+        session: String,
+        /// KILL, TERM, INT or HUP.
+        #[arg(long, short = 's', default_value = "KILL", value_parser = parse_signal)]
+        signal: namzu::SessionSignal,
+    },
+    /// Cancel a named execution and wait until its kill is confirmed.
+    Cancel { id: String, name: String },
+    /// Stop every process in a sandbox but its agent: SIGTERM, then SIGKILL
+    /// after --grace.
+    Quiesce {
+        id: String,
+        /// Seconds between SIGTERM and SIGKILL.
+        #[arg(long, default_value_t = 5.0)]
+        grace: f64,
+    },
+    /// Make a sandbox's workspace durable (sync it to disk).
+    Flush {
+        id: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 30.0)]
+        timeout: f64,
+    },
+    /// Files inside a sandbox: ls, stat, mkdir, rm, mv on ID:PATH.
+    #[command(subcommand)]
+    Fs(fs::FsCmd),
+    /// Copy a file; write ID:PATH for a path inside a sandbox.
+    Cp { src: String, dst: String },
+    /// List sandboxes.
+    Ls,
+    /// An interactive shell (a pty) in a sandbox; exits with the shell's code.
+    Shell {
+        id: String,
+        /// Keep the terminal as a persistent session with this name: this
+        /// process dying only detaches it (`namzu attach` resumes it).
+        #[arg(long)]
+        session: Option<String>,
+        /// Command instead of a login shell.
+        #[arg(last = true)]
+        command: Vec<OsString>,
+    },
+    /// Attach to a persistent terminal session (replays from --from).
+    Attach {
+        id: String,
+        session: String,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+    },
+    /// Forward a local TCP port to a port inside a sandbox (until Ctrl-C).
+    PortForward {
+        id: String,
+        /// LOCAL:REMOTE, e.g. 8080:80; LOCAL 0 picks a free port.
+        #[arg(value_parser = parse_ports)]
+        ports: (u16, u16),
+    },
+    /// Manage root filesystem images.
+    #[command(subcommand)]
+    Image(image::ImageCmd),
+    /// Remove sandboxes whose agent died, and their leftovers.
+    Gc {
+        /// Only this tier (default: every tier with local state).
+        #[arg(long)]
+        tier: Option<Tier>,
+    },
+    /// Destroy sandboxes.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+/// Runs one command.
+pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail> {
+    let state_dir = &state_dir;
+    match cmd {
+        Cmd::Run {
+            tier,
+            resources,
+            kube,
+            exec,
+        } => exec::run(state_dir, tier, resources, kube, exec).await,
+        Cmd::Create { tier, env, resources } => exec::create(state_dir, tier, env, resources).await,
+        Cmd::Network { id, action } => network::run(state_dir, id, action).await,
+        Cmd::Exec {
+            id,
+            detach,
+            session,
+            exec,
+        } => exec::exec(state_dir, id, detach, session, exec).await,
+        Cmd::Logs {
+            id,
+            session,
+            follow,
+            from,
+        } => logs::run(state_dir, id, session, follow, from).await,
+        Cmd::Sessions { id } => sessions::list(state_dir, id).await,
+        Cmd::Cancel { id, name } => sessions::cancel(state_dir, id, name).await,
+        Cmd::Kill { id, session, signal } => sessions::kill(state_dir, id, session, signal).await,
+        Cmd::Quiesce { id, grace } => lifecycle::quiesce(state_dir, id, grace).await,
+        Cmd::Flush { id, timeout } => lifecycle::flush(state_dir, id, timeout).await,
+        Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
+        Cmd::Cp { src, dst } => cp::run(state_dir, src, dst).await,
+        Cmd::Ls => sandboxes::list(state_dir).await,
+        Cmd::Shell { id, session, command } => shell::shell(state_dir, id, session, command).await,
+        Cmd::Attach { id, session, from } => shell::attach(state_dir, id, session, from).await,
+        Cmd::PortForward {
+            id,
+            ports: (local, remote),
+        } => shell::port_forward(state_dir, id, (local, remote)).await,
+        Cmd::Image(cmd) => image::run(state_dir, cmd).await,
+        Cmd::Gc { tier } => sandboxes::gc(state_dir, tier).await,
+        Cmd::Rm { ids } => sandboxes::rm(state_dir, ids).await,
+    }
+}

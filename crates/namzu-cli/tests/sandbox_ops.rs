@@ -1,0 +1,162 @@
+//! `namzu fs`, `quiesce`, `flush` and `kill` on a live local sandbox, end
+//! to end through the binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+fn out(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn create(st: &std::path::Path) -> String {
+    let o = namzu(st, &["create"]);
+    assert!(o.status.success(), "{}", err(&o));
+    out(&o).trim().to_owned()
+}
+
+#[test]
+fn fs_commands_change_and_show_files_inside_a_sandbox() {
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    let at = |p: &str| format!("{id}:{p}");
+
+    let o = namzu(st.path(), &["fs", "mkdir", &at("/workspace/a/b")]);
+    assert_eq!(o.status.code(), Some(125), "a missing parent without -p: {}", err(&o));
+    assert!(err(&o).contains("no such file"), "{}", err(&o));
+    assert!(namzu(st.path(), &["fs", "mkdir", "-p", &at("/workspace/a/b")])
+        .status
+        .success());
+    let o = namzu(st.path(), &["fs", "mkdir", &at("/workspace/a/b")]);
+    assert!(err(&o).contains("already exists"), "{}", err(&o));
+
+    let o = namzu(
+        st.path(),
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "printf 12345 > a/b/f.txt; ln -s f.txt a/b/l",
+        ],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let o = namzu(st.path(), &["fs", "ls", &at("/workspace/a/b")]);
+    assert!(o.status.success(), "{}", err(&o));
+    let rows: Vec<Vec<String>> = out(&o)
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", out(&o));
+    assert!(
+        rows[0][0].starts_with('-') && rows[0][1] == "5" && rows[0][3] == "f.txt",
+        "{rows:?}"
+    );
+    assert!(
+        rows[1][0].starts_with('l') && rows[1][3] == "l" && rows[1][5] == "f.txt",
+        "{rows:?}"
+    );
+    let o = namzu(st.path(), &["fs", "stat", &at("/workspace/a")]);
+    assert!(out(&o).starts_with("d0755 "), "{}", out(&o));
+
+    assert!(namzu(
+        st.path(),
+        &["fs", "mv", &at("/workspace/a/b/f.txt"), &at("/workspace/g.txt")]
+    )
+    .status
+    .success());
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "g.txt"]);
+    assert_eq!(out(&o), "12345");
+    let o = namzu(
+        st.path(),
+        &["fs", "mv", &at("/workspace/g.txt"), "sb-other:/workspace/g.txt"],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    assert!(err(&o).contains("different sandboxes"), "{}", err(&o));
+
+    let o = namzu(st.path(), &["fs", "rm", &at("/workspace/a")]);
+    assert!(
+        err(&o).contains("not empty"),
+        "rm without -r of a full directory: {}",
+        err(&o)
+    );
+    assert!(namzu(st.path(), &["fs", "rm", "-r", &at("/workspace/a")])
+        .status
+        .success());
+    let o = namzu(st.path(), &["fs", "stat", &at("/workspace/a")]);
+    assert!(err(&o).contains("no such file"), "{}", err(&o));
+
+    let o = namzu(st.path(), &["fs", "ls", &at("/workspace/../../etc")]);
+    assert_eq!(o.status.code(), Some(125));
+    let o = namzu(st.path(), &["fs", "ls", "no-colon"]);
+    assert!(err(&o).contains("expected ID:PATH"), "{}", err(&o));
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}
+
+/// `namzu kill` sends SIGKILL unless told otherwise, as `docker kill`
+/// does: a session that ignores SIGTERM still dies.
+#[test]
+fn kill_defaults_to_sigkill() {
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    let script = "trap '' TERM; sleep 300";
+    let o = namzu(
+        st.path(),
+        &["exec", "--detach", "--id", "stubborn", &id, "--", "sh", "-c", script],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let o = namzu(st.path(), &["kill", &id, "stubborn", "--signal", "TERM"]);
+    assert!(o.status.success(), "{}", err(&o));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let list = out(&namzu(st.path(), &["sessions", &id]));
+    assert!(
+        list.lines().any(|l| l.starts_with("stubborn") && l.contains("running")),
+        "the control: SIGTERM is ignored, {list}"
+    );
+    let o = namzu(st.path(), &["kill", &id, "stubborn"]);
+    assert_eq!(out(&o).trim(), "stubborn exited(137)", "{}", err(&o));
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}
+
+#[test]
+fn quiesce_stops_every_process_and_flush_reports_its_time() {
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    for name in ["one", "two"] {
+        let o = namzu(
+            st.path(),
+            &["exec", "--detach", "--id", name, &id, "--", "sleep", "300"],
+        );
+        assert!(o.status.success(), "{}", err(&o));
+    }
+    let o = namzu(st.path(), &["quiesce", &id, "--grace", "1"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let sleeps = out(&o).lines().filter(|l| l.contains("sleep")).count();
+    assert!(sleeps >= 2, "both sleeps are reported stopped: {}", out(&o));
+    let list = out(&namzu(st.path(), &["sessions", &id]));
+    assert!(!list.contains("running"), "nothing runs after quiesce: {list}");
+    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
+    assert!(
+        o.status.success(),
+        "the sandbox still serves after quiesce: {}",
+        err(&o)
+    );
+
+    let o = namzu(st.path(), &["flush", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        out(&o).starts_with("flushed in ") && out(&o).trim_end().ends_with(" ms"),
+        "{}",
+        out(&o)
+    );
+    let o = namzu(st.path(), &["flush", &id, "--timeout=-1"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(err(&o).contains("--timeout"), "{}", err(&o));
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}
