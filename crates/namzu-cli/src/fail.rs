@@ -8,8 +8,17 @@ pub const EXIT_USAGE: u8 = 2;
 /// A failure to report in one line.
 pub struct Fail(pub String);
 
+/// The error and every cause beneath it, `: `-joined (each level's Display
+/// says only its own part).
 impl From<namzu::Error> for Fail {
     fn from(e: namzu::Error) -> Self {
-        Fail(e.to_string())
+        let mut line = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            line.push_str(": ");
+            line.push_str(&c.to_string());
+            cause = c.source();
+        }
+        Fail(line)
     }
 }

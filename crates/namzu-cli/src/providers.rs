@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use namzu::backend::docker::{DockerOptions, DockerProvider};
-use namzu::backend::host::HostProvider;
-use namzu::backend::local::LocalProvider;
+use namzu::backend::docker::DockerOptions;
+use namzu::factory::ProviderOptions;
 use namzu::{Provider, Sandbox, Tier};
 
 use crate::fail::Fail;
@@ -17,28 +16,24 @@ pub async fn provider(
     tier: Tier,
     runtime: Option<String>,
 ) -> Result<Box<dyn Provider>, Fail> {
-    let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     if runtime.is_some() && tier != Tier::Docker {
         return Err(Fail(format!("--runtime applies to --tier docker, not {tier}")));
     }
-    match tier {
-        Tier::Host => Ok(Box::new(HostProvider::new(dir)?)),
-        Tier::Local => Ok(Box::new(LocalProvider::new(dir)?)),
-        Tier::Docker => {
-            let opts = DockerOptions {
-                runtime,
-                on_pull: Some(pull_progress()),
-                ..Default::default()
-            };
-            Ok(Box::new(DockerProvider::new(dir, opts).await?))
-        }
-        Tier::Kubernetes => Err(Fail(
+    if tier == Tier::Kubernetes {
+        return Err(Fail(
             "a kubernetes sandbox is not recorded in the state directory: only `namzu run --tier kubernetes` (create, run, destroy in one process) is available from the CLI".into(),
-        )),
-        other => Err(Fail(format!(
-            "tier {other} is not available yet; use --tier local or docker"
-        ))),
+        ));
     }
+    let opts = ProviderOptions {
+        state_dir: state_dir.clone(),
+        docker: DockerOptions {
+            runtime,
+            on_pull: Some(pull_progress()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Ok(namzu::factory::provider(tier, opts).await?)
 }
 
 /// Draws one bar per image pull on stderr.

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use bollard::container::ListContainersOptions;
-use namzu::backend::docker::{labels, DockerOptions, DockerProvider, Transport};
+use namzu::backend::docker::{labels, DockerError, DockerOptions, DockerProvider, Transport};
 use namzu::{Error, Provider, SandboxSpec};
 use namzu_conformance::docker::{self, TEST_IMAGE, TEST_USER_IMAGE};
 
@@ -314,7 +314,7 @@ async fn an_image_the_daemon_lacks_is_pulled_with_progress() {
         .err()
         .unwrap();
     assert!(
-        matches!(&err, Error::ImagePull { reference, .. } if *reference == absent),
+        matches!(err.tier_error::<DockerError>(), Some(DockerError::ImagePull { reference, .. }) if *reference == absent),
         "{err:?}"
     );
 }
@@ -462,7 +462,15 @@ async fn a_runtime_the_daemon_lacks_is_refused_by_name() {
         ..Default::default()
     };
     match DockerProvider::new(std::env::temp_dir().join("namzu-tier-rt"), opts).await {
-        Err(Error::RuntimeUnavailable { runtime, available }) => {
+        Err(e)
+            if matches!(
+                e.tier_error::<DockerError>(),
+                Some(DockerError::RuntimeUnavailable { .. })
+            ) =>
+        {
+            let Some(DockerError::RuntimeUnavailable { runtime, available }) = e.tier_error::<DockerError>() else {
+                unreachable!()
+            };
             assert_eq!(runtime, "no-such-runtime");
             assert!(available.iter().any(|r| r == "runc"), "{available:?}");
         }
@@ -519,7 +527,12 @@ async fn failed_creates_leave_no_container_and_no_state() {
     // No image on the daemon and no registry to pull from.
     let mut s = spec();
     s.image = Some("namzu-test/no-such-image:1".into());
-    assert!(matches!(p.create(s).await, Err(Error::ImagePull { .. })));
+    assert!(matches!(
+        p.create(s).await.map_err(|e| e
+            .tier_error::<DockerError>()
+            .map(|d| matches!(d, DockerError::ImagePull { .. }))),
+        Err(Some(true))
+    ));
     // No image at all.
     assert!(
         matches!(p.create(SandboxSpec::default()).await, Err(Error::OptionRefused { option, .. }) if option == "image")

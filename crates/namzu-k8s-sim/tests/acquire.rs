@@ -158,8 +158,8 @@ async fn without_a_pool_a_sandbox_is_made_from_the_template() {
 }
 
 fn acquire_error(e: Error) -> namzu::backend::kubernetes::acquire_error::AcquireError {
-    match e {
-        Error::KubernetesAcquire(a) => a,
+    match e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>() {
+        Ok(namzu::backend::kubernetes::KubernetesError::Acquire(a)) => a,
         other => panic!("not an acquire error: {other:?}"),
     }
 }
@@ -346,7 +346,15 @@ async fn a_409_adopts_the_claim_made_for_this_sandbox_and_no_other() {
         .await
         .unwrap();
     let e = p.create_task_with_id(id).await.err().unwrap();
-    assert!(matches!(e, Error::KubernetesApi(ApiError::Conflict { .. })), "{e:?}");
+    assert!(
+        matches!(
+            e.tier_error::<namzu::backend::kubernetes::KubernetesError>(),
+            Some(namzu::backend::kubernetes::KubernetesError::Api(
+                ApiError::Conflict { .. }
+            ))
+        ),
+        "{e:?}"
+    );
     assert!(exists(&c, CLAIMS, &object_name(id)), "someone else's claim was deleted");
     c.stop().await;
 }
@@ -403,11 +411,16 @@ async fn a_service_name_that_does_not_resolve_is_typed_and_points_at_pod_ip() {
     opts.resolution = NameResolution::System;
     let p = provider(&c, opts);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::AgentAddressUnresolvable { fqdn, .. } = &e else {
+    let Some(namzu::backend::kubernetes::KubernetesError::AgentAddressUnresolvable { fqdn, .. }) =
+        e.tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
         panic!("{e:?}")
     };
     assert!(fqdn.ends_with(".sandboxes.svc.cluster.local"), "{fqdn}");
-    assert!(e.to_string().contains("pod-ip"), "{e}");
+    let shown = e
+        .tier_error::<namzu::backend::kubernetes::KubernetesError>()
+        .map(ToString::to_string);
+    assert!(shown.as_deref().is_some_and(|s| s.contains("pod-ip")), "{shown:?}");
     no_objects_left(&c);
     c.stop().await;
 }
@@ -575,7 +588,7 @@ async fn what_a_claimed_pod_cannot_take_is_refused_by_name_before_any_request() 
     for (spec, field) in refused {
         match p.create(spec).await.err().unwrap() {
             Error::OptionRefused { tier, option, .. } => {
-                assert_eq!((tier.as_str(), option.as_str()), ("kubernetes", field))
+                assert_eq!((tier, option.as_str()), (namzu::Tier::Kubernetes, field))
             }
             other => panic!("{field}: {other:?}"),
         }
@@ -666,8 +679,10 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
     c.sim.remove(NETWORK_POLICIES, NAMESPACE, "namzu-agent-port");
     let p = provider(&c, c.options(true));
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesIngress(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::Ingress(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes Ingress error")
     };
     assert_eq!((e.refusal, e.port), (IngressRefusal::NoCoveringPolicy, 1024));
     assert_eq!(e.pod_labels[build::SANDBOX_LABEL].len(), "sb-".len() + 12);

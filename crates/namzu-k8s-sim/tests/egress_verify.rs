@@ -13,7 +13,7 @@ use namzu::backend::kubernetes::netpol::{
     translate, EgressPolicyError, KubeEgressConfig, KubeEgressPolicy, Verification,
 };
 use namzu::backend::kubernetes::{KubernetesOptions, KubernetesProvider};
-use namzu::{Error, SandboxSpec};
+use namzu::SandboxSpec;
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{CLAIMS, NETWORK_POLICIES, SANDBOXES};
 use serde_json::json;
@@ -45,8 +45,10 @@ async fn the_named_policy_must_stand_exactly_as_translated() {
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     // Not applied: refused after the bind, the claim given back.
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesEgressPolicy(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::EgressPolicy(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes EgressPolicy error")
     };
     assert!(
         matches!(*e, EgressPolicyError::NotApplied { ref name, .. } if name == "namzu-task-egress"),
@@ -59,8 +61,10 @@ async fn the_named_policy_must_stand_exactly_as_translated() {
     drifted["spec"]["egress"][0]["ports"][0]["port"] = json!(5353);
     c.sim.put(NETWORK_POLICIES, drifted);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesEgressPolicy(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::EgressPolicy(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes EgressPolicy error")
     };
     match *e {
         EgressPolicyError::Mismatch {
@@ -97,8 +101,10 @@ async fn a_second_policy_over_the_pods_is_refused_unless_named_object_only_is_ch
     );
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesEgressUnion(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::EgressUnion(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes EgressUnion error")
     };
     assert_eq!(e.refusal, UnionRefusal::PolicyWidensEgress);
     assert_eq!(e.pod_labels["app.kubernetes.io/managed-by"], "namzu");
@@ -111,7 +117,7 @@ async fn a_second_policy_over_the_pods_is_refused_unless_named_object_only_is_ch
     let lists = count(&p, "networkpolicies", Verb::List);
     let r = p.create_task(SandboxSpec::default()).await;
     assert!(
-        matches!(&r, Err(namzu::Error::KubernetesEgressUnion(u)) if u.refusal == namzu::backend::kubernetes::egress_union::UnionRefusal::PolicyWidensEgress),
+        matches!(r.as_ref().err().and_then(|e| e.tier_error::<namzu::backend::kubernetes::KubernetesError>()), Some(namzu::backend::kubernetes::KubernetesError::EgressUnion(u)) if u.refusal == namzu::backend::kubernetes::egress_union::UnionRefusal::PolicyWidensEgress),
         "{:?}",
         r.err()
     );
@@ -167,8 +173,10 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
         .put(NETWORK_POLICIES, translate(opts.egress.as_ref().unwrap(), NAMESPACE));
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesEgressUnion(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::EgressUnion(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes EgressUnion error")
     };
     assert_eq!(e.refusal, UnionRefusal::NoEnforcingPolicy, "{e}");
     assert_eq!(e.pod_labels.get("app").map(String::as_str), Some("bare"));
@@ -185,8 +193,10 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
         times: 1,
     });
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesEgressUnion(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::EgressUnion(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes EgressUnion error")
     };
     assert_eq!(e.refusal, UnionRefusal::NotEvaluable, "{e}");
     assert_eq!(e.unread[0].status, Some(403));
@@ -202,8 +212,10 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
         times: 1,
     });
     let e = checked.create_task(SandboxSpec::default()).await.err().unwrap();
-    let Error::KubernetesIngress(e) = e else {
-        panic!("{e:?}")
+    let Ok(namzu::backend::kubernetes::KubernetesError::Ingress(e)) =
+        e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>()
+    else {
+        panic!("not a kubernetes Ingress error")
     };
     assert_eq!(e.unread[0].status, Some(404));
     c.stop().await;
@@ -230,7 +242,7 @@ async fn a_bound_pod_without_the_profile_label_is_refused_and_released() {
     c.ctl.drop_claim_pod_labels(true);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
-        matches!(&e, Error::PodLabelMissing { key, value, .. } if key == "io.namzu/egress-profile" && value == "builders"),
+        matches!(e.tier_error::<namzu::backend::kubernetes::KubernetesError>(), Some(namzu::backend::kubernetes::KubernetesError::PodLabelMissing { key, value, .. }) if key == "io.namzu/egress-profile" && value == "builders"),
         "{e:?}"
     );
     assert_eq!(ours(&c, CLAIMS), 0);

@@ -83,8 +83,8 @@ fn writes(p: &KubernetesProvider) -> usize {
 }
 
 fn per_sandbox_error(e: Error) -> PerSandboxError {
-    match e {
-        Error::KubernetesPerSandbox(e) => *e,
+    match e.into_tier_error::<namzu::backend::kubernetes::KubernetesError>() {
+        Ok(namzu::backend::kubernetes::KubernetesError::PerSandbox(e)) => *e,
         other => panic!("not a per-sandbox error: {other:?}"),
     }
 }
@@ -243,7 +243,7 @@ async fn without_per_sandbox_egress_the_call_is_refused_by_name() {
     // where the record is.
     match sb.network().policy().await.unwrap_err() {
         Error::OptionRefused { tier, option, reason } => {
-            assert_eq!((tier.as_str(), option.as_str()), ("kubernetes", "network_policy"));
+            assert_eq!((tier, option.as_str()), (namzu::Tier::Kubernetes, "network_policy"));
             assert!(reason.contains("namzu-sbx-"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -260,7 +260,16 @@ async fn without_per_sandbox_egress_the_call_is_refused_by_name() {
             ..c.options(true)
         },
     );
-    assert!(matches!(r, Err(Error::KubernetesEgressConfig(_))), "{:?}", r.err());
+    assert!(
+        matches!(
+            r.as_ref()
+                .err()
+                .and_then(|e| e.tier_error::<namzu::backend::kubernetes::KubernetesError>()),
+            Some(namzu::backend::kubernetes::KubernetesError::EgressConfig(_))
+        ),
+        "{:?}",
+        r.err()
+    );
     sb.destroy().await.unwrap();
     c.stop().await;
 }
@@ -297,7 +306,7 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
     let p = with_per_sandbox(&c, false);
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
-        matches!(&e, Error::PodLabelMissing { key, .. } if key == "io.namzu/egress-sandbox"),
+        matches!(e.tier_error::<namzu::backend::kubernetes::KubernetesError>(), Some(namzu::backend::kubernetes::KubernetesError::PodLabelMissing { key, .. }) if key == "io.namzu/egress-sandbox"),
         "{e:?}"
     );
     let left = c.sandbox_objects(SANDBOXES);

@@ -85,7 +85,7 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
     let hold = p.create_task(SandboxSpec::default()).await.unwrap();
     let r = failing.create(SandboxSpec::default()).await;
     assert!(
-        matches!(&r, Err(namzu::Error::KubernetesAcquire(a)) if a.reason == namzu::backend::kubernetes::acquire_error::AcquireReason::Capacity),
+        matches!(r.as_ref().err().and_then(|e| e.tier_error::<namzu::backend::kubernetes::KubernetesError>()), Some(namzu::backend::kubernetes::KubernetesError::Acquire(a)) if a.reason == namzu::backend::kubernetes::acquire_error::AcquireReason::Capacity),
         "{:?}",
         r.err()
     );

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use namzu_proto::preface::PrefaceError;
 use namzu_proto::v1::agent_error::Kind;
 
+use crate::spec::Tier;
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -103,11 +105,7 @@ pub enum Error {
     #[error("sandbox {id}: its egress supervisor is unavailable: {reason}")]
     EgressUnavailable { id: String, reason: String },
     #[error("tier {tier} cannot honour option {option}: {reason}")]
-    OptionRefused {
-        tier: String,
-        option: String,
-        reason: String,
-    },
+    OptionRefused { tier: Tier, option: String, reason: String },
     #[error("{}: not an image: {reason}", path.display())]
     NotAnImage { path: PathBuf, reason: String },
     /// An entry of an image layer would have reached outside the rootfs
@@ -122,21 +120,14 @@ pub enum Error {
     #[error("no image {reference:?} (import it with `namzu image import FILE`)")]
     ImageNotFound { reference: String },
     #[error("tier {tier} is not available: {reason}")]
-    TierUnavailable { tier: String, reason: String },
+    TierUnavailable { tier: Tier, reason: String },
     #[error("tier {tier}: option {option} cannot be combined with {conflicts_with}: {reason}")]
     ConfigConflict {
-        tier: String,
+        tier: Tier,
         option: String,
         conflicts_with: String,
         reason: String,
     },
-    #[error("the container runtime {runtime:?} is not registered with the daemon (it has: {})", available.join(", "))]
-    RuntimeUnavailable { runtime: String, available: Vec<String> },
-    #[error("image {reference:?} is not on the daemon and could not be pulled: {message}")]
-    ImagePull { reference: String, message: String },
-    #[error("{op}: the docker daemon answered: {message}")]
-    Docker { op: String, message: String },
-
     // ---- sandboxes and links
     #[error("sandbox {id} has been destroyed")]
     SandboxDestroyed { id: String },
@@ -144,39 +135,30 @@ pub enum Error {
     SandboxNotFound { id: String },
     #[error("sandbox {id} is not running (its agent is gone)")]
     SandboxDead { id: String },
-    #[error("kubernetes API: {0}")]
-    KubernetesApi(#[from] crate::backend::kubernetes::api::ApiError),
-    #[error(transparent)]
-    KubernetesAcquire(#[from] crate::backend::kubernetes::acquire_error::AcquireError),
-    #[error(transparent)]
-    KubernetesEgressConfig(#[from] crate::backend::kubernetes::netpol::EgressConfigError),
-    #[error(transparent)]
-    KubernetesEgressPolicy(Box<crate::backend::kubernetes::netpol::EgressPolicyError>),
-    #[error("pod {pod} does not carry the label {key}={value} the claim asked for, which an egress policy selects it by; it would run under whatever policy selects it instead")]
-    PodLabelMissing { pod: String, key: String, value: String },
-    #[error(transparent)]
-    KubernetesPerSandbox(Box<crate::backend::kubernetes::per_sandbox::PerSandboxError>),
-    #[error(transparent)]
-    KubernetesIngress(Box<crate::backend::kubernetes::ingress::IngressPolicyError>),
-    #[error(transparent)]
-    KubernetesEgressUnion(Box<crate::backend::kubernetes::egress_union::EgressPolicyUnionError>),
+    /// A tier's own failure, typed by that tier: match it with
+    /// [`Error::tier_error`] (e.g. `namzu::kubernetes::KubernetesError`,
+    /// `namzu::backend::docker::DockerError`).
+    #[error("{tier} tier")]
+    Tier {
+        tier: Tier,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
     SandboxGone { id: String },
-    #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
-    AgentAddressUnresolvable { id: String, fqdn: String, cause: String },
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]
     AgentBinaryNotFound { searched: Vec<PathBuf> },
     #[error("sandbox {id} refused: its commands are not unprivileged ({field} is {value:?})")]
     PrivilegeProbe { id: String, field: String, value: String },
     #[error("agent of sandbox {id} did not come up: {reason}")]
     AgentStart { id: String, reason: String },
-    #[error("cannot connect to {endpoint}: {source}")]
+    #[error("cannot connect to {endpoint}")]
     Connect {
         endpoint: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("link to {endpoint} refused during the preface: {source}")]
+    #[error("link to {endpoint} refused during the preface")]
     Preface {
         endpoint: String,
         #[source]
@@ -190,7 +172,7 @@ pub enum Error {
     Protocol { op: String, message: String },
     #[error("{op}: the agent is shutting down")]
     ShuttingDown { op: String },
-    #[error("{op}: local i/o: {source}")]
+    #[error("{op}: local i/o")]
     LocalIo {
         op: String,
         #[source]
@@ -212,6 +194,34 @@ fn message_limit(status: &tonic::Status) -> Option<u64> {
 }
 
 impl Error {
+    /// Wraps a tier's own typed error.
+    pub fn tier(tier: Tier, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Tier {
+            tier,
+            source: Box::new(source),
+        }
+    }
+
+    /// The tier's own error of type `E`, if this is one.
+    pub fn tier_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Self::Tier { source, .. } => source.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+
+    /// The tier's own error of type `E`, by value; `Err(self)` if this is
+    /// not one.
+    pub fn into_tier_error<E: std::error::Error + 'static>(self) -> std::result::Result<E, Self> {
+        match self {
+            Self::Tier { tier, source } => match source.downcast::<E>() {
+                Ok(e) => Ok(*e),
+                Err(source) => Err(Self::Tier { tier, source }),
+            },
+            other => Err(other),
+        }
+    }
+
     /// Rebuilds the typed error of `op` from an agent status.
     pub(crate) fn from_status(op: &str, status: tonic::Status) -> Self {
         let Some(e) = namzu_proto::error_from_status(&status) else {
@@ -319,10 +329,4 @@ pub enum AttachRefusal {
 pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     PathBuf::from(std::ffi::OsStr::from_bytes(b))
-}
-
-impl From<crate::backend::kubernetes::netpol::EgressPolicyError> for Error {
-    fn from(e: crate::backend::kubernetes::netpol::EgressPolicyError) -> Self {
-        Self::KubernetesEgressPolicy(Box::new(e))
-    }
 }

@@ -24,6 +24,7 @@ pub mod backend;
 pub mod client;
 pub mod egress;
 pub mod error;
+pub mod factory;
 pub mod handle;
 pub mod image;
 pub mod provider;

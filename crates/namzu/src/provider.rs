@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 
+use crate::client::AgentClient;
 use crate::error::Result;
 use crate::handle::Sandbox;
 use crate::spec::{SandboxInfo, SandboxSpec, Tier};
@@ -14,6 +15,12 @@ pub trait Provider: Send + Sync {
     async fn create(&self, spec: SandboxSpec) -> Result<Sandbox>;
     /// Reattaches to a sandbox made earlier, possibly by another process.
     async fn connect(&self, id: &str) -> Result<Sandbox>;
+    /// The link to sandbox `id`'s agent alone, for a host service that acts
+    /// for the sandbox (its egress supervisor) and must not start what
+    /// `connect` starts for a caller. Default: `connect`'s link.
+    async fn agent_link(&self, id: &str) -> Result<AgentClient> {
+        Ok(self.connect(id).await?.agent().clone())
+    }
     async fn list(&self) -> Result<Vec<SandboxInfo>>;
     /// Destroys a sandbox by id, whether or not it is still alive.
     async fn destroy(&self, id: &str) -> Result<()>;

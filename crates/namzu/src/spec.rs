@@ -5,7 +5,8 @@
 use crate::error::{Error, Result};
 
 /// Isolation boundaries, weakest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// No isolation: the agent is a plain child process. Development only.
     Host,

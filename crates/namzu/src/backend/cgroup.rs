@@ -107,7 +107,7 @@ fn own_path(v2: bool, controller: &str) -> Option<String> {
 
 fn refuse(field: &str, reason: String) -> Error {
     Error::OptionRefused {
-        tier: "local".into(),
+        tier: crate::spec::Tier::Local,
         option: format!("resources.{field}"),
         reason,
     }

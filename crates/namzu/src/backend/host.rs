@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 
 use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
-use crate::backend::{check_spec, find_agent_binary};
+use crate::backend::{check_spec, find_agent_binary, refuse_unsupported};
 use crate::client::ClientOptions;
 use crate::error::Result;
 use crate::handle::Sandbox;
@@ -51,6 +51,7 @@ impl HostProvider {
     /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
     /// token is their uid), starts one.
     pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Sandbox> {
+        refusals(&spec)?;
         check_spec(Tier::Host, &spec)?;
         let (id, dir, _token, made) = self.state.create(token)?;
         let workspace = dir.join("workspace");
@@ -74,13 +75,11 @@ impl HostProvider {
         let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
         let mut meta = Meta {
             id: id.clone(),
-            tier: Tier::Host.name().into(),
+            tier: Tier::Host,
             pid: child.id().unwrap_or(0),
             created_unix: now_unix(),
             agent_bin: self.agent_bin.clone(),
-            uid_slot: None,
-            cgroups: None,
-            container: None,
+            record: serde_json::Value::Null,
             procs: Vec::new(),
         };
         self.state.write_meta(&dir, &meta)?;
@@ -128,4 +127,33 @@ impl Provider for HostProvider {
     async fn destroy(&self, id: &str) -> Result<()> {
         self.state.stop(id).await.map(drop)
     }
+}
+
+/// What the host tier cannot honour: it runs commands as plain host
+/// processes, on the host's own filesystem and network.
+pub(crate) fn refusals(spec: &SandboxSpec) -> Result<()> {
+    let plain = "the host tier runs commands as plain host processes and limits nothing";
+    refuse_unsupported(
+        Tier::Host,
+        &[
+            (
+                spec.egress != crate::egress::EgressConfig::default(),
+                "egress",
+                "this tier shares the host's network; it has no egress boundary",
+            ),
+            (
+                !spec.binds.is_empty(),
+                "binds",
+                "the host tier has no filesystem of its own to bind into",
+            ),
+            (
+                spec.image.is_some(),
+                "image",
+                "the host tier runs commands on the host's own filesystem",
+            ),
+            (spec.resources.memory_bytes.is_some(), "resources.memory_bytes", plain),
+            (spec.resources.cpus.is_some(), "resources.cpus", plain),
+            (spec.resources.pids.is_some(), "resources.pids", plain),
+        ],
+    )
 }

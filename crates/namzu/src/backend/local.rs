@@ -33,6 +33,15 @@ use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
 pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
 
+/// What the local tier keeps in a sandbox's state record.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct LocalRecord {
+    /// The host uid range slot this sandbox holds, if any.
+    uid_slot: Option<u32>,
+    /// The cgroups made for it, removed with it.
+    cgroups: Option<crate::backend::cgroup::Cgroups>,
+}
+
 /// Tunables of the `local` tier, each with a safe default.
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
@@ -226,15 +235,17 @@ impl LocalProvider {
         let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
         let mut meta = Meta {
             id: id.into(),
-            tier: Tier::Local.name().into(),
+            tier: Tier::Local,
             pid: child.id().unwrap_or(0),
             created_unix: now_unix(),
             agent_bin: self.agent_bin.clone(),
+            record: serde_json::Value::Null,
+            procs: Vec::new(),
+        }
+        .with_record(&LocalRecord {
             uid_slot: slot,
             cgroups,
-            container: None,
-            procs: Vec::new(),
-        };
+        });
         self.state.write_meta(dir, &meta)?;
         let attached = match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
             Ok(client) => self.state.record_processes(dir, &mut meta).map(|()| client),
@@ -307,7 +318,12 @@ impl LocalProvider {
         }
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
-        if let Err(e) = self.state.start_egress(&id, &dir, &self.agent_bin, &spec.egress).await {
+        if let Err(e) = self
+            .state
+            .supervisor(&id, &dir, &self.agent_bin)
+            .start(&spec.egress)
+            .await
+        {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
@@ -326,9 +342,9 @@ impl Provider for LocalProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
-        let (_, client) = self.state.reattach(id, &self.client).await?;
+        let client = self.agent_link(id).await?;
         let dir = self.state.dir(id)?;
-        self.state.ensure_egress(id, &dir, &self.agent_bin).await?;
+        self.state.supervisor(id, &dir, &self.agent_bin).ensure().await?;
         Ok(Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Local,
@@ -337,6 +353,10 @@ impl Provider for LocalProvider {
             _child: None,
             egress_dir: Some(self.state.dir(id)?),
         }))
+    }
+
+    async fn agent_link(&self, id: &str) -> Result<crate::client::AgentClient> {
+        Ok(self.state.reattach(id, &self.client).await?.1)
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
@@ -360,10 +380,11 @@ impl Provider for LocalProvider {
 
     async fn destroy(&self, id: &str) -> Result<()> {
         if let Some(meta) = self.state.stop(id).await? {
-            if let Some(slot) = meta.uid_slot {
+            let record = meta.record::<LocalRecord>().unwrap_or_default();
+            if let Some(slot) = record.uid_slot {
                 self.release_slot(slot, id);
             }
-            if let Some(cg) = meta.cgroups {
+            if let Some(cg) = record.cgroups {
                 cg.remove();
             }
         }

@@ -101,39 +101,25 @@ pub(crate) fn unprivileged(status: &str) -> std::result::Result<(), (String, Str
     Ok(())
 }
 
-/// Refuses agent-limit overrides whose name the agent does not know.
+/// What every tier checks of a spec: agent-limit names the agent knows,
+/// environment variable names, a valid egress configuration, and bind
+/// mounts of an existing source onto a clean absolute target outside
+/// /proc, /dev and /sys. What a tier cannot honour at all it refuses
+/// itself, with [`refuse_unsupported`].
 pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
-    if tier == Tier::Kubernetes {
-        kubernetes_refusals(spec)?;
-    }
     for (name, _) in &spec.limits {
         if !namzu_proto::limits::ALL.contains(&name.as_str()) {
             return Err(Error::OptionRefused {
-                tier: tier.name().into(),
+                tier,
                 option: format!("limits.{name}"),
                 reason: format!("unknown limit; known: {}", namzu_proto::limits::ALL.join(", ")),
             });
         }
     }
     spec.egress.validate()?;
-    let egress_boundary = matches!(tier, Tier::Local | Tier::Docker);
-    if !egress_boundary && spec.egress != crate::egress::EgressConfig::default() {
-        return Err(Error::OptionRefused {
-            tier: tier.name().into(),
-            option: "egress".into(),
-            reason: "this tier shares the host's network; it has no egress boundary".into(),
-        });
-    }
-    if tier == Tier::Host && !spec.binds.is_empty() {
-        return Err(Error::OptionRefused {
-            tier: tier.name().into(),
-            option: "binds".into(),
-            reason: "the host tier has no filesystem of its own to bind into".into(),
-        });
-    }
     for (i, b) in spec.binds.iter().enumerate() {
         let refuse = |field: &str, reason: String| Error::OptionRefused {
-            tier: tier.name().into(),
+            tier,
             option: format!("binds[{i}].{field}"),
             reason,
         };
@@ -158,28 +144,6 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
             ));
         }
     }
-    if tier == Tier::Host && spec.image.is_some() {
-        return Err(Error::OptionRefused {
-            tier: tier.name().into(),
-            option: "image".into(),
-            reason: "the host tier runs commands on the host's own filesystem".into(),
-        });
-    }
-    if tier == Tier::Host {
-        for (set, field) in [
-            (spec.resources.memory_bytes.is_some(), "memory_bytes"),
-            (spec.resources.cpus.is_some(), "cpus"),
-            (spec.resources.pids.is_some(), "pids"),
-        ] {
-            if set {
-                return Err(Error::OptionRefused {
-                    tier: tier.name().into(),
-                    option: format!("resources.{field}"),
-                    reason: "the host tier runs commands as plain host processes and limits nothing".into(),
-                });
-            }
-        }
-    }
     for (k, _) in &spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(Error::InvalidArgument {
@@ -191,33 +155,12 @@ pub(crate) fn check_spec(tier: Tier, spec: &SandboxSpec) -> Result<()> {
     Ok(())
 }
 
-/// What a task sandbox on a cluster cannot take from a spec: its pod is the
-/// SandboxTemplate's (or the warm pool's, made before anyone asked), so the
-/// image, mounts and resources are the template's. (Environment and agent
-/// limits travel as the agent container's environment: the claim's `env`,
-/// which the template must allow.) Egress on a cluster is the cluster's
-/// NetworkPolicy, not a spec field.
-fn kubernetes_refusals(spec: &SandboxSpec) -> Result<()> {
-    let template = "the SandboxTemplate's pod decides it; a task sandbox is claimed, not built";
-    let refusals = [
-        (spec.image.is_some(), "image", template),
-        (!spec.binds.is_empty(), "binds", "a pod has no host paths to bind"),
-        (
-            spec.resources.memory_bytes.is_some(),
-            "resources.memory_bytes",
-            template,
-        ),
-        (spec.resources.cpus.is_some(), "resources.cpus", template),
-        (spec.resources.pids.is_some(), "resources.pids", template),
-        (
-            spec.egress != crate::egress::EgressConfig::default(),
-            "egress",
-            "a pod's egress is the cluster's NetworkPolicy, not a sandbox option",
-        ),
-    ];
+/// The first spec option a tier cannot honour, refused with its name and
+/// the tier's reason: each entry is (set in the spec, option, reason).
+pub(crate) fn refuse_unsupported(tier: Tier, refusals: &[(bool, &str, &str)]) -> Result<()> {
     match refusals.iter().find(|(set, _, _)| *set) {
         Some((_, option, reason)) => Err(Error::OptionRefused {
-            tier: Tier::Kubernetes.name().into(),
+            tier,
             option: (*option).into(),
             reason: (*reason).into(),
         }),
@@ -281,10 +224,10 @@ mod tests {
             },
             ..Default::default()
         };
-        match check_spec(Tier::Host, &spec) {
+        match host::refusals(&spec) {
             Err(Error::OptionRefused { option, tier, .. }) => {
                 assert_eq!(option, "resources.pids");
-                assert_eq!(tier, "host");
+                assert_eq!(tier, Tier::Host);
             }
             other => panic!("{other:?}"),
         }

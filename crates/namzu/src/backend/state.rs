@@ -28,24 +28,33 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Meta {
     pub id: String,
-    pub tier: String,
+    pub tier: Tier,
     /// The process that anchors the sandbox (agent or launcher).
     pub pid: u32,
     pub created_unix: u64,
     pub agent_bin: PathBuf,
-    /// `local`: the host uid range slot this sandbox holds, if any.
+    /// What the tier itself keeps (its uid slot and cgroups, its
+    /// container …), opaque here: each tier reads and writes its own type
+    /// with [`Meta::record`] and [`Meta::with_record`].
     #[serde(default)]
-    pub uid_slot: Option<u32>,
-    /// `local`: the cgroups made for it, removed with it.
-    #[serde(default)]
-    pub cgroups: Option<crate::backend::cgroup::Cgroups>,
-    /// `docker`: the container, and how the host reaches its agent.
-    #[serde(default)]
-    pub container: Option<crate::backend::docker::ContainerMeta>,
+    pub record: serde_json::Value,
     /// The anchor and its descendants once the agent answered, by identity:
     /// what a dead anchor's leftovers are killed by (never by name).
     #[serde(default)]
     pub procs: Vec<crate::backend::procid::ProcId>,
+}
+
+impl Meta {
+    /// The tier's own record, if it holds one of type `T`.
+    pub fn record<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        T::deserialize(&self.record).ok()
+    }
+
+    /// Sets the tier's own record.
+    pub fn with_record<T: Serialize>(mut self, record: &T) -> Self {
+        self.record = serde_json::to_value(record).unwrap_or_default();
+        self
+    }
 }
 
 /// The state directory of one tier.
@@ -72,29 +81,9 @@ impl StateDir {
         self.root.parent().unwrap_or(&self.root)
     }
 
-    /// Writes sandbox `id`'s egress configuration and starts its
-    /// supervisor; returns once the supervisor holds the agent's call.
-    pub async fn start_egress(
-        &self,
-        id: &str,
-        dir: &Path,
-        agent_bin: &Path,
-        config: &crate::egress::EgressConfig,
-    ) -> Result<()> {
-        crate::egress::supervisor::write_config(dir, config).map_err(|source| Error::LocalIo {
-            op: "create".into(),
-            source,
-        })?;
-        crate::egress::supervisor::spawn(id, self.tier, self.base(), dir, agent_bin).await
-    }
-
-    /// Restarts sandbox `id`'s egress supervisor if it has one configured
-    /// and it does not answer.
-    pub async fn ensure_egress(&self, id: &str, dir: &Path, agent_bin: &Path) -> Result<()> {
-        if !dir.join(crate::egress::supervisor::CONFIG_FILE).is_file() {
-            return Ok(());
-        }
-        crate::egress::supervisor::ensure(id, self.tier, self.base(), dir, agent_bin).await
+    /// The egress supervisor of sandbox `id` (state in `dir`).
+    pub fn supervisor(&self, id: &str, dir: &Path, agent_bin: &Path) -> crate::egress::supervisor::Supervisor {
+        crate::egress::supervisor::Supervisor::new(id, self.tier, self.base(), dir, agent_bin)
     }
 
     pub fn dir(&self, id: &str) -> Result<PathBuf> {

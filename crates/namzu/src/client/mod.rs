@@ -9,8 +9,11 @@
 //!
 //! This module dials, authenticates and keeps the link; the operations are
 //! grouped in its children: `exec` (commands and detachable executions),
-//! `files`, `sessions` (with quiesce and flush), `terminal`, `tcp` and
-//! `egress`.
+//! `files`, `sessions` (with quiesce and flush), `terminal` and `tcp`.
+//!
+//! What the link does not know: who else may declare the sandbox gone (a
+//! tier's lease attaches as a [`LinkGuard`]), and calls only one host
+//! service makes (the egress supervisor's, through [`AgentClient::rpc_for`]).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -38,7 +41,6 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::error::{bytes_path, Error, Result};
 use crate::types::*;
 
-mod egress;
 mod exec;
 mod files;
 mod sessions;
@@ -99,10 +101,17 @@ struct Inner {
     /// The agent's heartbeat interval (`None`: it sends none, or is too
     /// old to): both ends beat at it and give up after three silent ones.
     heartbeat: Option<Duration>,
-    /// Set by the owner of a lease on the sandbox (the `kubernetes` tier)
-    /// once the object behind it is gone: every later op is
-    /// [`Error::SandboxGone`].
-    gone: std::sync::OnceLock<Arc<AtomicBool>>,
+    /// Checked before every op: a tier that can learn the sandbox is gone
+    /// (a Kubernetes lease) attaches one.
+    guard: std::sync::OnceLock<Arc<dyn LinkGuard>>,
+}
+
+/// Something besides the link that can know a sandbox must no longer be
+/// reached (a tier's lease on it): checked before every operation.
+pub trait LinkGuard: Send + Sync {
+    /// `Ok` while the sandbox may be reached; else the error every
+    /// operation fails with (e.g. [`Error::SandboxGone`]).
+    fn check(&self, sandbox_id: &str) -> Result<()>;
 }
 
 /// A cheap-to-clone handle on one agent link.
@@ -295,7 +304,7 @@ impl AgentClient {
                 sandbox_id: sandbox_id.into(),
                 write_chunk,
                 heartbeat,
-                gone: std::sync::OnceLock::new(),
+                guard: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -352,11 +361,25 @@ impl AgentClient {
         self.inner.rpc.clone()
     }
 
-    /// Ties the link to a lease: once `gone` is set, every op fails with
-    /// [`Error::SandboxGone`] instead of reaching for an agent that no
-    /// longer exists. Set once; later calls are ignored.
-    pub fn watch_lease(&self, gone: Arc<AtomicBool>) {
-        let _ = self.inner.gone.set(gone);
+    /// Attaches a guard checked before every op (e.g. a lease that fails
+    /// ops with [`Error::SandboxGone`] once the object behind the sandbox
+    /// is gone). Set once; later calls are ignored.
+    pub fn guard_with(&self, guard: Arc<dyn LinkGuard>) {
+        let _ = self.inner.guard.set(guard);
+    }
+
+    /// The generated gRPC client, for a host service's own calls (the
+    /// egress supervisor's): checks first, as every op does, that the link
+    /// is open and the agent offers `feature`. Map failures with
+    /// [`Self::status_error`].
+    pub fn rpc_for(&self, op: &str, feature: &str) -> Result<Rpc<Channel>> {
+        self.require(op, feature)?;
+        Ok(self.rpc())
+    }
+
+    /// The typed error of a failed call made through [`Self::rpc_for`].
+    pub fn status_error(&self, op: &str, s: tonic::Status) -> Error {
+        self.status(op, s)
     }
 
     fn open(&self, _op: &str) -> Result<()> {
@@ -365,12 +388,10 @@ impl AgentClient {
                 id: self.inner.sandbox_id.clone(),
             });
         }
-        if self.inner.gone.get().is_some_and(|g| g.load(Ordering::SeqCst)) {
-            return Err(Error::SandboxGone {
-                id: self.inner.sandbox_id.clone(),
-            });
+        match self.inner.guard.get() {
+            Some(g) => g.check(&self.inner.sandbox_id),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Checks the link is usable and the agent offers `feature` for `op`.

@@ -28,7 +28,7 @@ pub use service::EgressConfig;
 /// boundary.
 pub(crate) fn no_boundary(tier: crate::Tier) -> crate::Error {
     crate::Error::OptionRefused {
-        tier: tier.name().into(),
+        tier,
         option: "network policy".into(),
         reason: "this tier has no egress boundary".into(),
     }

@@ -283,7 +283,7 @@ impl Service {
     /// Answers asks on the agent's `Egress` call until it ends;
     /// `attached` runs once the call is up.
     pub async fn serve(self: &Arc<Self>, client: &AgentClient, attached: impl FnOnce()) -> Result<()> {
-        let (verdicts, mut asks) = client.egress_channel().await?;
+        let (verdicts, mut asks) = egress_channel(client).await?;
         tracing::info!(sandbox = %self.id, "egress: attached");
         attached();
         while let Some(ask) = asks.next().await {
@@ -446,7 +446,7 @@ impl Service {
         close: CancellationToken,
         stream: tokio::net::TcpStream,
     ) -> std::result::Result<(), String> {
-        let (to_sandbox, mut from_sandbox) = client.egress_splice(id).await.map_err(|e| e.to_string())?;
+        let (to_sandbox, mut from_sandbox) = egress_splice(client, id).await.map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let (mut rd, mut wr) = stream.into_split();
         let up = async {
@@ -481,6 +481,53 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// Opens the `Egress` call this service holds for the sandbox's life:
+/// verdicts go out through the sender, the agent's asks come in on the
+/// stream. A newer call replaces this one.
+async fn egress_channel(
+    client: &AgentClient,
+) -> Result<(
+    tokio::sync::mpsc::Sender<v1::EgressVerdict>,
+    tonic::Streaming<v1::EgressAsk>,
+)> {
+    const OP: &str = "egress";
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let asks = client
+        .rpc_for(OP, namzu_proto::features::EGRESS)?
+        .egress(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| client.status_error(OP, s))?
+        .into_inner();
+    Ok((tx, asks))
+}
+
+/// Accepts the agent's connect ask `id`: the host has connected, and this
+/// joins the two ends. Bytes for the sandbox's client go through the sender
+/// (after the `accept` this sends first); the client's bytes come in on the
+/// stream.
+async fn egress_splice(
+    client: &AgentClient,
+    id: u64,
+) -> Result<(
+    tokio::sync::mpsc::Sender<v1::EgressSpliceInput>,
+    tonic::Streaming<v1::TcpOutput>,
+)> {
+    const OP: &str = "egress_splice";
+    let rpc = client.rpc_for(OP, namzu_proto::features::EGRESS)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let accept = v1::EgressSpliceInput {
+        msg: Some(v1::egress_splice_input::Msg::Accept(id)),
+    };
+    let _ = tx.send(accept).await;
+    let from = rpc
+        .clone()
+        .egress_splice(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| client.status_error(OP, s))?
+        .into_inner();
+    Ok((tx, from))
 }
 
 #[cfg(test)]

@@ -252,77 +252,133 @@ pub async fn request(id: &str, dir: &Path, req: &Request) -> Result<Reply> {
     serde_json::from_str(&answer).map_err(|e| unavailable(format!("bad reply: {e}")))
 }
 
-/// Starts the supervisor for sandbox `id` of `tier` (state in `dir`, under
-/// the state root `state_root`) and waits until it holds the agent's `Egress` call.
-pub async fn spawn(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, agent_bin: &Path) -> Result<()> {
-    let unavailable = |reason: String| Error::EgressUnavailable { id: id.into(), reason };
-    let bin = find_binary(agent_bin).ok_or_else(|| {
-        unavailable(format!(
-            "no {BINARY} next to {} (or in NAMZU_EGRESS_BIN)",
-            agent_bin.display()
-        ))
-    })?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(LOG_FILE))
-        .map_err(|e| unavailable(format!("{LOG_FILE}: {e}")))?;
-    let mut cmd = tokio::process::Command::new(&bin);
-    cmd.arg("--state-dir")
-        .arg(state_root)
-        .arg("--tier")
-        .arg(tier.name())
-        .arg("--id")
-        .arg(id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(log)
-        .kill_on_drop(false);
-    #[allow(unsafe_code)]
-    // SAFETY: setsid is async-signal-safe and touches no memory.
-    unsafe {
-        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| unavailable(format!("start {}: {e}", bin.display())))?;
-    let out = child.stdout.take().ok_or_else(|| unavailable("no stdout".into()))?;
-    let mut line = String::new();
-    let got = tokio::time::timeout(START_TIMEOUT, BufReader::new(out).read_line(&mut line)).await;
-    // tokio reaps it whenever it exits, while this process lives.
-    let waited = tokio::spawn(async move { child.wait().await });
-    match (got, line.trim()) {
-        (Ok(Ok(_)), "ready") => Ok(()),
-        // Another supervisor holds the lock: use it, if it answers. Never
-        // `stop` here: the pid file names the one that holds it.
-        (Ok(Ok(_)), "held") => match request(id, dir, &Request::Show).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(unavailable(format!(
-                "a supervisor holds {LOCK_FILE} but does not answer: {e}"
-            ))),
-        },
-        _ => {
-            waited.abort();
-            stop(dir);
-            let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            Err(unavailable(format!(
-                "the supervisor did not attach within {START_TIMEOUT:?}: {}",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            )))
-        }
-    }
+/// The egress supervisor of one sandbox, seen from the host program that
+/// starts it: where it lives and how to start or restart it. Providers of
+/// tiers with an egress boundary hold one per sandbox; the state directory
+/// only says where.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    id: String,
+    tier: crate::Tier,
+    /// The state root every tier shares (the supervisor finds the sandbox
+    /// beneath it).
+    state_root: PathBuf,
+    /// The sandbox's own state directory.
+    dir: PathBuf,
+    /// The supervisor binary is looked for next to the agent's.
+    agent_bin: PathBuf,
 }
 
-/// Starts the supervisor of a running sandbox unless one answers: after a
-/// crash of the supervisor, the sandbox's egress stays closed (every ask
-/// refused) until the next connect brings it back with the saved policy.
-pub async fn ensure(id: &str, tier: crate::Tier, state_root: &Path, dir: &Path, agent_bin: &Path) -> Result<()> {
-    if request(id, dir, &Request::Show).await.is_ok() {
-        return Ok(());
+impl Supervisor {
+    /// The supervisor of sandbox `id` of `tier`, whose state is in `dir`
+    /// beneath `state_root`.
+    pub fn new(
+        id: impl Into<String>,
+        tier: crate::Tier,
+        state_root: impl Into<PathBuf>,
+        dir: impl Into<PathBuf>,
+        agent_bin: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            tier,
+            state_root: state_root.into(),
+            dir: dir.into(),
+            agent_bin: agent_bin.into(),
+        }
     }
-    tracing::warn!(sandbox = %id, "egress supervisor not answering; starting one");
-    spawn(id, tier, state_root, dir, agent_bin).await
+
+    /// Writes the sandbox's egress configuration and starts its
+    /// supervisor; returns once the supervisor holds the agent's `Egress`
+    /// call, so the policy is in force before anyone gets the handle.
+    pub async fn start(&self, config: &EgressConfig) -> Result<()> {
+        write_config(&self.dir, config).map_err(|source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        })?;
+        self.spawn().await
+    }
+
+    /// Restarts the supervisor of a running sandbox if one is configured
+    /// and none answers: after a crash of the supervisor, the sandbox's
+    /// egress stays closed (every ask refused) until the next connect
+    /// brings it back with the saved policy.
+    pub async fn ensure(&self) -> Result<()> {
+        if !self.dir.join(CONFIG_FILE).is_file() || request(&self.id, &self.dir, &Request::Show).await.is_ok() {
+            return Ok(());
+        }
+        tracing::warn!(sandbox = %self.id, "egress supervisor not answering; starting one");
+        self.spawn().await
+    }
+
+    /// Starts the supervisor process and waits until it holds the agent's
+    /// `Egress` call.
+    async fn spawn(&self) -> Result<()> {
+        let (id, tier, state_root, dir, agent_bin) = (
+            &self.id[..],
+            self.tier,
+            &self.state_root,
+            self.dir.as_path(),
+            &self.agent_bin,
+        );
+        let unavailable = |reason: String| Error::EgressUnavailable { id: id.into(), reason };
+        let bin = find_binary(agent_bin).ok_or_else(|| {
+            unavailable(format!(
+                "no {BINARY} next to {} (or in NAMZU_EGRESS_BIN)",
+                agent_bin.display()
+            ))
+        })?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(LOG_FILE))
+            .map_err(|e| unavailable(format!("{LOG_FILE}: {e}")))?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.arg("--state-dir")
+            .arg(state_root)
+            .arg("--tier")
+            .arg(tier.name())
+            .arg("--id")
+            .arg(id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(false);
+        #[allow(unsafe_code)]
+        // SAFETY: setsid is async-signal-safe and touches no memory.
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| unavailable(format!("start {}: {e}", bin.display())))?;
+        let out = child.stdout.take().ok_or_else(|| unavailable("no stdout".into()))?;
+        let mut line = String::new();
+        let got = tokio::time::timeout(START_TIMEOUT, BufReader::new(out).read_line(&mut line)).await;
+        // tokio reaps it whenever it exits, while this process lives.
+        let waited = tokio::spawn(async move { child.wait().await });
+        match (got, line.trim()) {
+            (Ok(Ok(_)), "ready") => Ok(()),
+            // Another supervisor holds the lock: use it, if it answers. Never
+            // `stop` here: the pid file names the one that holds it.
+            (Ok(Ok(_)), "held") => match request(id, dir, &Request::Show).await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(unavailable(format!(
+                    "a supervisor holds {LOCK_FILE} but does not answer: {e}"
+                ))),
+            },
+            _ => {
+                waited.abort();
+                stop(dir);
+                let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                Err(unavailable(format!(
+                    "the supervisor did not attach within {START_TIMEOUT:?}: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )))
+            }
+        }
+    }
 }
 
 fn find_binary(agent_bin: &Path) -> Option<PathBuf> {

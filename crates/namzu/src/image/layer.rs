@@ -63,13 +63,13 @@ pub enum Refusal {
 pub enum LayerError {
     #[error("entry {entry:?} refused: {reason}")]
     Refused { entry: String, reason: Refusal },
-    #[error("entry {entry:?}: {source}")]
+    #[error("entry {entry:?}")]
     Io {
         entry: String,
         #[source]
         source: io::Error,
     },
-    #[error("not a readable tar stream: {0}")]
+    #[error("not a readable tar stream")]
     Read(#[source] io::Error),
 }
 

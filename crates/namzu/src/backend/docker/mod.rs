@@ -50,8 +50,11 @@
 //! [`DockerProvider::gc`] finds containers whose host is gone. A create that
 //! fails part-way removes what it made.
 
+mod error;
 pub mod gc;
 mod link;
+
+pub use error::DockerError;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -204,7 +207,7 @@ impl DockerOptions {
     pub fn validate(&self) -> Result<()> {
         if self.seccomp_profile.is_some() && self.runtime.as_deref() == Some("runsc") {
             return Err(Error::ConfigConflict {
-                tier: "docker".into(),
+                tier: Tier::Docker,
                 option: "seccomp_profile".into(),
                 conflicts_with: "runtime: runsc".into(),
                 reason: "gVisor loads no OCI seccomp profile; namzu's own filter is the only one inside".into(),
@@ -212,7 +215,7 @@ impl DockerOptions {
         }
         if self.read_only_rootfs == Some(false) && self.writable_rootfs_paths.is_some() {
             return Err(Error::ConfigConflict {
-                tier: "docker".into(),
+                tier: Tier::Docker,
                 option: "writable_rootfs_paths".into(),
                 conflicts_with: "read_only_rootfs: false".into(),
                 reason: "with a writable root filesystem the extra tmpfs mounts would add nothing".into(),
@@ -222,7 +225,7 @@ impl DockerOptions {
             let ok = p.starts_with('/') && !p.split('/').any(|c| c == "..") && p != "/";
             if !ok || ["/proc", "/sys", "/dev", "/.namzu"].iter().any(|r| p.starts_with(r)) {
                 return Err(Error::OptionRefused {
-                    tier: "docker".into(),
+                    tier: Tier::Docker,
                     option: "writable_rootfs_paths".into(),
                     reason: format!("{p:?} must be an absolute path outside /proc, /sys, /dev and /.namzu"),
                 });
@@ -231,7 +234,7 @@ impl DockerOptions {
         for (k, _) in &self.labels {
             if k.is_empty() || k.contains('=') {
                 return Err(Error::OptionRefused {
-                    tier: "docker".into(),
+                    tier: Tier::Docker,
                     option: format!("labels.{k}"),
                     reason: "a label key must be non-empty and without '='".into(),
                 });
@@ -284,9 +287,12 @@ impl std::fmt::Debug for DockerProvider {
 }
 
 fn daemon_err(op: &str) -> impl Fn(bollard::errors::Error) -> Error + '_ {
-    move |e| Error::Docker {
-        op: op.into(),
-        message: e.to_string(),
+    move |e| {
+        DockerError::Daemon {
+            op: op.into(),
+            message: e.to_string(),
+        }
+        .into()
     }
 }
 
@@ -311,7 +317,7 @@ impl DockerProvider {
     ) -> Result<Self> {
         opts.validate()?;
         let unavailable = |reason: String| Error::TierUnavailable {
-            tier: "docker".into(),
+            tier: Tier::Docker,
             reason,
         };
         let docker = Docker::connect_with_defaults()
@@ -328,10 +334,11 @@ impl DockerProvider {
             if !available.iter().any(|a| a == rt) {
                 let mut available = available;
                 available.sort();
-                return Err(Error::RuntimeUnavailable {
+                return Err(DockerError::RuntimeUnavailable {
                     runtime: rt.clone(),
                     available,
-                });
+                }
+                .into());
             }
         }
         let state_root: PathBuf = state_dir.into();
@@ -383,7 +390,7 @@ impl DockerProvider {
             None,
         );
         while let Some(step) = pull.next().await {
-            let info = step.map_err(|e| Error::ImagePull {
+            let info = step.map_err(|e| DockerError::ImagePull {
                 reference: reference.into(),
                 message: e.to_string(),
             })?;
@@ -401,7 +408,7 @@ impl DockerProvider {
             .docker
             .inspect_image(reference)
             .await
-            .map_err(|e| Error::ImagePull {
+            .map_err(|e| DockerError::ImagePull {
                 reference: reference.into(),
                 message: e.to_string(),
             })?;
@@ -639,10 +646,11 @@ impl DockerProvider {
         // A wedged runtime can hang a removal forever; give up by name.
         let removal = tokio::time::timeout(REMOVE_TIMEOUT, self.docker.remove_container(container, Some(opts)));
         let Ok(result) = removal.await else {
-            return Err(Error::Docker {
+            return Err(DockerError::Daemon {
                 op: "remove container".into(),
                 message: format!("{} not removed within {REMOVE_TIMEOUT:?}", short(container)),
-            });
+            }
+            .into());
         };
         match result {
             Ok(()) => Ok(()),
@@ -664,7 +672,7 @@ impl DockerProvider {
     ) -> Result<AgentClient> {
         let Some(image) = spec.image.as_deref() else {
             return Err(Error::OptionRefused {
-                tier: "docker".into(),
+                tier: Tier::Docker,
                 option: "image".into(),
                 reason: "the docker tier needs an image (a reference the daemon has or can pull)".into(),
             });
@@ -725,13 +733,11 @@ impl DockerProvider {
             dir,
             &Meta {
                 id: id.into(),
-                tier: Tier::Docker.name().into(),
+                tier: Tier::Docker,
                 pid: 0,
                 created_unix: now_unix(),
                 agent_bin: self.agent_bin.clone(),
-                uid_slot: None,
-                cgroups: None,
-                container: Some(meta.clone()),
+                record: serde_json::to_value(&meta).unwrap_or_default(),
                 procs: Vec::new(),
             },
         )?;
@@ -744,7 +750,10 @@ impl DockerProvider {
         privilege_probe(id, &client).await?;
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
-        self.state.start_egress(id, dir, &self.agent_bin, &spec.egress).await?;
+        self.state
+            .supervisor(id, dir, &self.agent_bin)
+            .start(&spec.egress)
+            .await?;
         Ok(client)
     }
 
@@ -830,8 +839,15 @@ impl Provider for DockerProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
+        let client = self.agent_link(id).await?;
+        let dir = self.state.dir(id)?;
+        self.state.supervisor(id, &dir, &self.agent_bin).ensure().await?;
+        Ok(self.sandbox(id, client))
+    }
+
+    async fn agent_link(&self, id: &str) -> Result<AgentClient> {
         let (dir, meta) = self.state.read_meta(id)?;
-        let Some(cm) = meta.container else {
+        let Some(cm) = meta.record::<ContainerMeta>() else {
             return Err(Error::State {
                 id: id.into(),
                 message: "no container recorded".into(),
@@ -848,8 +864,7 @@ impl Provider for DockerProvider {
             Err(Error::Connect { .. }) => return Err(Error::SandboxDead { id: id.into() }),
             other => other?,
         };
-        self.state.ensure_egress(id, &dir, &self.agent_bin).await?;
-        Ok(self.sandbox(id, client))
+        Ok(client)
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {
@@ -866,7 +881,7 @@ impl Provider for DockerProvider {
                 .state
                 .read_meta(&s.id)
                 .ok()
-                .and_then(|(_, m)| m.container)
+                .and_then(|(_, m)| m.record::<ContainerMeta>())
                 .is_some_and(|c| running.contains(&c.container_id));
             out.push(SandboxInfo { alive, ..s });
         }
@@ -880,7 +895,7 @@ impl Provider for DockerProvider {
             Err(e) => return Err(e),
         };
         crate::egress::supervisor::stop(&dir);
-        if let Some(c) = meta.container {
+        if let Some(c) = meta.record::<ContainerMeta>() {
             self.remove_container(&c.container_id).await?;
         }
         match std::fs::remove_dir_all(&dir) {

@@ -30,6 +30,7 @@ use super::acquire_error::{self as ae, AcquireError, AcquireReason};
 use super::api::{Api, ApiError, Resource};
 use super::crd::{Sandbox, SandboxClaim, SandboxTemplate};
 use super::lease::Leased;
+use super::KubernetesError;
 use super::{build, AddressMode, KubernetesOptions};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
@@ -101,7 +102,7 @@ impl From<Error> for Stop {
 /// An API failure as the caller sees it: named by the taxonomy where it
 /// fits, as itself where it does not.
 fn api_failure(e: ApiError) -> Error {
-    ae::from_api(&e).map_or(Error::KubernetesApi(e), Error::KubernetesAcquire)
+    ae::from_api(&e).map_or_else(|| e.into(), Error::from)
 }
 
 /// The one readiness budget, and the failure the last poll ended on.
@@ -219,7 +220,7 @@ async fn create_once(api: &Api, r: &Resource, body: &Value, name: &str, id: &str
 pub async fn release(api: &Api, opts: &KubernetesOptions, owner: Leased, name: &str) -> Result<()> {
     match api.delete(&owner_resource(owner, &opts.namespace), name).await {
         Ok(_) | Err(ApiError::AlreadyGone { .. }) => Ok(()),
-        Err(e) => Err(Error::KubernetesApi(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -260,7 +261,7 @@ pub async fn acquire(
             .unwrap_or_default();
         verifier.verify(api, opts, &labels).await?;
         build::sandbox_env(&mut sandbox, opts, env).map_err(|reason| Error::OptionRefused {
-            tier: "kubernetes".into(),
+            tier: crate::spec::Tier::Kubernetes,
             option: "env".into(),
             reason,
         })?;
@@ -321,11 +322,12 @@ async fn after_bind(
     for key in selecting {
         let value = wanted.get(&key).cloned().unwrap_or_default();
         if bound.pod.labels.get(&key) != Some(&value) {
-            return Err(Error::PodLabelMissing {
+            return Err(KubernetesError::PodLabelMissing {
                 pod: bound.pod.name.clone(),
                 key,
                 value,
-            });
+            }
+            .into());
         }
     }
     // A direct Sandbox was verified before its POST.
@@ -486,18 +488,19 @@ pub async fn dial(
         AddressMode::Service => {
             let fqdn = bound.fqdn.clone().unwrap_or_default();
             if fqdn.is_empty() {
-                return Err(Error::AgentAddressUnresolvable {
+                return Err(KubernetesError::AgentAddressUnresolvable {
                     id,
                     fqdn,
                     cause: "the Sandbox has no status.serviceFQDN".into(),
-                });
+                }
+                .into());
             }
             // Resolved once here, so a name that never resolves is named as
             // such rather than as a failed connect.
             opts.resolution
                 .resolve(&fqdn)
                 .await
-                .map_err(|cause| Error::AgentAddressUnresolvable {
+                .map_err(|cause| KubernetesError::AgentAddressUnresolvable {
                     id: id.clone(),
                     fqdn: fqdn.clone(),
                     cause,
@@ -585,7 +588,12 @@ pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound
     let mut hint = None;
     match wait_bound(api, opts, &mut b, (owner_kind(opts), &name, id), &mut hint).await {
         Ok(bound) => Ok(bound),
-        Err(Stop::Fail(Error::KubernetesApi(ApiError::AlreadyGone { .. }))) => {
+        Err(Stop::Fail(e))
+            if matches!(
+                e.tier_error::<KubernetesError>(),
+                Some(KubernetesError::Api(ApiError::AlreadyGone { .. }))
+            ) =>
+        {
             Err(Error::SandboxNotFound { id: id.into() })
         }
         Err(Stop::Fail(e)) => Err(e),

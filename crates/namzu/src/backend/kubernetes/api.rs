@@ -206,7 +206,7 @@ impl Api {
     pub fn new(client: kube::Client, bound: Duration) -> crate::Result<Self> {
         if bound < MIN_API_REQUEST_TIMEOUT {
             return Err(crate::Error::OptionRefused {
-                tier: "kubernetes".into(),
+                tier: crate::spec::Tier::Kubernetes,
                 option: "api_request_timeout".into(),
                 reason: format!("{bound:?} is below {MIN_API_REQUEST_TIMEOUT:?}"),
             });

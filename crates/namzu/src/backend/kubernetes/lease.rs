@@ -93,15 +93,27 @@ impl Lease {
         Self { gone, task }
     }
 
-    /// The flag a renewal sets when it finds the object gone (for
-    /// [`crate::AgentClient::watch_lease`]).
-    pub fn gone_flag(&self) -> Arc<AtomicBool> {
-        self.gone.clone()
+    /// A guard for the sandbox's link: once a renewal finds the object
+    /// gone, every operation fails with `SandboxGone`.
+    pub fn link_guard(&self) -> Arc<dyn crate::client::LinkGuard> {
+        Arc::new(Gone(self.gone.clone()))
     }
 
     /// `Err(SandboxGone)` once a renewal found the object gone.
     pub fn check(&self, id: &str) -> crate::Result<()> {
         if self.gone.load(Ordering::SeqCst) {
+            return Err(crate::Error::SandboxGone { id: id.into() });
+        }
+        Ok(())
+    }
+}
+
+/// The flag a renewal sets, as a [`crate::client::LinkGuard`].
+struct Gone(Arc<AtomicBool>);
+
+impl crate::client::LinkGuard for Gone {
+    fn check(&self, id: &str) -> crate::Result<()> {
+        if self.0.load(Ordering::SeqCst) {
             return Err(crate::Error::SandboxGone { id: id.into() });
         }
         Ok(())

@@ -24,6 +24,7 @@ pub mod api;
 pub mod build;
 pub mod crd;
 pub mod egress_union;
+mod error;
 pub mod ingress;
 pub mod labels;
 pub mod lease;
@@ -34,6 +35,7 @@ pub mod provider;
 pub mod schema;
 pub mod verify;
 
+pub use error::KubernetesError;
 pub use provider::{KubernetesProvider, KubernetesSandbox};
 
 use std::collections::BTreeMap;
@@ -201,7 +203,7 @@ impl KubernetesOptions {
     /// Refuses, by field, what cannot work.
     pub fn validate(&self) -> Result<()> {
         let refuse = |option: &str, reason: String| Error::OptionRefused {
-            tier: "kubernetes".into(),
+            tier: crate::spec::Tier::Kubernetes,
             option: option.into(),
             reason,
         };

@@ -8,7 +8,7 @@ use super::{build, KubernetesOptions};
 use crate::error::{Error, Result};
 
 fn api_err(e: ApiError) -> Error {
-    Error::KubernetesApi(e)
+    e.into()
 }
 
 fn names(list: &Value) -> Vec<String> {
@@ -30,7 +30,7 @@ fn names(list: &Value) -> Vec<String> {
 pub async fn release_task_sandboxes(api: &Api, opts: &KubernetesOptions, label_selector: &str) -> Result<Vec<String>> {
     if label_selector.trim().is_empty() {
         return Err(Error::OptionRefused {
-            tier: "kubernetes".into(),
+            tier: crate::spec::Tier::Kubernetes,
             option: "label_selector".into(),
             reason: "empty: it would release every sandbox in the namespace".into(),
         });

@@ -119,12 +119,6 @@ pub enum PerSandboxError {
     },
 }
 
-impl From<PerSandboxError> for crate::Error {
-    fn from(e: PerSandboxError) -> Self {
-        Self::KubernetesPerSandbox(Box::new(e))
-    }
-}
-
 /// The policy's name for a sandbox whose owner has `uid`.
 pub fn policy_name(uid: &str) -> String {
     format!("{POLICY_NAME_PREFIX}{uid}")
@@ -329,13 +323,7 @@ mod tests {
         assert!(!dns.contains(&json!({"matchPattern": "*"})));
         // SNI needs exact names: a .domain is refused, as for the template.
         let e = policy_for(&cfg, "sandboxes", &bound(), &hosts(&[".example.com"])).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                crate::Error::KubernetesEgressConfig(EgressConfigError::TlsServerNameOnDomain { .. })
-            ),
-            "{e:?}"
-        );
+        assert!(matches!(e, crate::Error::Tier { .. }), "{e:?}");
         // Without a uid there is nothing to own the policy.
         let mut orphan = bound();
         orphan.owner_uid = None;
@@ -346,7 +334,11 @@ mod tests {
             &hosts(&["a.example.com"]),
         )
         .unwrap_err();
-        assert!(matches!(e, crate::Error::KubernetesPerSandbox(_)), "{e:?}");
+        assert!(
+            e.tier_error::<crate::backend::kubernetes::KubernetesError>()
+                .is_some_and(|k| matches!(k, crate::backend::kubernetes::KubernetesError::PerSandbox(_))),
+            "{e:?}"
+        );
         // host_ports has no hosts to name at configuration time.
         let bad = PerSandboxEgress {
             narrowing: Some(CiliumNarrowing {

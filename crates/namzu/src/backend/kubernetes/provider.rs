@@ -14,7 +14,7 @@ use super::acquire::{self, Bound};
 use super::api::{Api, Resource};
 use super::lease::{Lease, Leased};
 use super::KubernetesOptions;
-use crate::backend::{check_spec, privilege_probe};
+use crate::backend::{check_spec, privilege_probe, refuse_unsupported};
 use crate::client::{AgentClient, ClientOptions};
 use crate::error::{Error, Result};
 use crate::handle::{Sandbox, SandboxBackend};
@@ -55,7 +55,7 @@ impl KubernetesProvider {
     /// (`KUBECONFIG`, `~/.kube/config`, or the pod's service account).
     pub async fn from_env(opts: KubernetesOptions) -> Result<Self> {
         let client = kube::Client::try_default().await.map_err(|e| Error::OptionRefused {
-            tier: "kubernetes".into(),
+            tier: crate::spec::Tier::Kubernetes,
             option: "kubeconfig".into(),
             reason: e.to_string(),
         })?;
@@ -94,7 +94,7 @@ impl KubernetesProvider {
             self.opts.claim_ttl,
             self.opts.on_lease_renewal_error.clone(),
         );
-        client.watch_lease(lease.gone_flag());
+        client.guard_with(lease.link_guard());
         Ok(KubernetesSandbox {
             provider: self.clone(),
             bound,
@@ -107,6 +107,7 @@ impl KubernetesProvider {
     /// [`Provider::create`]; the handle's backend is a [`KubernetesSandbox`]
     /// (`sb.backend::<KubernetesSandbox>()`).
     pub async fn create_task(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        refusals(&spec)?;
         check_spec(Tier::Kubernetes, &spec)?;
         let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
         self.acquire_as(&id, &super::build::agent_env(&spec))
@@ -262,7 +263,7 @@ impl SandboxBackend for KubernetesSandbox {
     /// its own; the cluster's policy objects are the record.
     async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
         Err(Error::OptionRefused {
-            tier: Tier::Kubernetes.name().into(),
+            tier: Tier::Kubernetes,
             option: "network_policy".into(),
             reason: "the cluster's policy objects are the record (the template's <template>-egress policy, and \
                      namzu-sbx-<owner uid> for a per-sandbox one); open connections are not observable from the host"
@@ -280,4 +281,33 @@ impl SandboxBackend for KubernetesSandbox {
         )
         .await
     }
+}
+
+/// What a task sandbox on a cluster cannot take from a spec: its pod is the
+/// SandboxTemplate's (or the warm pool's, made before anyone asked), so the
+/// image, mounts and resources are the template's. (Environment and agent
+/// limits travel as the agent container's environment: the claim's `env`,
+/// which the template must allow.) Egress on a cluster is the cluster's
+/// NetworkPolicy, not a spec field.
+fn refusals(spec: &SandboxSpec) -> Result<()> {
+    let template = "the SandboxTemplate's pod decides it; a task sandbox is claimed, not built";
+    refuse_unsupported(
+        Tier::Kubernetes,
+        &[
+            (spec.image.is_some(), "image", template),
+            (!spec.binds.is_empty(), "binds", "a pod has no host paths to bind"),
+            (
+                spec.resources.memory_bytes.is_some(),
+                "resources.memory_bytes",
+                template,
+            ),
+            (spec.resources.cpus.is_some(), "resources.cpus", template),
+            (spec.resources.pids.is_some(), "resources.pids", template),
+            (
+                spec.egress != crate::egress::EgressConfig::default(),
+                "egress",
+                "a pod's egress is the cluster's NetworkPolicy, not a sandbox option",
+            ),
+        ],
+    )
 }

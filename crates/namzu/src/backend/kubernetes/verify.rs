@@ -79,14 +79,12 @@ impl PolicyVerifier {
                 .filter(|(kind, _)| engine == Engine::Cilium || kind == "NetworkPolicy")
                 .cloned()
                 .collect();
-            super::ingress::evaluate(&lists, unread.clone(), labels, &opts.namespace, opts.agent_port)
-                .map_err(|e| crate::Error::KubernetesIngress(Box::new(e)))?;
+            super::ingress::evaluate(&lists, unread.clone(), labels, &opts.namespace, opts.agent_port)?;
         }
         if let Some(cfg) = &opts.egress {
             verify_named(api, cfg, &opts.namespace).await?;
             if cfg.verify == Verification::Union {
-                super::egress_union::evaluate(cfg, &opts.namespace, labels, &lists, unread)
-                    .map_err(|e| crate::Error::KubernetesEgressUnion(Box::new(e)))?;
+                super::egress_union::evaluate(cfg, &opts.namespace, labels, &lists, unread)?;
             }
         }
         self.passed

@@ -1,0 +1,27 @@
+//! [`DockerError`]: what only the docker tier can fail with. It reaches
+//! callers as [`Error::Tier`](crate::Error::Tier) with `tier: Docker`;
+//! match it with `err.tier_error::<DockerError>()`.
+
+use crate::error::Error;
+use crate::spec::Tier;
+
+/// A failure of the docker tier.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DockerError {
+    /// The daemon refused or failed a request.
+    #[error("{op}: the docker daemon answered: {message}")]
+    Daemon { op: String, message: String },
+    /// The runtime asked for is not registered with the daemon.
+    #[error("the container runtime {runtime:?} is not registered with the daemon (it has: {})", available.join(", "))]
+    RuntimeUnavailable { runtime: String, available: Vec<String> },
+    /// The image is not on the daemon and could not be pulled.
+    #[error("image {reference:?} is not on the daemon and could not be pulled: {message}")]
+    ImagePull { reference: String, message: String },
+}
+
+impl From<DockerError> for Error {
+    fn from(e: DockerError) -> Self {
+        Error::tier(Tier::Docker, e)
+    }
+}
