@@ -16,12 +16,12 @@ if ! cargo mutants --version 2>/dev/null | grep -q "$MUTANTS_VERSION"; then
   cargo install cargo-mutants --version "$MUTANTS_VERSION" --locked
 fi
 exec cargo mutants \
-  -f crates/namzu/src/egress/addr.rs \
-  -f crates/namzu/src/egress/policy.rs \
+  -f crates/namzu-core/src/egress/addr.rs \
+  -f crates/namzu-core/src/egress/policy.rs \
   -f crates/namzu-agent/src/jail.rs \
   -f crates/namzu-proto/src/preface.rs \
-  -f crates/namzu/src/backend/mod.rs \
-  --re 'egress/|jail\.rs|preface\.rs|backend/mod\.rs:.*(unprivileged|privilege_probe)' \
+  -f crates/namzu-core/src/check.rs \
+  --re 'egress/|jail\.rs|preface\.rs|check\.rs:.*(unprivileged|privilege_probe)' \
   --timeout 60 \
   --output "${MUTANTS_OUT:-target/mutants}" \
   "$@" -- --lib

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use namzu::backend::kubernetes::KubernetesOptions;
+use namzu_kubernetes::KubernetesOptions;
 use serde_json::Value;
 
 use crate::controller::{Controller, ControllerConfig, POOLS, TEMPLATES};

@@ -33,10 +33,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use namzu::backend::host::HostProvider;
-use namzu::backend::kubernetes::build::until;
-use namzu::backend::kubernetes::NameResolution;
 use namzu::backend::local::LocalProvider;
 use namzu::{Sandbox, SandboxSpec};
+use namzu_kubernetes::build::until;
+use namzu_kubernetes::NameResolution;
 use serde_json::{json, Value};
 
 use crate::podnet::{self, PodNet};
@@ -754,7 +754,7 @@ impl Controller {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|e| e["name"] == namzu::backend::kubernetes::build::TOKEN_ENV)
+            .find(|e| e["name"] == namzu_kubernetes::build::TOKEN_ENV)
             .and_then(|e| match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("metadata.uid") => pod["metadata"]["uid"].as_str().map(String::from),
                 Some("metadata.name") => pod["metadata"]["name"].as_str().map(String::from),
@@ -771,7 +771,7 @@ impl Controller {
                 a.strip_prefix("tcp:")
                     .and_then(|r| r.rsplit(':').next()?.parse::<u16>().ok())
             })
-            .unwrap_or(namzu::backend::kubernetes::DEFAULT_AGENT_PORT);
+            .unwrap_or(namzu_kubernetes::DEFAULT_AGENT_PORT);
         // The container's environment is the agent's; the agent reads its
         // limits from NAMZU_<LIMIT>, which the local tier takes as limits.
         let mut spec = SandboxSpec::default();

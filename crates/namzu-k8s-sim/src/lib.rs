@@ -30,6 +30,7 @@
 pub mod cluster;
 pub mod controller;
 pub mod podnet;
+pub mod schema;
 pub mod selector;
 pub mod server;
 

@@ -3,22 +3,28 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use crate::schema;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
-use namzu::backend::kubernetes::schema;
 use serde_json::{json, Value};
 
 use crate::selector::Selector;
 
 /// The agent-sandbox CRDs the simulator serves, with their schemas.
 const CRDS: &[&str] = &[
-    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/agents.x-k8s.io_sandboxes.yaml"),
-    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxclaims.yaml"),
-    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxtemplates.yaml"),
-    include_str!("../../namzu/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxwarmpools.yaml"),
+    include_str!("../../namzu-kubernetes/tests/fixtures/agent-sandbox-crds/agents.x-k8s.io_sandboxes.yaml"),
+    include_str!(
+        "../../namzu-kubernetes/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxclaims.yaml"
+    ),
+    include_str!(
+        "../../namzu-kubernetes/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxtemplates.yaml"
+    ),
+    include_str!(
+        "../../namzu-kubernetes/tests/fixtures/agent-sandbox-crds/extensions.agents.x-k8s.io_sandboxwarmpools.yaml"
+    ),
 ];
 
 /// What a resource is: its kind and, for custom resources, its schema.
@@ -421,7 +427,7 @@ pub fn new_uid() -> String {
 }
 
 pub(crate) fn now_rfc3339() -> String {
-    namzu::backend::kubernetes::build::rfc3339(std::time::SystemTime::now())
+    namzu_kubernetes::build::rfc3339(std::time::SystemTime::now())
 }
 
 fn invalid(kind: &str, name: &str, violations: &[schema::Violation]) -> Response {

@@ -4,8 +4,10 @@
 
 use std::path::PathBuf;
 
+#[cfg(feature = "docker")]
 use crate::backend::docker::{DockerOptions, DockerProvider};
 use crate::backend::host::HostProvider;
+#[cfg(feature = "kubernetes")]
 use crate::backend::kubernetes::{KubernetesOptions, KubernetesProvider};
 use crate::backend::local::LocalProvider;
 use crate::error::{Error, Result};
@@ -21,8 +23,10 @@ pub struct ProviderOptions {
     /// The agent binary (default: found with [`crate::backend::find_agent_binary`]).
     pub agent_bin: Option<PathBuf>,
     /// Options of the docker tier.
+    #[cfg(feature = "docker")]
     pub docker: DockerOptions,
     /// Options of the kubernetes tier; it cannot be built without them.
+    #[cfg(feature = "kubernetes")]
     pub kubernetes: Option<KubernetesOptions>,
 }
 
@@ -31,7 +35,6 @@ impl std::fmt::Debug for ProviderOptions {
         f.debug_struct("ProviderOptions")
             .field("state_dir", &self.state_dir)
             .field("agent_bin", &self.agent_bin)
-            .field("kubernetes", &self.kubernetes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -56,7 +59,9 @@ pub async fn provider(tier: Tier, opts: ProviderOptions) -> Result<Box<dyn Provi
     match tier {
         Tier::Host => Ok(Box::new(HostProvider::with_agent(dir, agent()?))),
         Tier::Local => Ok(Box::new(LocalProvider::with_agent(dir, agent()?))),
+        #[cfg(feature = "docker")]
         Tier::Docker => Ok(Box::new(DockerProvider::with_agent(dir, agent()?, opts.docker).await?)),
+        #[cfg(feature = "kubernetes")]
         Tier::Kubernetes => {
             let k = opts.kubernetes.ok_or_else(|| Error::TierUnavailable {
                 tier,
@@ -64,6 +69,16 @@ pub async fn provider(tier: Tier, opts: ProviderOptions) -> Result<Box<dyn Provi
             })?;
             Ok(Box::new(KubernetesProvider::from_env(k).await?))
         }
+        #[cfg(not(feature = "docker"))]
+        Tier::Docker => Err(Error::TierUnavailable {
+            tier,
+            reason: "this build of namzu has no docker tier (cargo feature `docker`)".into(),
+        }),
+        #[cfg(not(feature = "kubernetes"))]
+        Tier::Kubernetes => Err(Error::TierUnavailable {
+            tier,
+            reason: "this build of namzu has no kubernetes tier (cargo feature `kubernetes`)".into(),
+        }),
         Tier::MicroVm => Err(Error::TierUnavailable {
             tier,
             reason: "the microvm tier is not built yet".into(),

@@ -9,6 +9,12 @@
 //! variants a caller can match; the library never prints (it logs through
 //! `tracing`).
 //!
+//! This crate is the facade: the spine is `namzu-core` (re-exported here),
+//! the `local` and `host` tiers and the image store live here, and the
+//! other tiers come in behind cargo features (`docker`, `kubernetes`, both
+//! on by default), so a user of the local tier alone compiles neither
+//! bollard nor kube.
+//!
 //! ```no_run
 //! # async fn demo() -> namzu::Result<()> {
 //! use namzu::{backend::local::LocalProvider, Provider, SandboxSpec};
@@ -21,21 +27,14 @@
 //! ```
 
 pub mod backend;
-pub mod client;
 pub mod egress;
-pub mod error;
 pub mod factory;
-pub mod handle;
 pub mod image;
-pub mod provider;
-pub mod spec;
-pub mod types;
 
-pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream, Terminal};
-pub use error::{AttachRefusal, Error, Result};
-pub use handle::{Commands, Files, Network, Sandbox, SandboxBackend, Sessions, Terminals};
-pub use namzu_proto::{features, limits, CONTAINER_AGENT_UID};
-pub use provider::Provider;
-pub use spec::{Bind, Resources, SandboxInfo, SandboxSpec, Tier};
-pub use tokio_util::sync::CancellationToken;
-pub use types::*;
+pub use namzu_core::types::*;
+pub use namzu_core::{check, client, error, handle, provider, spec, types};
+pub use namzu_core::{
+    features, limits, AgentClient, AttachRefusal, Bind, ByteStream, CancelOutcome, CancellationToken, ClientOptions,
+    Commands, Error, ExecStream, FileInfoStream, Files, Network, Provider, Resources, Result, Sandbox, SandboxBackend,
+    SandboxInfo, SandboxSpec, Sessions, Terminal, Terminals, Tier, CONTAINER_AGENT_UID,
+};

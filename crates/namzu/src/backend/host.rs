@@ -157,3 +157,29 @@ pub(crate) fn refusals(spec: &SandboxSpec) -> Result<()> {
         ],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::spec::Resources;
+
+    #[test]
+    fn host_tier_refuses_resource_limits_by_name() {
+        let spec = SandboxSpec {
+            resources: Resources {
+                pids: Some(10),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match refusals(&spec) {
+            Err(Error::OptionRefused { option, tier, .. }) => {
+                assert_eq!(option, "resources.pids");
+                assert_eq!(tier, Tier::Host);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(namzu_core::check::check_spec(Tier::Local, &spec).is_ok());
+    }
+}

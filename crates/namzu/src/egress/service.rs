@@ -6,7 +6,7 @@
 //! only the new policy, and every open connection the new policy would
 //! refuse is closed (both ends) before `set` returns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -15,107 +15,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use namzu_proto::v1::{self, egress_ask, EgressAsk, EgressVerdict};
-use serde::{Deserialize, Serialize};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use ipnet::IpNet;
-
-use super::addr;
-use super::policy::{EgressPolicy, PolicyError, Refusal, Target};
+use super::policy::{Refusal, Target};
+pub use super::{EgressConfig, DEFAULT_DNS_QUERIES_PER_SEC, DEFAULT_MAX_CONNECTIONS};
 use crate::client::AgentClient;
 use crate::error::Result;
-
-/// Egress connections one sandbox may have open or opening at once, unless
-/// its [`EgressConfig::max_connections`] says otherwise. Each costs the
-/// supervisor a socket (a file descriptor) on the host.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
-
-/// Name queries one sandbox may make per second, unless its
-/// [`EgressConfig::dns_queries_per_sec`] says otherwise: DNS is a channel
-/// out even where nothing may connect, so its bandwidth is bounded.
-pub const DEFAULT_DNS_QUERIES_PER_SEC: u32 = 20;
 
 /// How long one connection attempt to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 64 * 1024;
-
-/// A sandbox's egress settings: the policy, names the host resolves itself
-/// (like `docker run --add-host`), consulted before the system resolver,
-/// and the link-local or cloud-metadata addresses the sandbox may reach.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EgressConfig {
-    #[serde(default)]
-    pub policy: EgressPolicy,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub hosts: BTreeMap<String, Vec<IpAddr>>,
-    /// Link-local and cloud-metadata addresses ([`addr::LINK_LOCAL`]) that
-    /// the policy may reach. Empty by default, and then they are refused
-    /// under every policy, allow-all included: the connection would leave
-    /// from the host's own network stack and reach the HOST's metadata
-    /// service (its credentials). Only ranges inside that space are
-    /// accepted ([`PolicyError::NotLinkLocal`]); naming one opens nothing
-    /// else, and the policy still decides (deny-all reaches nothing).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reach_link_local: Vec<IpNet>,
-    /// `max_connections`: egress connections open or opening at once;
-    /// `None` is [`DEFAULT_MAX_CONNECTIONS`]. One more is refused
-    /// ([`Refusal::TooManyConnections`]) and logged; the host's other
-    /// calls are unaffected.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_connections: Option<usize>,
-    /// `dns_queries_per_sec`: name queries per second; `None` is
-    /// [`DEFAULT_DNS_QUERIES_PER_SEC`]. More are refused
-    /// ([`Refusal::DnsRateLimited`]), logged once a second.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dns_queries_per_sec: Option<u32>,
-}
-
-impl EgressConfig {
-    /// The policy's entries, and every `reach_link_local` range inside
-    /// link-local or metadata space.
-    pub fn validate(&self) -> std::result::Result<(), PolicyError> {
-        self.policy.validate()?;
-        match self.reach_link_local.iter().find(|n| !addr::is_link_local_net(n)) {
-            Some(n) => Err(PolicyError::NotLinkLocal {
-                cidr: *n,
-                reason: "169.254.0.0/16, fe80::/10 and the metadata addresses are the space".into(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// The connection bound in force.
-    pub fn connection_limit(&self) -> usize {
-        self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
-    }
-
-    /// The query rate in force.
-    pub fn dns_limit(&self) -> u32 {
-        self.dns_queries_per_sec.unwrap_or(DEFAULT_DNS_QUERIES_PER_SEC)
-    }
-
-    /// [`EgressPolicy::may_resolve`], and under deny-all only the names in
-    /// `hosts`: nothing may connect there, so a query for any other name
-    /// could only carry data out (`<secret>.attacker.example`).
-    pub fn may_resolve(&self, name: &str) -> std::result::Result<String, Refusal> {
-        let canonical = self.policy.may_resolve(name)?;
-        if self.policy == EgressPolicy::DenyAll && !self.hosts.contains_key(&canonical) {
-            return Err(Refusal::NotListed { host: canonical });
-        }
-        Ok(canonical)
-    }
-
-    /// [`EgressPolicy::may_connect`] with this configuration's opt-ins.
-    pub fn may_connect(&self, host: &str, port: u16) -> std::result::Result<Target, Refusal> {
-        self.policy.may_connect_with(host, port, &self.reach_link_local)
-    }
-
-    /// [`EgressPolicy::may_reach`] with this configuration's opt-ins.
-    pub fn may_reach(&self, ip: IpAddr) -> std::result::Result<(), Refusal> {
-        self.policy.may_reach_with(ip, &self.reach_link_local)
-    }
-}
 
 /// A string from the sandbox (a host name as asked, a refusal quoting it,
 /// the proxy it came through) as written to the decision log: every
@@ -534,7 +445,7 @@ async fn egress_splice(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::egress::HostRule;
+    use crate::egress::{EgressPolicy, HostRule};
 
     // TEST-NET-2: public to the classifier, never one of this host's.
     const ADDR: [u8; 4] = [198, 51, 100, 7];

@@ -1,0 +1,602 @@
+//! Acquire: from nothing to a Ready pod whose agent answers, inside ONE
+//! readiness budget (`ready_timeout`, from the first request).
+//!
+//! * With a warm pool: POST a SandboxClaim, poll it until the controller
+//!   binds it and calls it Ready, read the bound Sandbox once (its Service
+//!   FQDN, its pod's name), then the pod (its uid — the agent's bind token —
+//!   and, in `pod-ip` mode, its IP, waited for on the same budget).
+//! * Without: read the SandboxTemplate, POST a Sandbox made from it, poll it
+//!   until Ready, then the pod as above.
+//!
+//! What the budget promises: a transient read (connect, timeout, 429, 5xx)
+//! is retried inside it, no sooner than the poll interval and no sooner
+//! than the server's `Retry-After`; a claim the controller refused for good
+//! ends it on the first read; anything else a caller must act on (401/403,
+//! a 400 from admission) ends it at once. The create POST is never re-sent:
+//! a POST whose answer was lost is settled by reading the object under its
+//! deterministic name, and a 409 is settled the same way — what carries this
+//! sandbox's label is adopted. When the budget runs out, ONE pod read names
+//! Capacity or ImagePull before the cleanup DELETE. Every failure after the
+//! POST gives the object back.
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::acquire_error::{self as ae, AcquireError, AcquireReason};
+use super::api::{Api, ApiError, Resource};
+use super::crd::{Sandbox, SandboxClaim, SandboxTemplate};
+use super::lease::Leased;
+use super::KubernetesError;
+use super::{build, AddressMode, KubernetesOptions};
+use namzu_core::client::{AgentClient, ClientOptions};
+use namzu_core::error::{Error, Result};
+
+/// The annotation agent-sandbox writes on a Sandbox whose pod is named
+/// otherwise (one adopted from a warm pool).
+pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
+
+/// The claim (or Sandbox) behind namzu sandbox `id`: deterministic, so a
+/// POST whose answer was lost can be found again, and a restarted host can
+/// find what it held.
+pub fn object_name(id: &str) -> String {
+    format!("namzu-{id}")
+}
+
+/// What was created for a sandbox: a claim on a warm pool, or a Sandbox.
+pub fn owner_resource(owner: Leased, namespace: &str) -> Resource {
+    match owner {
+        Leased::Claim => Resource::of::<SandboxClaim>(namespace),
+        Leased::Sandbox => Resource::of::<Sandbox>(namespace),
+    }
+}
+
+/// What this configuration creates: a claim when it names a pool.
+pub fn owner_kind(opts: &KubernetesOptions) -> Leased {
+    if opts.warm_pool_name.is_some() {
+        Leased::Claim
+    } else {
+        Leased::Sandbox
+    }
+}
+
+/// The pod an acquire bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundPod {
+    pub name: String,
+    /// The agent's bind token.
+    pub uid: String,
+    pub ip: Option<IpAddr>,
+    /// Its labels as the cluster reports them.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A Ready sandbox on the cluster, not yet dialed.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub id: String,
+    pub owner: Leased,
+    pub owner_name: String,
+    /// The claim's (or Sandbox's) uid, as its reads reported it.
+    pub owner_uid: Option<String>,
+    pub sandbox: String,
+    pub fqdn: Option<String>,
+    pub pod: BoundPod,
+}
+
+/// Why a poll stopped.
+enum Stop {
+    Deadline,
+    Fail(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        Self::Fail(e)
+    }
+}
+
+/// An API failure as the caller sees it: named by the taxonomy where it
+/// fits, as itself where it does not.
+fn api_failure(e: ApiError) -> Error {
+    ae::from_api(&e).map_or_else(|| e.into(), Error::from)
+}
+
+/// The one readiness budget, and the failure the last poll ended on.
+struct Budget {
+    deadline: Instant,
+    total: Duration,
+    interval: Duration,
+    last: Option<AcquireError>,
+}
+
+impl Budget {
+    fn new(opts: &KubernetesOptions) -> Self {
+        Self {
+            deadline: Instant::now() + opts.ready_timeout,
+            total: opts.ready_timeout,
+            interval: opts.poll_interval,
+            last: None,
+        }
+    }
+
+    /// One read inside the budget: `Some` is the answer; `None` is a
+    /// transient failure already waited out (the caller reads again).
+    async fn read(
+        &mut self,
+        fut: impl Future<Output = std::result::Result<Value, ApiError>>,
+    ) -> std::result::Result<Option<Value>, Stop> {
+        match tokio::time::timeout_at(self.deadline, fut).await {
+            Err(_) => {
+                // The read the budget cut short says less than the failure
+                // the previous one ended on, if there was one.
+                self.last.get_or_insert_with(|| {
+                    AcquireError::new(
+                        AcquireReason::ApiTimeout,
+                        "a read was still unanswered when the readiness budget ran out",
+                    )
+                });
+                Err(Stop::Deadline)
+            }
+            Ok(Ok(v)) => {
+                // A failure the poll recovered from is forgotten.
+                self.last = None;
+                Ok(Some(v))
+            }
+            Ok(Err(e)) if e.is_transient() => {
+                let retry_after = match &e {
+                    ApiError::Api { retry_after, .. } => *retry_after,
+                    _ => None,
+                };
+                tracing::debug!(error = %e, "readiness poll: transient failure, retrying");
+                self.last =
+                    Some(ae::from_api(&e).unwrap_or_else(|| AcquireError::new(AcquireReason::NotReady, e.to_string())));
+                self.wait_for(ae::next_poll_delay(self.interval, retry_after)).await?;
+                Ok(None)
+            }
+            Ok(Err(e)) => Err(Stop::Fail(api_failure(e))),
+        }
+    }
+
+    /// Waits one poll interval.
+    async fn wait(&mut self) -> std::result::Result<(), Stop> {
+        self.wait_for(self.interval).await
+    }
+
+    async fn wait_for(&mut self, d: Duration) -> std::result::Result<(), Stop> {
+        let until = Instant::now() + d;
+        if until >= self.deadline {
+            tokio::time::sleep_until(self.deadline).await;
+            return Err(Stop::Deadline);
+        }
+        tokio::time::sleep_until(until).await;
+        Ok(())
+    }
+}
+
+/// Whether an object's `Ready` condition is `True`.
+fn is_ready(v: &Value) -> bool {
+    v["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// Whether an object was made for sandbox `id` (its pod labels say so).
+fn made_for(v: &Value, id: &str) -> bool {
+    let label = build::SANDBOX_LABEL;
+    v["spec"]["additionalPodMetadata"]["labels"][label] == id
+        || v["spec"]["podTemplate"]["metadata"]["labels"][label] == id
+}
+
+/// POSTs `body` once. A lost answer or a 409 is settled by one read of
+/// `name`: an object made for `id` is adopted.
+async fn create_once(api: &Api, r: &Resource, body: &Value, name: &str, id: &str) -> Result<()> {
+    let e = match api.create(r, body).await {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    let settle = match &e {
+        ApiError::Conflict { .. } | ApiError::Timeout { .. } => true,
+        ApiError::Api { transport, .. } => *transport,
+        _ => false,
+    };
+    if settle {
+        if let Ok(found) = api.get(r, name).await {
+            if made_for(&found, id) {
+                tracing::info!(%name, "create: adopting the object an earlier answer was lost for");
+                return Ok(());
+            }
+        }
+    }
+    Err(api_failure(e))
+}
+
+/// Gives back what an acquire created; already gone is given back.
+pub async fn release(api: &Api, opts: &KubernetesOptions, owner: Leased, name: &str) -> Result<()> {
+    match api.delete(&owner_resource(owner, &opts.namespace), name).await {
+        Ok(_) | Err(ApiError::AlreadyGone { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Acquires sandbox `id`: creates its claim (or Sandbox), with `env` for
+/// its agent, and waits, inside the readiness budget, for a Ready pod. On
+/// any failure after the POST the object is released.
+pub async fn acquire(
+    api: &Api,
+    opts: &KubernetesOptions,
+    id: &str,
+    env: &[(String, String)],
+    verifier: &super::verify::PolicyVerifier,
+) -> Result<Bound> {
+    let mut b = Budget::new(opts);
+    let name = object_name(id);
+    let now = SystemTime::now();
+    let owner = if opts.warm_pool_name.is_some() {
+        let mut claim = build::claim(opts, &name, id, now);
+        build::claim_env(&mut claim, opts, env);
+        let body = serde_json::to_value(claim).map_err(serialize)?;
+        create_once(api, &Resource::of::<SandboxClaim>(&opts.namespace), &body, &name, id).await?;
+        Leased::Claim
+    } else {
+        let template = match read_template(api, opts, &mut b).await {
+            Ok(t) => t,
+            Err(Stop::Fail(e)) => return Err(e),
+            Err(Stop::Deadline) => return Err(ae::at_deadline(None, b.last.take(), b.total).into()),
+        };
+        let mut sandbox = build::sandbox(opts, &template, &name, id, now);
+        // Before the POST: the pod this Sandbox will make carries the
+        // template's labels and ours.
+        let labels = sandbox
+            .spec
+            .pod_template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        verifier.verify(api, opts, &labels).await?;
+        build::sandbox_env(&mut sandbox, opts, env).map_err(|reason| Error::OptionRefused {
+            tier: namzu_core::spec::Tier::Kubernetes,
+            option: "env".into(),
+            reason,
+        })?;
+        let body = serde_json::to_value(sandbox).map_err(serialize)?;
+        create_once(api, &Resource::of::<Sandbox>(&opts.namespace), &body, &name, id).await?;
+        Leased::Sandbox
+    };
+    let mut pod_hint = None;
+    let failure = match wait_bound(api, opts, &mut b, (owner, &name, id), &mut pod_hint).await {
+        Ok(bound) => match after_bind(api, opts, &bound, verifier).await {
+            Ok(()) => return Ok(bound),
+            Err(e) => e,
+        },
+        Err(Stop::Fail(e)) => e,
+        Err(Stop::Deadline) => {
+            // After the budget, before the cleanup: what the pod says.
+            let diagnosis = match &pod_hint {
+                Some(p) => api
+                    .get(&Resource::core("pods", &opts.namespace), p)
+                    .await
+                    .ok()
+                    .and_then(|pod| ae::diagnose_pod(&pod)),
+                None => None,
+            };
+            ae::at_deadline(diagnosis, b.last.take(), b.total).into()
+        }
+    };
+    if let Err(e) = release(api, opts, owner, &name).await {
+        tracing::warn!(%name, error = %e, "acquire failed and its object could not be released");
+    }
+    Err(failure)
+}
+
+/// After the bind: the owner must have a uid where a per-sandbox policy
+/// will be owned by it; the bound pod must carry the labels policies
+/// select it by (else whatever policy does select it would govern it);
+/// and, for a claim, the cluster's policies must close its agent port and
+/// bound its egress as configured.
+async fn after_bind(
+    api: &Api,
+    opts: &KubernetesOptions,
+    bound: &Bound,
+    verifier: &super::verify::PolicyVerifier,
+) -> Result<()> {
+    let per_sandbox = opts.egress.as_ref().is_some_and(|e| e.per_sandbox.is_some());
+    if per_sandbox && bound.owner_uid.is_none() {
+        return Err(super::per_sandbox::PerSandboxError::OwnerUidMissing { id: bound.id.clone() }.into());
+    }
+    // Every label the backend asked for that a policy selects by (the
+    // profile's, and the per-sandbox policy's), on either path: a
+    // controller may drop what it was asked to write.
+    let wanted = build::pod_labels_for(opts, &bound.id);
+    let selecting = opts.egress.as_ref().into_iter().flat_map(|c| {
+        let profile = c.profile.as_ref().map(|_| c.profile_label_key.clone());
+        let own = c.per_sandbox.as_ref().map(|p| p.label_key.clone());
+        profile.into_iter().chain(own)
+    });
+    for key in selecting {
+        let value = wanted.get(&key).cloned().unwrap_or_default();
+        if bound.pod.labels.get(&key) != Some(&value) {
+            return Err(KubernetesError::PodLabelMissing {
+                pod: bound.pod.name.clone(),
+                key,
+                value,
+            }
+            .into());
+        }
+    }
+    // A direct Sandbox was verified before its POST.
+    if bound.owner != Leased::Claim {
+        return Ok(());
+    }
+    verifier.verify(api, opts, &bound.pod.labels).await
+}
+
+fn serialize(e: serde_json::Error) -> Error {
+    Error::InvalidArgument {
+        op: "kubernetes acquire".into(),
+        message: e.to_string(),
+    }
+}
+
+async fn read_template(
+    api: &Api,
+    opts: &KubernetesOptions,
+    b: &mut Budget,
+) -> std::result::Result<SandboxTemplate, Stop> {
+    let r = Resource::of::<SandboxTemplate>(&opts.namespace);
+    let name = opts.template_name.clone().unwrap_or_default();
+    loop {
+        if let Some(v) = b.read(api.get(&r, &name)).await? {
+            return serde_json::from_value(v).map_err(|e| {
+                Stop::Fail(Error::InvalidArgument {
+                    op: "kubernetes acquire".into(),
+                    message: format!("SandboxTemplate {name:?} is not one: {e}"),
+                })
+            });
+        }
+    }
+}
+
+/// Polls until the owner (its kind, its name, the sandbox id) is bound and
+/// Ready; then reads the Sandbox once and the pod until it is usable.
+async fn wait_bound(
+    api: &Api,
+    opts: &KubernetesOptions,
+    b: &mut Budget,
+    (owner, name, id): (Leased, &str, &str),
+    pod_hint: &mut Option<String>,
+) -> std::result::Result<Bound, Stop> {
+    let sandboxes = Resource::of::<Sandbox>(&opts.namespace);
+    let mut owner_uid = None;
+    let sandbox_name = match owner {
+        Leased::Claim => {
+            let claims = Resource::of::<SandboxClaim>(&opts.namespace);
+            loop {
+                if let Some(claim) = b.read(api.get(&claims, name)).await? {
+                    if let Some(refusal) = ae::claim_refusal(&claim) {
+                        return Err(Stop::Fail(refusal.into()));
+                    }
+                    owner_uid = claim["metadata"]["uid"]
+                        .as_str()
+                        .filter(|u| !u.is_empty())
+                        .map(String::from);
+                    if let Some(s) = claim["status"]["sandbox"]["name"].as_str().filter(|s| !s.is_empty()) {
+                        pod_hint.get_or_insert_with(|| s.to_owned());
+                        if is_ready(&claim) {
+                            break s.to_owned();
+                        }
+                    }
+                    b.wait().await?;
+                }
+            }
+        }
+        Leased::Sandbox => {
+            *pod_hint = Some(name.to_owned());
+            name.to_owned()
+        }
+    };
+    // The Sandbox: Ready (already so, on the claim path), its address and
+    // its pod's name.
+    let sandbox = loop {
+        if let Some(s) = b.read(api.get(&sandboxes, &sandbox_name)).await? {
+            if let Some(p) = s["metadata"]["annotations"][POD_NAME_ANNOTATION].as_str() {
+                *pod_hint = Some(p.to_owned());
+            }
+            if is_ready(&s) {
+                break s;
+            }
+            b.wait().await?;
+        }
+    };
+    let fqdn = sandbox["status"]["serviceFQDN"].as_str().map(String::from);
+    if owner == Leased::Sandbox {
+        owner_uid = sandbox["metadata"]["uid"]
+            .as_str()
+            .filter(|u| !u.is_empty())
+            .map(String::from);
+    }
+    let pod_name = pod_hint.clone().unwrap_or_else(|| sandbox_name.clone());
+    let pod = read_pod(api, opts, b, &pod_name, None).await?;
+    Ok(Bound {
+        id: id.into(),
+        owner,
+        owner_name: name.into(),
+        owner_uid,
+        sandbox: sandbox_name,
+        fqdn,
+        pod,
+    })
+}
+
+/// Reads pod `name` until it is usable: live (no deletion timestamp), a
+/// uid other than `not_uid`, and, in `pod-ip` mode, an IP.
+async fn read_pod(
+    api: &Api,
+    opts: &KubernetesOptions,
+    b: &mut Budget,
+    name: &str,
+    not_uid: Option<&str>,
+) -> std::result::Result<BoundPod, Stop> {
+    let pods = Resource::core("pods", &opts.namespace);
+    loop {
+        if let Some(pod) = b.read(api.get(&pods, name)).await? {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+            let ip = pod["status"]["podIP"].as_str().and_then(|s| s.parse::<IpAddr>().ok());
+            let live = pod["metadata"]["deletionTimestamp"].is_null() && !uid.is_empty() && Some(uid) != not_uid;
+            if live && (opts.address_mode == AddressMode::Service || ip.is_some()) {
+                let labels = pod["metadata"]["labels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                return Ok(BoundPod {
+                    name: name.to_owned(),
+                    uid: uid.to_owned(),
+                    ip,
+                    labels,
+                });
+            }
+            b.wait().await?;
+        }
+    }
+}
+
+/// Dials the agent of `bound` and returns the link. `service` mode
+/// resolves the FQDN on every dial (it outlives the pod); `pod-ip` mode
+/// dials the IP, and after a connect failure re-reads the pod ONCE: a new
+/// uid means the controller replaced it, and the dial follows the new
+/// address and token (waiting for them on a fresh readiness budget); the
+/// same uid leaves the original failure standing.
+pub async fn dial(
+    api: &Api,
+    opts: &KubernetesOptions,
+    bound: &mut Bound,
+    client: &ClientOptions,
+) -> Result<AgentClient> {
+    let port = opts.agent_port;
+    let id = bound.id.clone();
+    match opts.address_mode {
+        AddressMode::Service => {
+            let fqdn = bound.fqdn.clone().unwrap_or_default();
+            if fqdn.is_empty() {
+                return Err(KubernetesError::AgentAddressUnresolvable {
+                    id,
+                    fqdn,
+                    cause: "the Sandbox has no status.serviceFQDN".into(),
+                }
+                .into());
+            }
+            // Resolved once here, so a name that never resolves is named as
+            // such rather than as a failed connect.
+            opts.resolution
+                .resolve(&fqdn)
+                .await
+                .map_err(|cause| KubernetesError::AgentAddressUnresolvable {
+                    id: id.clone(),
+                    fqdn: fqdn.clone(),
+                    cause,
+                })?;
+            let resolution = opts.resolution.clone();
+            let name = fqdn.clone();
+            AgentClient::connect(
+                &id,
+                &format!("{fqdn}:{port}"),
+                bound.pod.uid.clone().into_bytes(),
+                client.clone(),
+                move || {
+                    let resolution = resolution.clone();
+                    let name = name.clone();
+                    async move {
+                        let ips = resolution.resolve(&name).await.map_err(std::io::Error::other)?;
+                        connect_any(&ips, port).await
+                    }
+                },
+            )
+            .await
+        }
+        AddressMode::PodIp => {
+            let first = connect_pod(&id, &bound.pod, port, client).await;
+            let Err(e @ Error::Connect { .. }) = first else {
+                return first;
+            };
+            let pods = Resource::core("pods", &opts.namespace);
+            let now = api.get(&pods, &bound.pod.name).await.ok();
+            let replaced = now
+                .as_ref()
+                .and_then(|p| p["metadata"]["uid"].as_str())
+                .is_some_and(|u| u != bound.pod.uid);
+            if !replaced {
+                return Err(e);
+            }
+            tracing::info!(pod = %bound.pod.name, "the pod was replaced; following it");
+            let mut b = Budget::new(opts);
+            let old = bound.pod.uid.clone();
+            bound.pod = match read_pod(api, opts, &mut b, &bound.pod.name, Some(&old)).await {
+                Ok(p) => p,
+                Err(Stop::Fail(e)) => return Err(e),
+                Err(Stop::Deadline) => return Err(e),
+            };
+            connect_pod(&id, &bound.pod, port, client).await
+        }
+    }
+}
+
+async fn connect_pod(id: &str, pod: &BoundPod, port: u16, client: &ClientOptions) -> Result<AgentClient> {
+    let ip = pod.ip.ok_or_else(|| Error::Connect {
+        endpoint: pod.name.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "the pod has no IP"),
+    })?;
+    AgentClient::connect_tcp(
+        id,
+        SocketAddr::new(ip, port),
+        pod.uid.clone().into_bytes(),
+        client.clone(),
+    )
+    .await
+}
+
+/// The first address of `ips` that takes a connection.
+async fn connect_any(ips: &[IpAddr], port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address");
+    for ip in ips {
+        match tokio::net::TcpStream::connect(SocketAddr::new(*ip, port)).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Reads what stands behind sandbox `id` (made earlier, maybe by another
+/// process) without creating anything: waits, on a fresh budget, for it to
+/// be Ready and its pod usable.
+pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound> {
+    let mut b = Budget::new(opts);
+    let name = object_name(id);
+    let mut hint = None;
+    match wait_bound(api, opts, &mut b, (owner_kind(opts), &name, id), &mut hint).await {
+        Ok(bound) => Ok(bound),
+        Err(Stop::Fail(e))
+            if matches!(
+                e.tier_error::<KubernetesError>(),
+                Some(KubernetesError::Api(ApiError::AlreadyGone { .. }))
+            ) =>
+        {
+            Err(Error::SandboxNotFound { id: id.into() })
+        }
+        Err(Stop::Fail(e)) => Err(e),
+        Err(Stop::Deadline) => Err(ae::at_deadline(None, b.last.take(), b.total).into()),
+    }
+}

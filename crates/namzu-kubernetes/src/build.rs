@@ -1,0 +1,304 @@
+//! The objects the backend sends, built from its options: a claim on a warm
+//! pool, or a Sandbox from a template. Both carry the pod labels the backend
+//! finds its pods by, a shutdown time `claim_ttl` ahead (the lease the
+//! handle renews), and `Delete` at that time, so an abandoned sandbox goes
+//! away on its own.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector};
+
+use super::crd::{ClaimEnv, Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
+use super::{AddressMode, KubernetesOptions};
+
+/// The label naming the namzu sandbox id on a pod (and so its Service).
+pub const SANDBOX_LABEL: &str = "io.namzu/sandbox";
+/// The label marking pods namzu acquired.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "namzu";
+/// The agent container's environment variable holding its bind token: the
+/// pod's own uid, through the downward API.
+pub const TOKEN_ENV: &str = "NAMZU_AGENT_TOKEN";
+/// The agent's container port name.
+pub const AGENT_PORT_NAME: &str = "namzu-agent";
+
+/// The labels the backend puts on the pod of sandbox `id`.
+pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (SANDBOX_LABEL.to_owned(), id.to_owned()),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+    ])
+}
+
+/// The labels the backend asks for on sandbox `id`'s pod under `opts`: its
+/// own, the egress profile's when one is configured, and the per-sandbox
+/// policy's selector label when that is.
+pub fn pod_labels_for(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, String> {
+    let mut l = pod_labels(id);
+    if let Some(e) = &opts.egress {
+        if let Some(p) = &e.profile {
+            l.insert(e.profile_label_key.clone(), p.clone());
+        }
+        if let Some(ps) = &e.per_sandbox {
+            l.insert(ps.label_key.clone(), id.to_owned());
+        }
+    }
+    l
+}
+
+/// `t` as an RFC 3339 UTC date-time, to the second, as Kubernetes writes
+/// them.
+pub fn rfc3339(t: SystemTime) -> String {
+    k8s_openapi::chrono::DateTime::<k8s_openapi::chrono::Utc>::from(t)
+        .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
+}
+
+/// `t` as an RFC 3339 date-time to the second, rounded UP: a deadline
+/// written to the second must never fall before the one meant (a lease
+/// rounded down could expire up to a second before its renewal).
+pub fn rfc3339_ceil(t: SystemTime) -> String {
+    let frac = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    if frac == 0 {
+        rfc3339(t)
+    } else {
+        rfc3339(t + Duration::from_nanos(u64::from(1_000_000_000 - frac)))
+    }
+}
+
+/// The shutdown time of a lease taken at `now`.
+pub fn shutdown_time(opts: &KubernetesOptions, now: SystemTime) -> String {
+    rfc3339_ceil(now + opts.claim_ttl)
+}
+
+/// A claim named `name` on the configured warm pool for sandbox `id`.
+/// `claim_labels` go on the claim's metadata only; the pod's labels go in
+/// `spec.additionalPodMetadata`.
+pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) -> SandboxClaim {
+    let mut c = SandboxClaim::named(&opts.namespace, name);
+    if !opts.claim_labels.is_empty() {
+        c.metadata.labels = Some(opts.claim_labels.clone());
+    }
+    c.spec.warm_pool_ref = NameRef {
+        name: opts.warm_pool_name.clone().unwrap_or_default(),
+    };
+    c.spec.additional_pod_metadata = Some(PodMetadata {
+        labels: pod_labels_for(opts, id),
+        annotations: BTreeMap::new(),
+    });
+    c.spec.lifecycle = Some(Lifecycle {
+        shutdown_policy: Some("Delete".into()),
+        shutdown_time: Some(shutdown_time(opts, now)),
+        ttl_seconds_after_finished: None,
+    });
+    c
+}
+
+/// A Sandbox named `name` made from `template` for sandbox `id`: the
+/// template's pod, labelled, with the agent container told its bind token
+/// (the pod uid) and given its port.
+pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str, id: &str, now: SystemTime) -> Sandbox {
+    let mut s = Sandbox::named(&opts.namespace, name);
+    if !opts.claim_labels.is_empty() {
+        s.metadata.labels = Some(opts.claim_labels.clone());
+    }
+    let mut pod = template.spec.pod_template.clone();
+    let meta = pod.metadata.get_or_insert_with(Default::default);
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .extend(pod_labels_for(opts, id));
+    if let Some(spec) = pod.spec.as_mut() {
+        let agent = match &opts.agent_container {
+            Some(n) => spec.containers.iter_mut().find(|c| &c.name == n),
+            None => spec.containers.first_mut(),
+        };
+        if let Some(c) = agent {
+            let env = c.env.get_or_insert_with(Vec::new);
+            env.retain(|e| e.name != TOKEN_ENV);
+            env.push(EnvVar {
+                name: TOKEN_ENV.into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        api_version: Some("v1".into()),
+                        field_path: "metadata.uid".into(),
+                    }),
+                    ..Default::default()
+                }),
+            });
+            let ports = c.ports.get_or_insert_with(Vec::new);
+            if !ports.iter().any(|p| p.container_port == i32::from(opts.agent_port)) {
+                ports.push(ContainerPort {
+                    name: Some(AGENT_PORT_NAME.into()),
+                    container_port: i32::from(opts.agent_port),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    s.spec.pod_template = pod;
+    s.spec.service = Some(opts.address_mode == AddressMode::Service || template.spec.service == Some(true));
+    s.spec.shutdown_policy = Some("Delete".into());
+    s.spec.shutdown_time = Some(shutdown_time(opts, now));
+    s
+}
+
+/// The environment a sandbox's spec asks of its agent: its `env`, and its
+/// agent-limit overrides under the names the agent reads them by
+/// (`NAMZU_<LIMIT>`).
+pub fn agent_env(spec: &namzu_core::spec::SandboxSpec) -> Vec<(String, String)> {
+    let mut env = spec.env.clone();
+    env.extend(
+        spec.limits
+            .iter()
+            .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
+    );
+    env
+}
+
+/// Asks the controller to inject `env` into the claimed pod's agent
+/// container (the template must allow it, else the claim is refused with
+/// `EnvVarsInjectionRejected`).
+pub fn claim_env(claim: &mut SandboxClaim, opts: &KubernetesOptions, env: &[(String, String)]) {
+    if env.is_empty() {
+        return;
+    }
+    claim.spec.env = Some(
+        env.iter()
+            .map(|(name, value)| ClaimEnv {
+                name: name.clone(),
+                value: value.clone(),
+                container_name: opts.agent_container.clone(),
+            })
+            .collect(),
+    );
+}
+
+/// Puts `env` on a directly made Sandbox's agent container; a name the
+/// template already sets is refused, as a claim's would be.
+pub fn sandbox_env(
+    sandbox: &mut Sandbox,
+    opts: &KubernetesOptions,
+    env: &[(String, String)],
+) -> std::result::Result<(), String> {
+    let Some(spec) = sandbox.spec.pod_template.spec.as_mut() else {
+        return Err("the template has no pod spec".into());
+    };
+    let agent = match &opts.agent_container {
+        Some(n) => spec.containers.iter_mut().find(|c| &c.name == n),
+        None => spec.containers.first_mut(),
+    };
+    let Some(c) = agent else {
+        return Err("the template has no agent container".into());
+    };
+    let have = c.env.get_or_insert_with(Vec::new);
+    for (name, value) in env {
+        if have.iter().any(|e| &e.name == name) {
+            return Err(format!("the template already sets {name}"));
+        }
+        have.push(EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            value_from: None,
+        });
+    }
+    Ok(())
+}
+
+/// A label key and value as Kubernetes accepts them: an optional DNS
+/// subdomain prefix and `/`, a name of at most 63 alphanumerics, `-`, `_`,
+/// `.` (alphanumeric at both ends); a value the same, or empty.
+pub fn check_label(key: &str, value: &str) -> std::result::Result<(), String> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 63
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!("label key prefix {p:?} is not a DNS subdomain"));
+        }
+    }
+    if !name_ok(name) {
+        return Err(format!("label key {key:?} is not a valid name"));
+    }
+    if !value.is_empty() && !name_ok(value) {
+        return Err(format!("label value {value:?} of {key:?} is not valid"));
+    }
+    Ok(())
+}
+
+/// How far ahead of now `time` (RFC 3339) lies; `None` if it is past or
+/// unreadable.
+pub fn until(time: &str, now: SystemTime) -> Option<Duration> {
+    let t = k8s_openapi::chrono::DateTime::parse_from_rfc3339(time).ok()?;
+    SystemTime::from(t).duration_since(now).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn times_round_trip_through_rfc3339() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_958_982)),
+            "2026-11-29T13:29:42Z"
+        );
+        let now = UNIX_EPOCH + Duration::from_secs(1_795_958_982);
+        assert_eq!(
+            rfc3339_ceil(now + Duration::from_millis(1)),
+            "2026-11-29T13:29:43Z",
+            "a deadline is never rounded down"
+        );
+        assert_eq!(rfc3339_ceil(now), "2026-11-29T13:29:42Z");
+        let later = rfc3339(now + Duration::from_secs(3600));
+        assert_eq!(until(&later, now), Some(Duration::from_secs(3600)));
+        assert_eq!(until("1970-01-01T00:00:00Z", now), None);
+    }
+
+    #[test]
+    fn labels_are_checked_as_kubernetes_does() {
+        for (k, v) in [
+            ("app", "x"),
+            ("io.namzu/sandbox", "sb-1"),
+            ("team", ""),
+            ("a.b-c/d_e.f", "G-h"),
+        ] {
+            assert_eq!(check_label(k, v), Ok(()), "{k}={v}");
+        }
+        for (k, v) in [
+            ("", "x"),
+            ("-a", "x"),
+            ("UPPER.Prefix/a", "x"),
+            ("a", "-bad"),
+            (&"x".repeat(64), "v"),
+        ] {
+            assert!(check_label(k, v).is_err(), "{k}={v}");
+        }
+    }
+}

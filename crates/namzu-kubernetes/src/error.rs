@@ -1,0 +1,94 @@
+//! [`KubernetesError`]: what only the Kubernetes tier can fail with. It
+//! reaches callers as [`Error::Tier`](namzu_core::Error::Tier) with
+//! `tier: Kubernetes`; match it with
+//! `err.tier_error::<KubernetesError>()`.
+
+use super::acquire_error::AcquireError;
+use super::api::ApiError;
+use super::egress_union::EgressPolicyUnionError;
+use super::ingress::IngressPolicyError;
+use super::netpol::{EgressConfigError, EgressPolicyError};
+use super::per_sandbox::PerSandboxError;
+use namzu_core::error::Error;
+use namzu_core::spec::Tier;
+
+/// A failure of the Kubernetes tier, by the part that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KubernetesError {
+    /// The API server refused or failed a request.
+    #[error("kubernetes API")]
+    Api(#[source] ApiError),
+    /// A claim (or Sandbox) could not be acquired.
+    #[error(transparent)]
+    Acquire(AcquireError),
+    /// The tier's egress options are inconsistent.
+    #[error(transparent)]
+    EgressConfig(EgressConfigError),
+    /// An egress policy cannot be translated to the cluster's objects.
+    #[error(transparent)]
+    EgressPolicy(Box<EgressPolicyError>),
+    /// A per-sandbox egress policy could not be applied.
+    #[error(transparent)]
+    PerSandbox(Box<PerSandboxError>),
+    /// The cluster's ingress policies would let a reader reach the agent.
+    #[error(transparent)]
+    Ingress(Box<IngressPolicyError>),
+    /// The union of the cluster's egress policies is wider than asked.
+    #[error(transparent)]
+    EgressUnion(Box<EgressPolicyUnionError>),
+    /// The pod lacks a label an egress policy selects it by.
+    #[error("pod {pod} does not carry the label {key}={value} the claim asked for, which an egress policy selects it by; it would run under whatever policy selects it instead")]
+    PodLabelMissing { pod: String, key: String, value: String },
+    /// The agent's in-cluster name does not resolve from this host.
+    #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
+    AgentAddressUnresolvable { id: String, fqdn: String, cause: String },
+}
+
+impl From<KubernetesError> for Error {
+    fn from(e: KubernetesError) -> Self {
+        Error::tier(Tier::Kubernetes, e)
+    }
+}
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Self {
+        KubernetesError::Api(e).into()
+    }
+}
+
+impl From<AcquireError> for Error {
+    fn from(e: AcquireError) -> Self {
+        KubernetesError::Acquire(e).into()
+    }
+}
+
+impl From<EgressConfigError> for Error {
+    fn from(e: EgressConfigError) -> Self {
+        KubernetesError::EgressConfig(e).into()
+    }
+}
+
+impl From<EgressPolicyError> for Error {
+    fn from(e: EgressPolicyError) -> Self {
+        KubernetesError::EgressPolicy(Box::new(e)).into()
+    }
+}
+
+impl From<PerSandboxError> for Error {
+    fn from(e: PerSandboxError) -> Self {
+        KubernetesError::PerSandbox(Box::new(e)).into()
+    }
+}
+
+impl From<IngressPolicyError> for Error {
+    fn from(e: IngressPolicyError) -> Self {
+        KubernetesError::Ingress(Box::new(e)).into()
+    }
+}
+
+impl From<EgressPolicyUnionError> for Error {
+    fn from(e: EgressPolicyUnionError) -> Self {
+        KubernetesError::EgressUnion(Box::new(e)).into()
+    }
+}

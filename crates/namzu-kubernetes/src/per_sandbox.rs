@@ -1,0 +1,357 @@
+//! Per-sandbox egress: `Sandbox::set_network_policy` on a task handle,
+//! available exactly when `egress.per_sandbox` is configured (refused by
+//! name otherwise).
+//!
+//! Each sandbox gets one CiliumNetworkPolicy, `namzu-sbx-<owner uid>`.
+//! * It is owned by the claim (or Sandbox) through `ownerReferences`, so it
+//!   goes when the sandbox does.
+//! * It selects the per-sandbox pod label, which the acquire confirmed on
+//!   the bound pod.
+//! * It allows the cluster resolver plus the hostname list. An exact name is
+//!   a `matchName`; a `.domain` is its name plus `*.domain`. The configured
+//!   narrowing applies as for the template's policy, and a host's own ports
+//!   narrow it further.
+//!
+//! A write resolves only after a read-back deep-equals what was sent. An
+//! empty list, or deny-all, deletes the policy.
+//!
+//! Before the first write, the admission fence (a ValidatingAdmissionPolicy
+//! and its binding, shipped in `deploy/k8s/admission-fence.yaml`) is proven
+//! applied, because it bounds what such a policy may contain. Missing (404)
+//! and unreadable (401/403) are distinct errors, and nothing is written in
+//! either case.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{json, Value};
+
+use super::acquire::Bound;
+use super::api::{Api, ApiError, Resource};
+use super::build::{MANAGED_BY, MANAGED_BY_LABEL};
+use super::crd::{Kind, Sandbox, SandboxClaim, VERSION};
+use super::lease::Leased;
+use super::netpol::{
+    check_ports, first_difference, policy_resource, translate, CiliumNarrowing, EgressConfigError, Engine,
+    KubeEgressConfig, KubeEgressPolicy,
+};
+use namzu_core::egress::policy::{HostPattern, HostRule};
+use namzu_core::egress::EgressPolicy;
+
+/// The pod label a per-sandbox policy selects (its value: the sandbox id).
+pub const DEFAULT_LABEL_KEY: &str = "io.namzu/egress-sandbox";
+/// Every per-sandbox policy's name starts so (the fence checks it).
+pub const POLICY_NAME_PREFIX: &str = "namzu-sbx-";
+/// The shipped fence's policy and binding name.
+pub const DEFAULT_FENCE: &str = "namzu-per-sandbox-egress";
+
+/// How per-sandbox policies are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerSandboxEgress {
+    pub label_key: String,
+    /// Narrowing applied to every per-sandbox allowlist.
+    pub narrowing: Option<CiliumNarrowing>,
+    /// The ValidatingAdmissionPolicy, and its binding, that must exist.
+    pub fence_policy: String,
+    pub fence_binding: String,
+}
+
+impl Default for PerSandboxEgress {
+    fn default() -> Self {
+        Self {
+            label_key: DEFAULT_LABEL_KEY.into(),
+            narrowing: None,
+            fence_policy: DEFAULT_FENCE.into(),
+            fence_binding: DEFAULT_FENCE.into(),
+        }
+    }
+}
+
+impl PerSandboxEgress {
+    pub fn validate(&self) -> Result<(), EgressConfigError> {
+        if self.fence_policy.is_empty() || self.fence_binding.is_empty() {
+            return Err(EgressConfigError::BadField {
+                field: "per_sandbox.fence",
+                reason: "the admission fence's names are empty".into(),
+            });
+        }
+        if let Some(n) = &self.narrowing {
+            if let Some(p) = &n.ports {
+                check_ports("per_sandbox.narrowing.ports".into(), p)?;
+            }
+            if let Some(p) = &n.tls_ports {
+                check_ports("per_sandbox.narrowing.tls_ports".into(), p)?;
+            }
+            if !n.host_ports.is_empty() {
+                return Err(EgressConfigError::BadField {
+                    field: "per_sandbox.narrowing.host_ports",
+                    reason: "per-sandbox hosts carry their own ports (HOST=PORTS); host_ports has no hosts to name"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A per-sandbox write refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PerSandboxError {
+    #[error("set_network_policy: per-sandbox egress is not configured (egress.per_sandbox); this task handle has no per-sandbox policy to change")]
+    NotConfigured,
+    #[error("set_network_policy: a per-sandbox policy is a hostname allowlist (an empty one, or deny-all, removes it); {policy} cannot be expressed per sandbox")]
+    PolicyRefused { policy: &'static str },
+    #[error("the admission fence {kind} {name:?} is not applied (404): apply deploy/k8s/admission-fence.yaml; nothing was written")]
+    FenceMissing { kind: &'static str, name: String },
+    #[error("the admission fence {kind} {name:?} cannot be read ({status}): grant get on it (deploy/k8s/rbac-fence-reader.yaml); nothing was written")]
+    FenceUnreadable {
+        kind: &'static str,
+        name: String,
+        status: u16,
+    },
+    #[error("sandbox {id}: its claim (or Sandbox) reported no uid; a policy written for it would be an orphan")]
+    OwnerUidMissing { id: String },
+    #[error("per-sandbox policy {name} read back different at {path}: sent {expected}, found {found}")]
+    ReadBackMismatch {
+        name: String,
+        path: String,
+        expected: String,
+        found: String,
+    },
+}
+
+/// The policy's name for a sandbox whose owner has `uid`.
+pub fn policy_name(uid: &str) -> String {
+    format!("{POLICY_NAME_PREFIX}{uid}")
+}
+
+/// The policy allowing `hosts` to the sandbox `bound`.
+pub fn policy_for(
+    cfg: &PerSandboxEgress,
+    namespace: &str,
+    bound: &Bound,
+    hosts: &[HostRule],
+) -> namzu_core::Result<Value> {
+    let uid = bound
+        .owner_uid
+        .clone()
+        .ok_or_else(|| PerSandboxError::OwnerUidMissing { id: bound.id.clone() })?;
+    let mut narrowing = cfg.narrowing.clone().unwrap_or_default();
+    let entries: Vec<String> = hosts
+        .iter()
+        .map(|h| {
+            let entry = match &h.host {
+                HostPattern::Exact(n) => n.clone(),
+                HostPattern::Domain(d) => format!(".{d}"),
+            };
+            if let Some(ports) = &h.ports {
+                narrowing
+                    .host_ports
+                    .insert(entry.clone(), ports.iter().map(|p| u32::from(*p)).collect());
+            }
+            entry
+        })
+        .collect();
+    let k = KubeEgressConfig {
+        engine: Engine::Cilium,
+        narrowing: (narrowing != CiliumNarrowing::default()).then_some(narrowing),
+        ..KubeEgressConfig::new("per-sandbox", KubeEgressPolicy::Static { hosts: entries })
+    };
+    k.validate()?;
+    let t = translate(&k, namespace);
+    let (api_version, kind) = match bound.owner {
+        Leased::Claim => (format!("{}/{VERSION}", SandboxClaim::GROUP), SandboxClaim::KIND),
+        Leased::Sandbox => (format!("{}/{VERSION}", Sandbox::GROUP), Sandbox::KIND),
+    };
+    Ok(json!({
+        "apiVersion": "cilium.io/v2",
+        "kind": "CiliumNetworkPolicy",
+        "metadata": {
+            "name": policy_name(&uid),
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": bound.owner_name,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {
+            "endpointSelector": {"matchLabels": {cfg.label_key.clone(): bound.id}},
+            "egress": t["spec"]["egress"].clone()
+        }
+    }))
+}
+
+/// Proves the fence's policy and binding are applied.
+async fn prove_fence(api: &Api, cfg: &PerSandboxEgress) -> namzu_core::Result<()> {
+    for (kind, plural, name) in [
+        (
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            &cfg.fence_policy,
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            &cfg.fence_binding,
+        ),
+    ] {
+        let r = Resource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            plural: plural.into(),
+            namespace: String::new(),
+        };
+        match api.get(&r, name).await {
+            Ok(_) => {}
+            Err(ApiError::AlreadyGone { .. }) => {
+                return Err(PerSandboxError::FenceMissing {
+                    kind,
+                    name: name.clone(),
+                }
+                .into())
+            }
+            Err(ApiError::Credential { status, .. }) => {
+                return Err(PerSandboxError::FenceUnreadable {
+                    kind,
+                    name: name.clone(),
+                    status,
+                }
+                .into())
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Replaces sandbox `bound`'s per-sandbox policy with `policy`.
+/// `fence_proven` remembers, per handle, that the fence stood.
+pub async fn apply(
+    api: &Api,
+    cfg: &PerSandboxEgress,
+    namespace: &str,
+    bound: &Bound,
+    policy: &EgressPolicy,
+    fence_proven: &AtomicBool,
+) -> namzu_core::Result<()> {
+    policy.validate()?;
+    let hosts = match policy {
+        EgressPolicy::Allowlist { hosts } if hosts.is_empty() => None,
+        EgressPolicy::Allowlist { hosts } => Some(hosts.as_slice()),
+        EgressPolicy::DenyAll => None,
+        other => return Err(PerSandboxError::PolicyRefused { policy: other.kind() }.into()),
+    };
+    // Everything refusable is refused before any request.
+    let body = hosts.map(|h| policy_for(cfg, namespace, bound, h)).transpose()?;
+    let uid = bound
+        .owner_uid
+        .clone()
+        .ok_or_else(|| PerSandboxError::OwnerUidMissing { id: bound.id.clone() })?;
+    if !fence_proven.load(Ordering::SeqCst) {
+        prove_fence(api, cfg).await?;
+        fence_proven.store(true, Ordering::SeqCst);
+    }
+    let r = policy_resource(Engine::Cilium, namespace);
+    let name = policy_name(&uid);
+    let Some(body) = body else {
+        return match api.delete(&r, &name).await {
+            Ok(_) | Err(ApiError::AlreadyGone { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+    };
+    match api.create(&r, &body).await {
+        Ok(_) => {}
+        Err(ApiError::Conflict { .. }) => {
+            let patch = json!({"metadata": {"labels": body["metadata"]["labels"], "ownerReferences": body["metadata"]["ownerReferences"]},
+                "spec": body["spec"]});
+            api.merge_patch(&r, &name, &patch).await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let found = api.get(&r, &name).await?;
+    match first_difference(&body["spec"], &found["spec"], "/spec") {
+        None => Ok(()),
+        Some((path, expected, found)) => Err(PerSandboxError::ReadBackMismatch {
+            name,
+            path,
+            expected,
+            found,
+        }
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acquire::BoundPod;
+    use crate::netpol::DnsNames;
+
+    fn bound() -> Bound {
+        Bound {
+            id: "sb-000000000001".into(),
+            owner: Leased::Claim,
+            owner_name: "namzu-sb-000000000001".into(),
+            owner_uid: Some("u-1".into()),
+            sandbox: "pool-abcde".into(),
+            fqdn: None,
+            pod: BoundPod {
+                name: "pool-abcde".into(),
+                uid: "p-1".into(),
+                ip: None,
+                labels: Default::default(),
+            },
+        }
+    }
+
+    fn hosts(entries: &[&str]) -> Vec<HostRule> {
+        entries.iter().map(|e| HostRule::parse(e, None).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_same_narrowing_applies_per_sandbox() {
+        let cfg = PerSandboxEgress {
+            narrowing: Some(CiliumNarrowing {
+                tls_server_names: true,
+                dns_names: Some(DnsNames::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let p = policy_for(&cfg, "sandboxes", &bound(), &hosts(&["api.example.com"])).unwrap();
+        assert_eq!(p["metadata"]["name"], "namzu-sbx-u-1");
+        assert_eq!(
+            p["spec"]["egress"][1],
+            json!({"toFQDNs": [{"matchName": "api.example.com"}],
+                "toPorts": [{"ports": [{"port": "443", "protocol": "TCP"}], "serverNames": ["api.example.com"]}]})
+        );
+        let dns = p["spec"]["egress"][0]["toPorts"][0]["rules"]["dns"].as_array().unwrap();
+        assert!(dns.contains(&json!({"matchName": "api.example.com"})));
+        assert!(!dns.contains(&json!({"matchPattern": "*"})));
+        // SNI needs exact names: a .domain is refused, as for the template.
+        let e = policy_for(&cfg, "sandboxes", &bound(), &hosts(&[".example.com"])).unwrap_err();
+        assert!(matches!(e, namzu_core::Error::Tier { .. }), "{e:?}");
+        // Without a uid there is nothing to own the policy.
+        let mut orphan = bound();
+        orphan.owner_uid = None;
+        let e = policy_for(
+            &PerSandboxEgress::default(),
+            "sandboxes",
+            &orphan,
+            &hosts(&["a.example.com"]),
+        )
+        .unwrap_err();
+        assert!(
+            e.tier_error::<crate::KubernetesError>()
+                .is_some_and(|k| matches!(k, crate::KubernetesError::PerSandbox(_))),
+            "{e:?}"
+        );
+        // host_ports has no hosts to name at configuration time.
+        let bad = PerSandboxEgress {
+            narrowing: Some(CiliumNarrowing {
+                host_ports: [("a.example.com".to_owned(), vec![443])].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

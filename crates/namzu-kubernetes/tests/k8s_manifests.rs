@@ -1,0 +1,181 @@
+//! `deploy/k8s/`: the manifests an operator applies. The template and the
+//! warm pool pass the real CRD schemas; the template is restricted; the
+//! network policy closes the agent port; and the claimant Role says exactly
+//! `CLAIMANT_RBAC`, compared as sets of (group, resource, verb) in both
+//! directions, with the full Role a superset of it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use namzu_k8s_sim::schema::{crd_schema, validate};
+use namzu_kubernetes::CLAIMANT_RBAC;
+use serde_json::Value;
+
+fn yaml(path: &Path) -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn manifest(name: &str) -> Value {
+    yaml(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/k8s")
+            .join(name),
+    )
+}
+
+fn schema(crd_file: &str) -> Value {
+    let crd = yaml(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/agent-sandbox-crds")
+            .join(crd_file),
+    );
+    crd_schema(&crd, "v1beta1").unwrap().clone()
+}
+
+#[test]
+fn the_template_and_the_pool_pass_the_crd_schemas() {
+    let t = manifest("sandboxtemplate-task.yaml");
+    assert_eq!(
+        validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &t),
+        vec![]
+    );
+    let p = manifest("sandboxwarmpool.yaml");
+    assert_eq!(
+        validate(&schema("extensions.agents.x-k8s.io_sandboxwarmpools.yaml"), &p),
+        vec![]
+    );
+    assert_eq!(p["spec"]["sandboxTemplateRef"]["name"], t["metadata"]["name"]);
+}
+
+#[test]
+fn the_template_is_restricted_and_gives_the_agent_its_token() {
+    let t = manifest("sandboxtemplate-task.yaml");
+    let pod = &t["spec"]["podTemplate"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let containers = pod["containers"].as_array().unwrap();
+    for c in containers {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
+        assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{}", c["name"]);
+        assert!(sc["capabilities"].get("add").is_none(), "{}", c["name"]);
+        assert_ne!(sc["privileged"], true);
+    }
+    let agent = &containers[0];
+    let token = agent["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "NAMZU_AGENT_TOKEN")
+        .unwrap();
+    assert_eq!(token["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
+    assert_eq!(agent["ports"][0]["containerPort"], 1024);
+    assert_eq!(
+        t["spec"]["podTemplate"]["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "namzu"
+    );
+}
+
+#[test]
+fn the_network_policy_closes_the_agent_port_to_all_but_the_host() {
+    let np = manifest("networkpolicy.yaml");
+    assert_eq!(np["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"],
+        "namzu"
+    );
+    let rules = np["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    let from = rules[0]["from"].as_array().unwrap();
+    // Only a pod selector: no ipBlock, no namespace-wide peer.
+    assert!(from
+        .iter()
+        .all(|p| p.get("podSelector").is_some() && p.get("ipBlock").is_none() && p.get("namespaceSelector").is_none()));
+    assert_eq!(
+        rules[0]["ports"],
+        serde_json::json!([{"protocol": "TCP", "port": 1024}])
+    );
+}
+
+fn role_set(role: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in role["rules"].as_array().unwrap() {
+        for g in r["apiGroups"].as_array().unwrap() {
+            for res in r["resources"].as_array().unwrap() {
+                for v in r["verbs"].as_array().unwrap() {
+                    out.insert((
+                        g.as_str().unwrap().to_owned(),
+                        res.as_str().unwrap().to_owned(),
+                        v.as_str().unwrap().to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_claimant_role_is_exactly_the_constant_and_the_full_role_covers_it() {
+    let constant: BTreeSet<(String, String, String)> = CLAIMANT_RBAC
+        .iter()
+        .flat_map(|(g, r, vs)| {
+            vs.iter()
+                .map(move |v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    let claimant = role_set(&manifest("rbac-claimant.yaml"));
+    let missing: Vec<_> = constant.difference(&claimant).collect();
+    let extra: Vec<_> = claimant.difference(&constant).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "manifest lacks {missing:?}, grants beyond {extra:?}"
+    );
+    let full = role_set(&manifest("rbac.yaml"));
+    let uncovered: Vec<_> = constant.difference(&full).collect();
+    assert!(uncovered.is_empty(), "the full Role lacks {uncovered:?}");
+}
+
+#[test]
+fn the_admission_fence_bounds_per_sandbox_policies_and_is_readable_by_name_only() {
+    use namzu_kubernetes::per_sandbox::{DEFAULT_FENCE, DEFAULT_LABEL_KEY, POLICY_NAME_PREFIX};
+    let vap = manifest("admission-fence.yaml");
+    assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
+    assert_eq!(vap["metadata"]["name"], DEFAULT_FENCE);
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    let rule = &vap["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule["apiGroups"], serde_json::json!(["cilium.io"]));
+    assert_eq!(rule["resources"], serde_json::json!(["ciliumnetworkpolicies"]));
+    assert_eq!(rule["operations"], serde_json::json!(["CREATE", "UPDATE"]));
+    let cel: Vec<&str> = vap["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["expression"].as_str().unwrap())
+        .collect();
+    // The constants the backend writes by are the ones the fence names.
+    assert!(cel
+        .iter()
+        .any(|e| e.contains(&format!("startsWith('{POLICY_NAME_PREFIX}')"))));
+    assert!(cel.iter().any(|e| e.contains(&format!("'{DEFAULT_LABEL_KEY}'"))));
+    let binding = manifest("admission-fence-binding.yaml");
+    assert_eq!(binding["metadata"]["name"], DEFAULT_FENCE);
+    assert_eq!(binding["spec"]["policyName"], DEFAULT_FENCE);
+    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+    let reader = manifest("rbac-fence-reader.yaml");
+    assert_eq!(reader["kind"], "ClusterRole");
+    let r = &reader["rules"];
+    assert_eq!(r.as_array().unwrap().len(), 1);
+    assert_eq!(r[0]["verbs"], serde_json::json!(["get"]));
+    assert_eq!(r[0]["resourceNames"], serde_json::json!([DEFAULT_FENCE]));
+    let full = role_set(&manifest("rbac.yaml"));
+    for verb in ["get", "list", "create", "patch", "delete"] {
+        assert!(
+            full.contains(&("cilium.io".into(), "ciliumnetworkpolicies".into(), verb.into())),
+            "{verb}"
+        );
+    }
+}
