@@ -232,7 +232,7 @@ pub async fn acquire(
     opts: &KubernetesOptions,
     id: &str,
     env: &[(String, String)],
-    verifier: &super::verify::PolicyVerifier,
+    verifier: &super::policy::verify::PolicyVerifier,
 ) -> Result<Bound> {
     let mut b = Budget::new(opts);
     let name = object_name(id);
@@ -304,11 +304,11 @@ async fn after_bind(
     api: &Api,
     opts: &KubernetesOptions,
     bound: &Bound,
-    verifier: &super::verify::PolicyVerifier,
+    verifier: &super::policy::verify::PolicyVerifier,
 ) -> Result<()> {
     let per_sandbox = opts.egress.as_ref().is_some_and(|e| e.per_sandbox.is_some());
     if per_sandbox && bound.owner_uid.is_none() {
-        return Err(super::per_sandbox::PerSandboxError::OwnerUidMissing { id: bound.id.clone() }.into());
+        return Err(super::policy::per_sandbox::PerSandboxError::OwnerUidMissing { id: bound.id.clone() }.into());
     }
     // Every label the backend asked for that a policy selects by (the
     // profile's, and the per-sandbox policy's), on either path: a

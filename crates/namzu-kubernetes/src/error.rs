@@ -5,10 +5,10 @@
 
 use super::acquire_error::AcquireError;
 use super::api::ApiError;
-use super::egress_union::EgressPolicyUnionError;
-use super::ingress::IngressPolicyError;
-use super::netpol::{EgressConfigError, EgressPolicyError};
-use super::per_sandbox::PerSandboxError;
+use super::policy::ingress::IngressPolicyError;
+use super::policy::per_sandbox::PerSandboxError;
+use super::policy::union::EgressPolicyUnionError;
+use super::policy::{EgressConfigError, EgressPolicyError};
 use namzu_core::error::Error;
 use namzu_core::spec::Tier;
 

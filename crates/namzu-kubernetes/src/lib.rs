@@ -15,7 +15,7 @@
 //! * [`lease`]: the shutdown time kept ahead while a handle lives;
 //! * [`provider`]: [`KubernetesProvider`] and its handle;
 //! * [`ops`]: crash recovery and headroom;
-//! * [`netpol`]: egress translated to the cluster's policy objects, and
+//! * [`policy`]: egress translated to the cluster's policy objects, and
 //!   the check that the named one is applied as translated.
 
 pub mod acquire;
@@ -23,16 +23,11 @@ pub mod acquire_error;
 pub mod api;
 pub mod build;
 pub mod crd;
-pub mod egress_union;
 mod error;
-pub mod ingress;
-pub mod labels;
 pub mod lease;
-pub mod netpol;
 pub mod ops;
-pub mod per_sandbox;
+pub mod policy;
 pub mod provider;
-pub mod verify;
 
 pub use error::KubernetesError;
 pub use provider::{KubernetesProvider, KubernetesSandbox};
@@ -147,12 +142,12 @@ pub struct KubernetesOptions {
     /// Told of every failed lease renewal.
     pub on_lease_renewal_error: Option<lease::RenewalErrorCallback>,
     /// The egress policy the cluster must enforce on every pod, verified
-    /// before a sandbox is handed out (see [`netpol`] and
-    /// [`egress_union`]). `None`: nothing is verified.
-    pub egress: Option<netpol::KubeEgressConfig>,
+    /// before a sandbox is handed out (see [`policy`] and
+    /// [`policy::union`]). `None`: nothing is verified.
+    pub egress: Option<policy::KubeEgressConfig>,
     /// Whether the agent port is shown closed before a sandbox is handed
-    /// out (see [`ingress`]). Default: verify.
-    pub ingress: ingress::IngressVerification,
+    /// out (see [`policy::ingress`]). Default: verify.
+    pub ingress: policy::ingress::IngressVerification,
 }
 
 impl std::fmt::Debug for KubernetesOptions {
@@ -193,7 +188,7 @@ impl Default for KubernetesOptions {
             resolution: NameResolution::System,
             on_lease_renewal_error: None,
             egress: None,
-            ingress: ingress::IngressVerification::default(),
+            ingress: policy::ingress::IngressVerification::default(),
         }
     }
 }

@@ -27,7 +27,7 @@ pub struct KubernetesProvider {
     api: Api,
     opts: Arc<KubernetesOptions>,
     client: ClientOptions,
-    verifier: Arc<super::verify::PolicyVerifier>,
+    verifier: Arc<super::policy::verify::PolicyVerifier>,
 }
 
 impl std::fmt::Debug for KubernetesProvider {
@@ -239,16 +239,16 @@ impl SandboxBackend for KubernetesSandbox {
     }
 
     /// Replaces this sandbox's per-sandbox CiliumNetworkPolicy (see
-    /// [`super::per_sandbox`]): a hostname allowlist, or an empty one (or
+    /// [`super::policy::per_sandbox`]): a hostname allowlist, or an empty one (or
     /// deny-all) to remove it. Refused by name unless `egress.per_sandbox`
     /// is configured.
     async fn set_network_policy(&self, policy: namzu_core::egress::EgressPolicy) -> Result<()> {
         self.lease.check(&self.bound.id)?;
         let opts = &self.provider.opts;
         let Some(cfg) = opts.egress.as_ref().and_then(|e| e.per_sandbox.as_ref()) else {
-            return Err(super::per_sandbox::PerSandboxError::NotConfigured.into());
+            return Err(super::policy::per_sandbox::PerSandboxError::NotConfigured.into());
         };
-        super::per_sandbox::apply(
+        super::policy::per_sandbox::apply(
             &self.provider.api,
             cfg,
             &opts.namespace,

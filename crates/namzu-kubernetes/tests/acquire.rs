@@ -670,7 +670,7 @@ async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen() {
     use namzu_k8s_sim::controller::NETWORK_POLICIES;
-    use namzu_kubernetes::ingress::{IngressRefusal, IngressVerification};
+    use namzu_kubernetes::policy::ingress::{IngressRefusal, IngressVerification};
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     // The operator never applied deploy/k8s/networkpolicy.yaml.

@@ -11,8 +11,8 @@ use namzu::SandboxSpec;
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{CLAIMS, NETWORK_POLICIES, SANDBOXES};
 use namzu_kubernetes::api::Verb;
-use namzu_kubernetes::egress_union::{UnionRefusal, Verdict};
-use namzu_kubernetes::netpol::{translate, EgressPolicyError, KubeEgressConfig, KubeEgressPolicy, Verification};
+use namzu_kubernetes::policy::union::{UnionRefusal, Verdict};
+use namzu_kubernetes::policy::{translate, EgressPolicyError, KubeEgressConfig, KubeEgressPolicy, Verification};
 use namzu_kubernetes::{KubernetesOptions, KubernetesProvider};
 use serde_json::json;
 
@@ -115,7 +115,7 @@ async fn a_second_policy_over_the_pods_is_refused_unless_named_object_only_is_ch
     let lists = count(&p, "networkpolicies", Verb::List);
     let r = p.create_task(SandboxSpec::default()).await;
     assert!(
-        matches!(r.as_ref().err().and_then(|e| e.tier_error::<namzu_kubernetes::KubernetesError>()), Some(namzu_kubernetes::KubernetesError::EgressUnion(u)) if u.refusal == namzu_kubernetes::egress_union::UnionRefusal::PolicyWidensEgress),
+        matches!(r.as_ref().err().and_then(|e| e.tier_error::<namzu_kubernetes::KubernetesError>()), Some(namzu_kubernetes::KubernetesError::EgressUnion(u)) if u.refusal == namzu_kubernetes::policy::union::UnionRefusal::PolicyWidensEgress),
         "{:?}",
         r.err()
     );
@@ -164,7 +164,7 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
     // (The agent-port check would refuse these pods first: it is not what
     // this test is about.)
     let opts = KubernetesOptions {
-        ingress: namzu_kubernetes::ingress::IngressVerification::Unverified,
+        ingress: namzu_kubernetes::policy::ingress::IngressVerification::Unverified,
         ..options(&c, true, KubeEgressPolicy::DenyAll)
     };
     c.sim

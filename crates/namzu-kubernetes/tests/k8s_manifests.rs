@@ -141,7 +141,7 @@ fn the_claimant_role_is_exactly_the_constant_and_the_full_role_covers_it() {
 
 #[test]
 fn the_admission_fence_bounds_per_sandbox_policies_and_is_readable_by_name_only() {
-    use namzu_kubernetes::per_sandbox::{DEFAULT_FENCE, DEFAULT_LABEL_KEY, POLICY_NAME_PREFIX};
+    use namzu_kubernetes::policy::per_sandbox::{DEFAULT_FENCE, DEFAULT_LABEL_KEY, POLICY_NAME_PREFIX};
     let vap = manifest("admission-fence.yaml");
     assert_eq!(vap["kind"], "ValidatingAdmissionPolicy");
     assert_eq!(vap["metadata"]["name"], DEFAULT_FENCE);

@@ -17,8 +17,8 @@ use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{ADMISSION_BINDINGS, ADMISSION_POLICIES, CILIUM_POLICIES};
 use namzu_k8s_sim::Fault;
 use namzu_kubernetes::api::Verb;
-use namzu_kubernetes::netpol::{translate, Engine, KubeEgressConfig, KubeEgressPolicy};
-use namzu_kubernetes::per_sandbox::{policy_name, PerSandboxEgress, PerSandboxError};
+use namzu_kubernetes::policy::per_sandbox::{policy_name, PerSandboxEgress, PerSandboxError};
+use namzu_kubernetes::policy::{translate, Engine, KubeEgressConfig, KubeEgressPolicy};
 use namzu_kubernetes::{KubernetesOptions, KubernetesProvider};
 use serde_json::{json, Value};
 

@@ -108,7 +108,7 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_template_path_and_headroom_stay_inside_the_full_role() {
-    use namzu_kubernetes::netpol::{translate, KubeEgressConfig, KubeEgressPolicy};
+    use namzu_kubernetes::policy::{translate, KubeEgressConfig, KubeEgressPolicy};
     let c = Cluster::start(Some(1)).await.unwrap();
     // Egress verified too: the named policy and the union.
     let egress = KubeEgressConfig::new(namzu_k8s_sim::cluster::TEMPLATE, KubeEgressPolicy::DenyAll);

@@ -27,10 +27,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::build::AGENT_PORT_NAME;
-use super::egress_union::UnreadSource;
-use super::labels::selects;
-use super::netpol::Engine;
+use super::selectors::selects;
+use super::union::UnreadSource;
+use super::Engine;
+use crate::build::AGENT_PORT_NAME;
 
 /// Whether, and against which policy resources, the agent port is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,15 +25,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{json, Value};
 
-use super::acquire::Bound;
-use super::api::{Api, ApiError, Resource};
-use super::build::{MANAGED_BY, MANAGED_BY_LABEL};
-use super::crd::{Kind, Sandbox, SandboxClaim, VERSION};
-use super::lease::Leased;
-use super::netpol::{
+use super::{
     check_ports, first_difference, policy_resource, translate, CiliumNarrowing, EgressConfigError, Engine,
     KubeEgressConfig, KubeEgressPolicy,
 };
+use crate::acquire::Bound;
+use crate::api::{Api, ApiError, Resource};
+use crate::build::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::crd::{Kind, Sandbox, SandboxClaim, VERSION};
+use crate::lease::Leased;
 use namzu_core::egress::policy::{HostPattern, HostRule};
 use namzu_core::egress::EgressPolicy;
 
@@ -283,7 +283,7 @@ pub async fn apply(
 mod tests {
     use super::*;
     use crate::acquire::BoundPod;
-    use crate::netpol::DnsNames;
+    use crate::policy::DnsNames;
 
     fn bound() -> Bound {
         Bound {

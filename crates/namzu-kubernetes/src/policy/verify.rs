@@ -5,7 +5,7 @@
 //!   ([`super::ingress`]).
 //! * Egress (when configured): the named object exactly as translated,
 //!   then, unless `verify: named-object-only`, the union of every policy
-//!   selecting the pod ([`super::netpol`], [`super::egress_union`]).
+//!   selecting the pod ([`super`], [`super::union`]).
 //!
 //! A pass is remembered per pod label set for at most [`PASS_TTL`]. The
 //! sandbox's own id label is left out of that key, or no two pods would
@@ -18,10 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::api::Api;
 use super::ingress::IngressVerification;
-use super::netpol::{verify_named, Engine, Verification};
-use super::KubernetesOptions;
+use super::{verify_named, Engine, Verification};
+use crate::api::Api;
+use crate::KubernetesOptions;
 
 /// How long a pass stands for a label set.
 pub const PASS_TTL: Duration = Duration::from_secs(300);
@@ -35,7 +35,7 @@ pub struct PolicyVerifier {
 impl PolicyVerifier {
     fn key(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         let mut k = labels.clone();
-        k.remove(super::build::SANDBOX_LABEL);
+        k.remove(crate::build::SANDBOX_LABEL);
         k
     }
 
@@ -68,7 +68,7 @@ impl PolicyVerifier {
             .flatten()
             .max_by_key(|e| *e == Engine::Cilium);
         let (lists, unread) = match engine {
-            Some(e) => super::egress_union::list_policies(api, e, &opts.namespace).await,
+            Some(e) => super::union::list_policies(api, e, &opts.namespace).await,
             None => Default::default(),
         };
         if let Some(engine) = ingress {
@@ -84,7 +84,7 @@ impl PolicyVerifier {
         if let Some(cfg) = &opts.egress {
             verify_named(api, cfg, &opts.namespace).await?;
             if cfg.verify == Verification::Union {
-                super::egress_union::evaluate(cfg, &opts.namespace, labels, &lists, unread)?;
+                super::union::evaluate(cfg, &opts.namespace, labels, &lists, unread)?;
             }
         }
         self.passed
