@@ -199,14 +199,15 @@ impl Simulator {
             .push((target.to_owned(), patch));
     }
 
-    fn rewrite(&self, target: &str, key: &Key) {
+    /// Applies the armed rewrites for `target` to an object about to be
+    /// stored, under the same store lock as the write: no reader (the
+    /// controller included) ever sees the object as written before the
+    /// rewrite, as none sees a mutating webhook's input.
+    fn rewrite(&self, target: &str, obj: &mut Value) {
         let rewrites = self.rewrites.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut store = self.lock();
         for (t, patch) in rewrites {
             if matches_target(&t, target) {
-                if let Some(o) = store.objects.get_mut(key) {
-                    json_patch::merge(o, &patch);
-                }
+                json_patch::merge(obj, &patch);
             }
         }
     }
@@ -370,28 +371,7 @@ async fn route(
     let pod_read = (method == Method::GET && t.group.is_empty() && t.plural == "pods")
         .then(|| t.name.clone().map(|n| (t.ns.clone(), n)))
         .flatten();
-    let written = matches!(method, Method::POST | Method::PATCH);
-    let posted_name = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|b| b["metadata"]["name"].as_str().map(String::from));
-    let key_of = |name: &str| {
-        (
-            t.group.clone(),
-            t.version.clone(),
-            t.plural.clone(),
-            t.ns.clone(),
-            name.to_owned(),
-        )
-    };
-    let written_key = t
-        .name
-        .clone()
-        .or(posted_name)
-        .map(|n| (format!("{}/{n}", t.plural), key_of(&n)));
     let answer = handle(&sim, t, method, &q, &headers, &body);
-    if let (true, true, Some((target, key))) = (written, answer.status().is_success(), &written_key) {
-        sim.rewrite(target, key);
-    }
     if let (Some((ns, name)), Some(ctl)) = (pod_read, sim.controller.get()) {
         if answer.status().is_success() {
             ctl.after_pod_read(&sim, &ns, &name).await;
@@ -601,6 +581,7 @@ fn handle(
                     m.remove("status");
                 }
             }
+            sim.rewrite(&format!("{}/{name}", t.plural), &mut obj);
             store.objects.insert(t.key(&name), obj.clone());
             ok(StatusCode::CREATED, obj)
         }
@@ -685,6 +666,7 @@ fn handle(
             } else {
                 generation
             });
+            sim.rewrite(&format!("{}/{name}", t.plural), &mut next);
             store.objects.insert(t.key(name), next.clone());
             ok(StatusCode::OK, next)
         }
