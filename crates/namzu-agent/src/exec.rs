@@ -33,25 +33,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use namzu_proto::v1::{
-    self, agent_error::Kind, cancel_response::Outcome, exec_input, exec_output, ExecExit, ExecOutput, ExecStart,
-    OutputChunk,
+    self, agent_error::Kind, cancel_response::Outcome, exec_output, ExecExit, ExecOutput, ExecStart,
 };
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Limits;
 use crate::exec_log::{spawn_heartbeats, ExecLog, OutputTx};
+pub use crate::exec_pipes::InputStream;
+use crate::exec_pipes::{pump, watch_input, Sink};
 use crate::op_error::{agent_err, IntoStatus, OpError};
 use crate::reaper::{ExitInfo, Reaper};
 
 /// After the leader exits, how long output from lingering group members is
 /// still collected before the result is sent.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
-const READ_CHUNK: usize = 64 * 1024;
 
 type CancelReply = oneshot::Sender<Outcome>;
 
@@ -68,24 +67,6 @@ struct Table {
     finished: VecDeque<String>,
     /// Retained logs of detachable executions, by name.
     logs: HashMap<String, Arc<ExecLog>>,
-}
-
-/// Where a running command's output goes.
-#[derive(Clone)]
-enum Sink {
-    /// Straight to the call that started it; the call's end ends the command.
-    Call(OutputTx),
-    /// To a retained log that outlives every call.
-    Log(Arc<ExecLog>),
-}
-
-impl Sink {
-    async fn closed(&self) {
-        match self {
-            Sink::Call(out) => out.closed().await,
-            Sink::Log(_) => futures::future::pending().await,
-        }
-    }
 }
 
 /// A name a caller may give a detachable execution.
@@ -764,161 +745,6 @@ fn cancelled_before_start() -> ExecExit {
     }
 }
 
-/// The client half of an Exec call after its `start` message.
-pub type InputStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<v1::ExecInput, tonic::Status>> + Send>>;
-
-/// Copies one output pipe to its sink. Returns (is_stdout, total bytes
-/// produced, truncated). A call keeps `cap` bytes per stream; a log is
-/// bounded by its own size instead.
-async fn pump(fd: OwnedFd, sink: Sink, cap: u64, is_stdout: bool) -> (bool, u64, bool) {
-    let mut total = 0u64;
-    let mut truncated = false;
-    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return (is_stdout, 0, false);
-    };
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut forwarding = true;
-    loop {
-        let n = match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let offset = total;
-        total += n as u64;
-        let out = match &sink {
-            Sink::Log(log) => {
-                log.append(is_stdout, &buf[..n]);
-                continue;
-            }
-            Sink::Call(out) => out,
-        };
-        let keep = cap.saturating_sub(offset).min(n as u64) as usize;
-        if keep < n {
-            truncated = true;
-        }
-        if keep > 0 && forwarding {
-            let chunk = OutputChunk {
-                offset,
-                data: bytes::Bytes::copy_from_slice(&buf[..keep]),
-                log_offset: 0,
-            };
-            let msg = if is_stdout {
-                exec_output::Msg::Stdout(chunk)
-            } else {
-                exec_output::Msg::Stderr(chunk)
-            };
-            // A gone host stops forwarding, not draining: the command must
-            // never block on a full pipe.
-            forwarding = out.send(Ok(ExecOutput { msg: Some(msg) })).await.is_ok();
-        }
-    }
-    (is_stdout, total, truncated)
-}
-
-/// Owns an execution's request stream: writes stdin (the initial bytes,
-/// then streamed chunks if `follow`), ignores heartbeats, and cancels
-/// `gone` when the call fails or, with `silence`, when nothing arrives for
-/// that long.
-async fn watch_input(
-    mut input: InputStream,
-    stdin: Option<OwnedFd>,
-    initial: bytes::Bytes,
-    follow: bool,
-    silence: Option<Duration>,
-    gone: tokio_util::sync::CancellationToken,
-) {
-    let mut w = stdin.and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok());
-    if let Some(pipe) = w.as_mut() {
-        if !initial.is_empty() && pipe.write_all(&initial).await.is_err() {
-            w = None;
-        }
-    }
-    if !follow {
-        w = None;
-    }
-    loop {
-        let next = match silence {
-            Some(d) => match tokio::time::timeout(d, input.next()).await {
-                Ok(n) => n,
-                Err(_) => {
-                    gone.cancel();
-                    return;
-                }
-            },
-            None => input.next().await,
-        };
-        match next {
-            Some(Ok(v1::ExecInput {
-                msg: Some(exec_input::Msg::Stdin(data)),
-            })) => {
-                if let Some(pipe) = w.as_mut() {
-                    if pipe.write_all(&data).await.is_err() {
-                        w = None;
-                    }
-                }
-            }
-            Some(Ok(v1::ExecInput {
-                msg: Some(exec_input::Msg::StdinEof(_)),
-            })) => w = None,
-            Some(Ok(_)) => {}
-            Some(Err(_)) => {
-                gone.cancel();
-                return;
-            }
-            // The host ended its half on purpose; a dropped call shows up
-            // as the answer's receiver closing.
-            None => return,
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn execs(max_execs: u64, ttl_ms: u64) -> Execs {
-        let limits = Limits {
-            max_execs,
-            reservation_ttl_ms: ttl_ms,
-            ..Limits::default()
-        };
-        Execs::new(limits, std::env::temp_dir(), Arc::new(Reaper::default()))
-    }
-
-    #[test]
-    fn reservations_are_bounded_by_max_execs() {
-        let e = execs(2, 60_000);
-        e.reserve(None).unwrap();
-        e.reserve(None).unwrap();
-        let err = e.reserve(None).unwrap_err();
-        assert_eq!(err.kind(), Kind::LimitExceeded);
-        assert_eq!(err.limit_name, namzu_proto::limits::MAX_EXECS);
-        assert_eq!(err.limit, 2);
-    }
-
-    #[test]
-    fn unused_reservations_expire() {
-        let e = execs(1, 0);
-        e.reserve(None).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-        e.reserve(None).expect("the expired reservation was not released");
-    }
-
-    #[tokio::test]
-    async fn cancel_of_a_reservation_is_remembered_and_unknown_ids_are_typed() {
-        let e = execs(4, 60_000);
-        let (id, _) = e.reserve(None).unwrap();
-        assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
-        assert_eq!(e.cancel(&id).await.unwrap(), Outcome::NotStarted);
-        let err = e.cancel("x-nope").await.unwrap_err();
-        assert_eq!(err.kind(), Kind::UnknownExec);
-        // A name is reserved once; asking again answers the same reservation.
-        assert_eq!(e.reserve(Some("job")).unwrap(), ("job".to_owned(), false));
-        assert_eq!(e.reserve(Some("job")).unwrap(), ("job".to_owned(), false));
-        let bad = e.reserve(Some("a/b")).unwrap_err();
-        assert_eq!(bad.kind(), Kind::InvalidArgument);
-        let err = e.cancel("x-nope").await.unwrap_err();
-        assert_eq!(err.kind(), Kind::UnknownExec);
-        assert_eq!(err.execution_id, "x-nope");
-    }
-}
+#[path = "exec_tests.rs"]
+mod tests;

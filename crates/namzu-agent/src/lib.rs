@@ -31,6 +31,7 @@ pub mod config;
 pub mod egress;
 pub mod exec;
 pub mod exec_log;
+mod exec_pipes;
 pub mod fence;
 pub mod files;
 pub mod identity;

@@ -76,6 +76,18 @@ pub struct Stall {
 /// (group, version, plural) of a resource the simulator serves.
 pub type Gvr = (&'static str, &'static str, &'static str);
 
+/// What the API calls after it served a pod read (the controller replaces
+/// a pod there when a test asked it to). Implemented by the controller, so
+/// the server needs no knowledge of it.
+pub(crate) trait PodReadHook: std::any::Any + Send + Sync {
+    fn after_pod_read<'a>(
+        &'a self,
+        sim: &'a Simulator,
+        ns: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+}
+
 /// The simulator: its store, the resource types it knows, its faults.
 pub struct Simulator {
     store: Mutex<Store>,
@@ -83,8 +95,9 @@ pub struct Simulator {
     faults: Mutex<Vec<Fault>>,
     stalls: Mutex<Vec<Stall>>,
     rewrites: Mutex<Vec<(String, Value)>>,
-    /// The agent-sandbox controller, once started.
-    pub(crate) controller: std::sync::OnceLock<Arc<crate::controller::Controller>>,
+    /// The agent-sandbox controller, once started, as the API sees it: a
+    /// hook after pod reads (the server knows no controller type).
+    pub(crate) controller: std::sync::OnceLock<Arc<dyn PodReadHook>>,
 }
 
 impl Simulator {

@@ -50,11 +50,14 @@
 //! [`DockerProvider::gc`] finds containers whose host is gone. A create that
 //! fails part-way removes what it made.
 
+mod container;
 mod error;
 pub mod gc;
 mod link;
+mod options;
 
 pub use error::DockerError;
+pub use options::*;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -63,9 +66,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bollard::container::{Config, CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
+use bollard::container::{CreateContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions};
 use bollard::image::CreateImageOptions;
-use bollard::models::HostConfig;
 use bollard::Docker;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -78,184 +80,8 @@ use crate::handle::Sandbox;
 use crate::provider::Provider;
 use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
-/// Paths that stay writable (as tmpfs) under the read-only root filesystem:
-/// what programs expect to write besides the workspace.
-pub const DEFAULT_WRITABLE_PATHS: &[&str] = &["/tmp", "/var/tmp", "/run", "/home", "/root"];
-
-/// Masked in every container: Docker's own default list, plus /sys.
-const MASKED_PATHS: &[&str] = &[
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys",
-];
-
-/// Capabilities the container starts with, all for the agent: SYS_ADMIN to
-/// tighten mounts and cover /etc/resolv.conf, NET_BIND_SERVICE to bind its
-/// resolver on port 53 (both dropped before it serves), SETUID, SETGID and SETPCAP to
-/// start commands as the image's user with an empty bounding set, KILL to
-/// signal them from another uid. Commands get none.
-pub const AGENT_CAPS: &[&str] = &["SYS_ADMIN", "NET_BIND_SERVICE", "SETUID", "SETGID", "SETPCAP", "KILL"];
-
-/// gVisor's Sentry (Debian's 20221219) has no setfsuid, so its agent
-/// cannot take the command user's file-system ids; it gets these instead,
-/// works on files as itself and gives each file it creates to the user.
-pub const GVISOR_FILE_CAPS: &[&str] = &["DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "CHOWN"];
-
-fn agent_caps(runtime: Option<&str>) -> Vec<String> {
-    let extra = if runtime == Some("runsc") {
-        GVISOR_FILE_CAPS
-    } else {
-        &[]
-    };
-    AGENT_CAPS.iter().chain(extra).map(|c| (*c).to_owned()).collect()
-}
-
 /// Bound on one container removal.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Label keys, all under `io.namzu.`.
-pub mod labels {
-    /// The sandbox id.
-    pub const SANDBOX: &str = "io.namzu.sandbox";
-    /// The host instance (state directory) that made the container.
-    pub const INSTANCE: &str = "io.namzu.instance";
-    /// That state directory's path, so another host can tell it is gone.
-    pub const STATE_DIR: &str = "io.namzu.state-dir";
-    /// The machine that state directory is on (its machine id): a path on
-    /// another machine sharing the daemon says nothing here.
-    pub const MACHINE: &str = "io.namzu.machine";
-    /// Prefix of caller labels ([`super::DockerOptions::labels`]).
-    pub const USER_PREFIX: &str = "io.namzu.user.";
-}
-
-/// How the host reaches a container's agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Transport {
-    /// `exec` for runsc, `socket` otherwise.
-    #[default]
-    Auto,
-    Socket,
-    Exec,
-}
-
-/// One image pull progress report.
-#[derive(Debug, Clone, Default)]
-pub struct PullProgress {
-    pub layer: Option<String>,
-    pub status: String,
-    pub current: Option<u64>,
-    pub total: Option<u64>,
-}
-
-pub type PullCallback = Arc<dyn Fn(&PullProgress) + Send + Sync>;
-
-/// Tunables of the `docker` tier, each with a safe default.
-#[derive(Clone, Default)]
-pub struct DockerOptions {
-    /// OCI runtime registered with the daemon (`runsc` for gVisor); `None`:
-    /// the daemon's default.
-    pub runtime: Option<String>,
-    /// `None` or `Some(true)`: read-only root filesystem (the default).
-    pub read_only_rootfs: Option<bool>,
-    /// Paths kept writable (tmpfs) in addition to
-    /// [`DEFAULT_WRITABLE_PATHS`]. Refused beside `read_only_rootfs:
-    /// Some(false)`.
-    pub writable_rootfs_paths: Option<Vec<String>>,
-    /// Extra labels, stored under [`labels::USER_PREFIX`].
-    pub labels: Vec<(String, String)>,
-    pub transport: Transport,
-    /// Processes per container when the spec sets none (default 4096).
-    pub default_pids_limit: Option<u64>,
-    /// Size of each writable tmpfs (default 256 MiB).
-    pub tmpfs_bytes: Option<u64>,
-    /// Largest file any process may write, RLIMIT_FSIZE (default 16 GiB):
-    /// the workspace is a host directory, so this is what keeps one
-    /// runaway write from filling the host's disk in one file.
-    pub max_file_bytes: Option<u64>,
-    /// Told about image pulls (the CLI draws a progress bar).
-    pub on_pull: Option<PullCallback>,
-    /// The daemon's seccomp profile under runc, as Docker's
-    /// `--security-opt seccomp=VALUE`: `None` keeps the daemon's default
-    /// (stacked under namzu's own filter); `unconfined` removes it, leaving
-    /// namzu's filter alone. Refused with runsc, which loads no OCI profile.
-    pub seccomp_profile: Option<String>,
-}
-
-impl std::fmt::Debug for DockerOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerOptions")
-            .field("runtime", &self.runtime)
-            .field("read_only_rootfs", &self.read_only_rootfs)
-            .field("writable_rootfs_paths", &self.writable_rootfs_paths)
-            .field("labels", &self.labels)
-            .field("transport", &self.transport)
-            .field("seccomp_profile", &self.seccomp_profile)
-            .finish_non_exhaustive()
-    }
-}
-
-impl DockerOptions {
-    /// Refuses contradictory settings by name.
-    pub fn validate(&self) -> Result<()> {
-        if self.seccomp_profile.is_some() && self.runtime.as_deref() == Some("runsc") {
-            return Err(Error::ConfigConflict {
-                tier: Tier::Docker,
-                option: "seccomp_profile".into(),
-                conflicts_with: "runtime: runsc".into(),
-                reason: "gVisor loads no OCI seccomp profile; namzu's own filter is the only one inside".into(),
-            });
-        }
-        if self.read_only_rootfs == Some(false) && self.writable_rootfs_paths.is_some() {
-            return Err(Error::ConfigConflict {
-                tier: Tier::Docker,
-                option: "writable_rootfs_paths".into(),
-                conflicts_with: "read_only_rootfs: false".into(),
-                reason: "with a writable root filesystem the extra tmpfs mounts would add nothing".into(),
-            });
-        }
-        for p in self.writable_rootfs_paths.iter().flatten() {
-            let ok = p.starts_with('/') && !p.split('/').any(|c| c == "..") && p != "/";
-            if !ok || ["/proc", "/sys", "/dev", "/.namzu"].iter().any(|r| p.starts_with(r)) {
-                return Err(Error::OptionRefused {
-                    tier: Tier::Docker,
-                    option: "writable_rootfs_paths".into(),
-                    reason: format!("{p:?} must be an absolute path outside /proc, /sys, /dev and /.namzu"),
-                });
-            }
-        }
-        for (k, _) in &self.labels {
-            if k.is_empty() || k.contains('=') {
-                return Err(Error::OptionRefused {
-                    tier: Tier::Docker,
-                    option: format!("labels.{k}"),
-                    reason: "a label key must be non-empty and without '='".into(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn writable_paths(&self) -> Vec<String> {
-        if self.read_only_rootfs == Some(false) {
-            return Vec::new();
-        }
-        let mut v: Vec<String> = DEFAULT_WRITABLE_PATHS.iter().map(|s| (*s).to_owned()).collect();
-        for p in self.writable_rootfs_paths.iter().flatten() {
-            if !v.contains(p) {
-                v.push(p.clone());
-            }
-        }
-        v
-    }
-}
 
 /// What the state directory records about a docker sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -413,158 +239,6 @@ impl DockerProvider {
                 message: e.to_string(),
             })?;
         Ok(img.config.and_then(|c| c.user).unwrap_or_default())
-    }
-
-    fn container_config(&self, id: &str, dir: &Path, spec: &SandboxSpec, image: &str, user: &str) -> Config<String> {
-        let mut labels = HashMap::from([
-            (labels::SANDBOX.to_owned(), id.to_owned()),
-            (labels::INSTANCE.to_owned(), self.instance.clone()),
-            (labels::STATE_DIR.to_owned(), self.state_root.display().to_string()),
-            (labels::MACHINE.to_owned(), gc::machine_id()),
-        ]);
-        for (k, v) in &self.opts.labels {
-            labels.insert(format!("{}{k}", labels::USER_PREFIX), v.clone());
-        }
-        let tmpfs_size = self.opts.tmpfs_bytes.unwrap_or(256 << 20);
-        let tmpfs: HashMap<String, String> = self
-            .opts
-            .writable_paths()
-            .into_iter()
-            .map(|p| {
-                let mode = match p.as_str() {
-                    "/tmp" | "/var/tmp" => "1777",
-                    "/root" => "700",
-                    _ => "755",
-                };
-                // Docker makes a tmpfs noexec unless told: programs build and
-                // run things in /tmp, as they do outside a sandbox.
-                (p, format!("rw,exec,nosuid,nodev,size={tmpfs_size},mode={mode}"))
-            })
-            .collect();
-        let mut binds = vec![
-            format!("{}:{}:ro", self.agent_bin.display(), link::AGENT_PATH),
-            format!("{}:/.namzu/run:rw", dir.join("run").display()),
-            format!("{}:/workspace:rw", dir.join("workspace").display()),
-        ];
-        for b in &spec.binds {
-            let mode = if b.writable { "rw" } else { "ro" };
-            binds.push(format!("{}:{}:{mode}", b.source.display(), b.target.display()));
-        }
-        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        for (k, v) in &spec.limits {
-            env.push(format!("{}={v}", namzu_proto::limits::env_var(k)));
-        }
-        let r = &spec.resources;
-        let pids = r.pids.or(self.opts.default_pids_limit).unwrap_or(4096);
-        let fsize = i64::try_from(self.opts.max_file_bytes.unwrap_or(16 << 30)).unwrap_or(i64::MAX);
-        let memory = r.memory_bytes.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
-        let host = HostConfig {
-            binds: Some(binds),
-            // Hardening; see the module docs.
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(agent_caps(self.opts.runtime.as_deref())),
-            security_opt: Some(
-                std::iter::once("no-new-privileges:true".to_owned())
-                    .chain(self.opts.seccomp_profile.as_ref().map(|p| format!("seccomp={p}")))
-                    .collect(),
-            ),
-            ipc_mode: Some("private".into()),
-            readonly_rootfs: Some(self.opts.read_only_rootfs != Some(false)),
-            tmpfs: Some(tmpfs),
-            network_mode: Some("none".into()),
-            pids_limit: Some(i64::try_from(pids).unwrap_or(i64::MAX)),
-            memory,
-            // No swap beyond the memory limit.
-            memory_swap: memory,
-            nano_cpus: r.cpus.map(|c| (c * 1e9) as i64),
-            runtime: self.opts.runtime.clone(),
-            init: Some(false),
-            // /sys is the host's (read-only) sysfs; nothing in a sandbox
-            // needs it, so it is masked whole, with its cgroup mounts.
-            masked_paths: Some(MASKED_PATHS.iter().map(|p| (*p).to_owned()).collect()),
-            ulimits: Some(vec![bollard::models::ResourcesUlimits {
-                name: Some("fsize".into()),
-                soft: Some(fsize),
-                hard: Some(fsize),
-            }]),
-            ..Default::default()
-        };
-        let runtime = self.opts.runtime.clone().unwrap_or_else(|| "default".into());
-        let mut reports = vec![
-            format!("runtime={runtime}"),
-            "capabilities=commands none; agent CapDrop ALL + SYS_ADMIN (start only), SETUID, SETGID, SETPCAP, KILL; no-new-privileges".into(),
-            "ipc=private".into(),
-            "network=none".into(),
-            format!(
-                "rootfs={}",
-                if self.opts.read_only_rootfs == Some(false) {
-                    "writable"
-                } else {
-                    "read-only"
-                }
-            ),
-            format!(
-                "cgroups=pids={pids}{}{}",
-                memory.map_or(String::new(), |m| format!(",memory=cgroup:{m}")),
-                r.cpus.map_or(String::new(), |c| format!(",cpu=cgroup:{c}")),
-            ),
-        ];
-        reports.push(if runtime == "runsc" {
-            "seccomp=namzu filter only (gVisor loads no OCI profile inside)".into()
-        } else {
-            match &self.opts.seccomp_profile {
-                None => "seccomp=daemon default profile + namzu filter".into(),
-                Some(p) => format!("seccomp=daemon profile {p} + namzu filter"),
-            }
-        });
-        let mut entrypoint: Vec<String> = vec![
-            link::AGENT_PATH.into(),
-            "--listen".into(),
-            format!("unix:{}", link::AGENT_SOCKET),
-            "--token-file".into(),
-            "/.namzu/run/token".into(),
-            "--consume-token".into(),
-            "--root".into(),
-            "/workspace".into(),
-            "--root".into(),
-            "/".into(),
-            "--egress".into(),
-            "--command-user".into(),
-            user.to_owned(),
-            "--tighten-mounts".into(),
-        ];
-        for r in reports {
-            entrypoint.push("--report".into());
-            entrypoint.push(r);
-        }
-        // Stacked on the daemon's profile (runc): what it leaves open (like
-        // io_uring) the local tier's filter closes. Under gVisor, which
-        // loads no OCI profile, it is the only filter, and what keeps a
-        // command from making a user namespace and holding every
-        // capability in it.
-        entrypoint.push("--seccomp".into());
-        if self.transport() == Transport::Socket {
-            // The host connects to the socket's inode through its own path,
-            // and the agent already runs: commands need see neither mount.
-            for p in ["/.namzu/run", link::AGENT_PATH] {
-                entrypoint.extend(["--hide".into(), p.into()]);
-            }
-        }
-        Config {
-            image: Some(image.to_owned()),
-            // Root, for the agent's few capabilities; commands run as the
-            // image's own user (`--command-user`).
-            user: Some("0:0".into()),
-            entrypoint: Some(entrypoint),
-            cmd: Some(Vec::new()),
-            working_dir: Some("/workspace".into()),
-            env: Some(env),
-            labels: Some(labels),
-            network_disabled: Some(true),
-            stop_signal: Some("SIGTERM".into()),
-            host_config: Some(host),
-            ..Default::default()
-        }
     }
 
     /// Connects to a container's agent over `transport`.

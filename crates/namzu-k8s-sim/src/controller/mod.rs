@@ -39,8 +39,11 @@ use namzu_kubernetes::build::until;
 use namzu_kubernetes::NameResolution;
 use serde_json::{json, Value};
 
+mod claims;
+mod pods;
+
 use crate::podnet::{self, PodNet};
-use crate::server::{new_uid, now_rfc3339, Gvr, Simulator};
+use crate::server::{new_uid, now_rfc3339, Gvr, PodReadHook, Simulator};
 
 pub const PODS: Gvr = ("", "v1", "pods");
 pub const SANDBOXES: Gvr = ("agents.x-k8s.io", "v1beta1", "sandboxes");
@@ -195,7 +198,8 @@ impl Controller {
             id: rand::random(),
         });
         if sim.controller.set(ctl.clone()).is_err() {
-            return sim.controller.get().cloned().unwrap_or(ctl);
+            let standing: Option<Arc<dyn std::any::Any + Send + Sync>> = sim.controller.get().cloned().map(|c| c as _);
+            return standing.and_then(|c| c.downcast::<Controller>().ok()).unwrap_or(ctl);
         }
         if ctl.net == podnet::Mode::Veth {
             podnet::hold_range();
@@ -273,7 +277,7 @@ impl Controller {
     }
 
     /// Called by the API after a pod read: replaces the pod if asked to.
-    pub(crate) async fn after_pod_read(&self, sim: &Simulator, ns: &str, name: &str) {
+    async fn replace_if_asked(&self, sim: &Simulator, ns: &str, name: &str) {
         {
             let mut st = self.lock();
             if st.replace_on_read == 0 || !st.running.contains_key(&key(ns, name)) {
@@ -402,206 +406,6 @@ impl Controller {
         }
     }
 
-    fn claims(&self, sim: &Simulator) {
-        let pools = sim.all(POOLS);
-        for claim in sim.all(CLAIMS) {
-            let ns = meta(&claim, "namespace").to_owned();
-            let mut next = claim.clone();
-            match claim["status"]["sandbox"]["name"].as_str() {
-                Some(bound) => {
-                    let sb = sim
-                        .all(SANDBOXES)
-                        .into_iter()
-                        .find(|s| meta(s, "namespace") == ns && meta(s, "name") == bound);
-                    let ready = sb.as_ref().is_some_and(is_ready);
-                    next["status"]["conditions"] = json!([condition(
-                        "Ready",
-                        ready,
-                        if ready { "SandboxReady" } else { "SandboxNotReady" },
-                        ""
-                    )]);
-                }
-                None => {
-                    let pname = claim["spec"]["warmPoolRef"]["name"].as_str().unwrap_or_default();
-                    let Some(pool) = pools
-                        .iter()
-                        .find(|p| meta(p, "namespace") == ns && meta(p, "name") == pname)
-                    else {
-                        next["status"]["conditions"] = json!([condition(
-                            "Ready",
-                            false,
-                            "WarmPoolNotFound",
-                            &format!("SandboxWarmPool {pname:?} not found in namespace {ns:?}")
-                        )]);
-                        if next != claim {
-                            sim.put(CLAIMS, next);
-                        }
-                        continue;
-                    };
-                    let tname = pool["spec"]["sandboxTemplateRef"]["name"].as_str().unwrap_or_default();
-                    let Some(template) = Self::template(sim, &ns, tname) else {
-                        next["status"]["conditions"] = json!([condition(
-                            "Ready",
-                            false,
-                            "TemplateNotFound",
-                            &format!("SandboxTemplate {tname:?} not found")
-                        )]);
-                        if next != claim {
-                            sim.put(CLAIMS, next);
-                        }
-                        continue;
-                    };
-                    if let Err(why) = Self::injection(&claim, &template) {
-                        next["status"]["conditions"] =
-                            json!([condition("Ready", false, "EnvVarsInjectionRejected", &why)]);
-                        if next["status"]["conditions"][0]["reason"] != claim["status"]["conditions"][0]["reason"] {
-                            sim.put(CLAIMS, next);
-                        }
-                        continue;
-                    }
-                    let bound = self.adopt(sim, &claim, pool, &template);
-                    next["status"]["sandbox"] = json!({"name": bound});
-                    next["status"]["conditions"] = json!([condition("Ready", false, "SandboxNotReady", "")]);
-                }
-            }
-            if next["status"] != claim["status"] {
-                // Conditions carry a transition time; only a change of
-                // status proper is written.
-                let same = next["status"]["sandbox"] == claim["status"]["sandbox"]
-                    && next["status"]["conditions"][0]["status"] == claim["status"]["conditions"][0]["status"]
-                    && next["status"]["conditions"][0]["reason"] == claim["status"]["conditions"][0]["reason"];
-                if !same {
-                    sim.put(CLAIMS, next);
-                }
-            }
-        }
-    }
-
-    /// Whether the template lets `claim` inject its `env`: `Disallowed` (the
-    /// default) refuses any; `Allowed` refuses a name the container already
-    /// sets; `Overrides` takes all.
-    fn injection(claim: &Value, template: &Value) -> Result<(), String> {
-        let env = claim["spec"]["env"].as_array().cloned().unwrap_or_default();
-        if env.is_empty() {
-            return Ok(());
-        }
-        let policy = template["spec"]["envVarsInjectionPolicy"]
-            .as_str()
-            .unwrap_or("Disallowed");
-        let containers = &template["spec"]["podTemplate"]["spec"]["containers"];
-        match policy {
-            "Overrides" => Ok(()),
-            "Allowed" => {
-                for e in &env {
-                    let c = containers
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .find(|c| e["containerName"].as_str().is_none_or(|n| c["name"] == n));
-                    let taken = c.is_some_and(|c| {
-                        c["env"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .any(|have| have["name"] == e["name"])
-                    });
-                    if taken {
-                        return Err(format!(
-                            "env {} is set by the template and its policy is Allowed, not Overrides",
-                            e["name"]
-                        ));
-                    }
-                }
-                Ok(())
-            }
-            _ => Err(format!(
-                "the template's envVarsInjectionPolicy is {policy}; the claim asks for {} variables",
-                env.len()
-            )),
-        }
-    }
-
-    /// Puts a claim's `env` on the agent container of a Sandbox's pod
-    /// template (replacing what the template set, where allowed to).
-    fn inject(sb: &mut Value, claim: &Value) {
-        let Some(containers) = sb["spec"]["podTemplate"]["spec"]["containers"].as_array_mut() else {
-            return;
-        };
-        for e in claim["spec"]["env"].as_array().into_iter().flatten() {
-            let c = match e["containerName"].as_str() {
-                Some(n) => containers.iter_mut().find(|c| c["name"] == n),
-                None => containers.first_mut(),
-            };
-            let Some(c) = c else { continue };
-            if !c["env"].is_array() {
-                c["env"] = json!([]);
-            }
-            if let Some(list) = c["env"].as_array_mut() {
-                list.retain(|have| have["name"] != e["name"]);
-                list.push(json!({"name": e["name"].clone(), "value": e["value"].clone()}));
-            }
-        }
-    }
-
-    /// Binds `claim` to one of `pool`'s Sandboxes (ready first), or a cold
-    /// one when none is left — or when the claim injects environment, which
-    /// a running pod cannot take; returns its name.
-    fn adopt(&self, sim: &Simulator, claim: &Value, pool: &Value, template: &Value) -> String {
-        let ns = meta(claim, "namespace");
-        let extra = if self.drop_claim_labels.load(std::sync::atomic::Ordering::SeqCst) {
-            Value::Null
-        } else {
-            claim["spec"]["additionalPodMetadata"]["labels"].clone()
-        };
-        let owner = owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", claim);
-        let mut held: Vec<Value> = sim
-            .all(SANDBOXES)
-            .into_iter()
-            .filter(|s| owner_of(s, "SandboxWarmPool").is_some_and(|(_, u)| u == meta(pool, "uid")))
-            .collect();
-        held.sort_by_key(|s| !is_ready(s));
-        let injects = claim["spec"]["env"].as_array().is_some_and(|e| !e.is_empty());
-        if injects {
-            held.clear();
-        }
-        let mut sb = match held.into_iter().next() {
-            Some(mut s) => {
-                if let Some(l) = s["metadata"]["labels"].as_object_mut() {
-                    l.remove(POOL_LABEL);
-                }
-                s["metadata"]["ownerReferences"] = owner;
-                s
-            }
-            None => Self::sandbox_from(
-                template,
-                ns,
-                &format!("{}-{:05x}", meta(pool, "name"), rand::random::<u32>() & 0xfffff),
-                json!({}),
-                owner,
-            ),
-        };
-        Self::inject(&mut sb, claim);
-        let name = meta(&sb, "name").to_owned();
-        if let Some(extra) = extra.as_object() {
-            for (k, v) in extra {
-                sb["spec"]["podTemplate"]["metadata"]["labels"][k] = v.clone();
-            }
-            // The pod already running takes them too.
-            if let Some(mut pod) = sim
-                .all(PODS)
-                .into_iter()
-                .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name)
-            {
-                for (k, v) in extra {
-                    pod["metadata"]["labels"][k] = v.clone();
-                }
-                sim.put(PODS, pod);
-            }
-        }
-        sim.put(SANDBOXES, sb);
-        name
-    }
-
     fn sandboxes(&self, sim: &Simulator) {
         let pods = sim.all(PODS);
         for sb in sim.all(SANDBOXES) {
@@ -642,187 +446,20 @@ impl Controller {
             }
         }
     }
-
-    /// Starts a runtime for every pod without one, stops those whose pod
-    /// is gone.
-    fn pods(self: &Arc<Self>, sim: &Arc<Simulator>) {
-        let pods = sim.all(PODS);
-        let live: HashMap<String, &Value> = pods
-            .iter()
-            .map(|p| (key(meta(p, "namespace"), meta(p, "name")), p))
-            .collect();
-        let stale: Vec<PodRuntime> = {
-            let mut st = self.lock();
-            let gone: Vec<String> = st
-                .running
-                .iter()
-                .filter(|(k, rt)| live.get(*k).is_none_or(|p| meta(p, "uid") != rt.uid))
-                .map(|(k, _)| k.clone())
-                .collect();
-            gone.iter().filter_map(|k| st.running.remove(k)).collect()
-        };
-        for rt in stale {
-            tokio::spawn(rt.stop());
-        }
-        for (k, pod) in live {
-            let pending = pod["status"]["phase"] == "Pending" && pod["status"]["conditions"].is_null();
-            if !pending {
-                continue;
-            }
-            if self.lock().running.contains_key(&k) || self.lock().starting.contains(&k) {
-                continue;
-            }
-            let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
-            let mut next = pod.clone();
-            match fault {
-                Some(PodFault::Unschedulable) => {
-                    next["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", false, "Unschedulable",
-                        "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")]});
-                    sim.put(PODS, next);
-                    continue;
-                }
-                Some(PodFault::ImagePull) => {
-                    let c = pod["spec"]["containers"][0]["name"].clone();
-                    next["status"] = json!({"phase": "Pending",
-                        "conditions": [condition("PodScheduled", true, "", "")],
-                        "containerStatuses": [{"name": c, "ready": false, "restartCount": 0, "image": pod["spec"]["containers"][0]["image"].clone(),
-                            "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
-                            "message": "Back-off pulling image: not found"}}}]});
-                    sim.put(PODS, next);
-                    continue;
-                }
-                _ => {}
-            }
-            self.lock().starting.insert(k.clone());
-            next["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
-            let pod = sim.put(PODS, next);
-            let ctl = self.clone();
-            let sim = sim.clone();
-            tokio::spawn(async move {
-                let started = ctl.run_pod(&pod, fault == Some(PodFault::Unconfined)).await;
-                if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                    if let Ok(rt) = started {
-                        rt.stop().await;
-                    }
-                } else {
-                    ctl.publish(&sim, &pod, started);
-                }
-                ctl.lock().starting.remove(&k);
-            });
-        }
-    }
-
-    /// Writes a started pod's status (or its crash).
-    fn publish(&self, sim: &Simulator, pod: &Value, started: Result<PodRuntime, String>) {
-        let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
-        let current = sim
-            .all(PODS)
-            .into_iter()
-            .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name && meta(p, "uid") == meta(pod, "uid"));
-        let container = pod["spec"]["containers"][0]["name"].clone();
-        match (current, started) {
-            (Some(mut cur), Ok(rt)) => {
-                let ip = rt.net.ip.to_string();
-                cur["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
-                    "conditions": [condition("PodScheduled", true, "", ""), condition("Initialized", true, "", ""),
-                        condition("ContainersReady", true, "", ""), condition("Ready", true, "", "")],
-                    "containerStatuses": [{"name": container, "ready": true, "restartCount": 0, "started": true,
-                        "image": pod["spec"]["containers"][0]["image"].clone(), "imageID": "",
-                        "state": {"running": {"startedAt": now_rfc3339()}}}]});
-                sim.put(PODS, cur);
-                self.lock().running.insert(key(ns, name), rt);
-            }
-            (Some(mut cur), Err(why)) => {
-                cur["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", true, "", "")],
-                    "containerStatuses": [{"name": container, "ready": false, "restartCount": 1, "image": "", "imageID": "",
-                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": why}}}]});
-                sim.put(PODS, cur);
-            }
-            // The pod went away while it started.
-            (None, Ok(rt)) => {
-                tokio::spawn(rt.stop());
-            }
-            (None, Err(_)) => {}
-        }
-    }
-
-    /// Runs `pod`: a sandbox whose agent takes the token the container's
-    /// environment names, and a relay on a fresh pod IP at the agent port.
-    async fn run_pod(&self, pod: &Value, unconfined: bool) -> Result<PodRuntime, String> {
-        let c = &pod["spec"]["containers"][0];
-        let token = c["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["name"] == namzu_kubernetes::build::TOKEN_ENV)
-            .and_then(|e| match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("metadata.uid") => pod["metadata"]["uid"].as_str().map(String::from),
-                Some("metadata.name") => pod["metadata"]["name"].as_str().map(String::from),
-                Some(_) => None,
-                None => e["value"].as_str().map(String::from),
-            })
-            .ok_or("no bind token: the container has no NAMZU_AGENT_TOKEN")?;
-        let port = c["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .find_map(|a| {
-                a.strip_prefix("tcp:")
-                    .and_then(|r| r.rsplit(':').next()?.parse::<u16>().ok())
-            })
-            .unwrap_or(namzu_kubernetes::DEFAULT_AGENT_PORT);
-        // The container's environment is the agent's; the agent reads its
-        // limits from NAMZU_<LIMIT>, which the local tier takes as limits.
-        let mut spec = SandboxSpec::default();
-        for e in c["env"].as_array().into_iter().flatten() {
-            let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) else {
-                continue;
-            };
-            let limit = namzu::limits::ALL
-                .iter()
-                .find(|l| namzu::limits::env_var(l) == name)
-                .map(|l| (*l).to_owned());
-            match (limit, value.parse::<u64>()) {
-                (Some(l), Ok(v)) => spec.limits.push((l, v)),
-                _ => spec.env.push((name.to_owned(), value.to_owned())),
-            }
-        }
-        let veth = self.net == podnet::Mode::Veth && !unconfined;
-        let made = if unconfined {
-            self.host
-                .create_with_token(spec, Some(token.clone().into_bytes()))
-                .await
-        } else {
-            let tcp = veth.then(|| format!("0.0.0.0:{port}"));
-            self.local
-                .create_with(spec, Some(token.clone().into_bytes()), tcp)
-                .await
-        };
-        let sandbox: Sandbox = made.map_err(|e| e.to_string())?;
-        let tier = if unconfined { "host" } else { "local" };
-        let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
-        let net = if veth {
-            podnet::attach_veth(&dir, self.id).await
-        } else {
-            podnet::attach_relay(dir.join("agent.sock"), port).await
-        };
-        let net = match net {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = sandbox.destroy().await;
-                return Err(e);
-            }
-        };
-        Ok(PodRuntime {
-            uid: pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
-            net,
-            sandbox,
-        })
-    }
 }
 
 /// A fresh uid, for tests that build objects by hand.
 pub fn uid() -> String {
     new_uid()
+}
+
+impl PodReadHook for Controller {
+    fn after_pod_read<'a>(
+        &'a self,
+        sim: &'a Simulator,
+        ns: &'a str,
+        name: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.replace_if_asked(sim, ns, name))
+    }
 }
