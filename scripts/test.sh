@@ -33,6 +33,16 @@ cargo build --workspace --bins --locked
 # so it never replaces the real agent.
 cargo build -p namzu-agent --features weaken --target-dir target/weaken --locked
 
+# The library's promises about itself: its docs build without a broken
+# link, and a local-only build (no default features) compiles neither
+# bollard nor kube.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p namzu-core -p namzu -p namzu-kubernetes
+cargo build -p namzu --no-default-features --locked
+if cargo tree -p namzu --no-default-features -e normal --prefix none --locked | grep -Eq '^(kube|bollard|k8s-openapi) '; then
+    echo "namzu without default features still depends on kube or bollard" >&2
+    exit 1
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -9,177 +9,440 @@ use namzu_proto::v1::agent_error::Kind;
 
 use crate::spec::Tier;
 
+/// A result whose error is namzu's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Every failure of the host library. Match on the variant; the
+/// `message`/`reason` strings are for humans. A tier's own failures are
+/// [`Error::Tier`], typed by that tier.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     // ---- paths and files
+    /// No such file or directory.
     #[error("{op}: {}: no such file or directory", path.display())]
-    NotFound { op: String, path: PathBuf },
+    NotFound {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Already exists.
     #[error("{op}: {}: already exists", path.display())]
-    AlreadyExists { op: String, path: PathBuf },
+    AlreadyExists {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Permission denied.
     #[error("{op}: {}: permission denied", path.display())]
-    PermissionDenied { op: String, path: PathBuf },
+    PermissionDenied {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Path escapes the sandbox.
     #[error("{op}: {}: path escapes the sandbox", path.display())]
-    PathEscape { op: String, path: PathBuf },
+    PathEscape {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Not a directory.
     #[error("{op}: {}: not a directory", path.display())]
-    NotADirectory { op: String, path: PathBuf },
+    NotADirectory {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Is a directory.
     #[error("{op}: {}: is a directory", path.display())]
-    IsADirectory { op: String, path: PathBuf },
+    IsADirectory {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Not a regular file.
     #[error("{op}: {}: not a regular file", path.display())]
-    NotRegularFile { op: String, path: PathBuf },
+    NotRegularFile {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// Directory not empty.
     #[error("{op}: {}: directory not empty", path.display())]
-    DirectoryNotEmpty { op: String, path: PathBuf },
+    DirectoryNotEmpty {
+        /// The operation that failed.
+        op: String,
+        /// The path as the caller gave it.
+        path: PathBuf,
+    },
+    /// A walk found more entries than its budget allowed.
     #[error("walk of {}: more than {limit} entries", root.display())]
-    WalkLimit { root: PathBuf, limit: u64 },
+    WalkLimit {
+        /// The walk root.
+        root: PathBuf,
+        /// The limit in force.
+        limit: u64,
+    },
+    /// An i/o error inside the sandbox, with its errno.
     #[error("{op}: {}: i/o error (errno {errno}): {message}", path.display())]
     Io {
+        /// The operation that failed.
         op: String,
+        /// The path as the caller gave it.
         path: PathBuf,
+        /// The errno the agent saw.
         errno: i32,
+        /// What went wrong, for humans.
         message: String,
     },
 
     // ---- limits and arguments
+    /// A named agent limit was exceeded.
     #[error("{op}: exceeds the limit {limit} = {value}")]
     LimitExceeded {
+        /// The operation that failed.
         op: String,
+        /// The limit in force.
         limit: String,
+        /// The value that exceeded it.
         value: u64,
+        /// The path as the caller gave it.
         path: Option<PathBuf>,
     },
+    /// An argument was refused before anything ran.
     #[error("{op}: invalid argument: {message}")]
-    InvalidArgument { op: String, message: String },
-
-    // ---- executions
-    #[error("cannot start {}: {message} (errno {errno})", command.display())]
-    SpawnFailed {
-        command: PathBuf,
-        errno: i32,
+    InvalidArgument {
+        /// The operation that failed.
+        op: String,
+        /// What went wrong, for humans.
         message: String,
     },
+
+    // ---- executions
+    /// The command could not be started (no such program, not executable …).
+    #[error("cannot start {}: {message} (errno {errno})", command.display())]
+    SpawnFailed {
+        /// The program run.
+        command: PathBuf,
+        /// The errno the agent saw.
+        errno: i32,
+        /// What went wrong, for humans.
+        message: String,
+    },
+    /// A kill could not be confirmed: the sandbox is retired and the command
+    /// must not be retried automatically.
     #[error("cancellation of execution {execution_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
-    RemoteCancellationUnknown { execution_id: String },
+    RemoteCancellationUnknown {
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// The agent is retiring after an unconfirmed kill and serves nothing but health.
     #[error("{op}: the agent is retiring after an unconfirmed kill and serves nothing but health")]
-    AgentRetiring { op: String },
+    AgentRetiring {
+        /// The operation that failed.
+        op: String,
+    },
+    /// No execution with this id.
     #[error("{op}: unknown execution {execution_id}")]
-    UnknownExecution { op: String, execution_id: String },
+    UnknownExecution {
+        /// The operation that failed.
+        op: String,
+        /// The execution's id.
+        execution_id: String,
+    },
+    /// The link to a detachable execution was lost past the reattach window;
+    /// it may still run: attach again from `offset`.
     #[error("lost the link to execution {execution_id} and could not get back within the reattach window; it may still run: attach again from offset {offset}")]
-    ExecutionLinkLost { execution_id: String, offset: u64 },
+    ExecutionLinkLost {
+        /// The execution's id.
+        execution_id: String,
+        /// The log offset to resume from.
+        offset: u64,
+    },
+    /// The execution cannot be attached (see `state`).
     #[error("execution {execution_id} cannot be attached: {reason}")]
     ExecutionNotAttachable {
+        /// The execution's id.
         execution_id: String,
         /// `Reserved` when the command never started (nothing runs).
         state: AttachRefusal,
+        /// Why, for humans.
         reason: String,
     },
+    /// A detachable execution's kill could not be confirmed; nothing was
+    /// retired, and the cancel may be retried.
     #[error("cancellation of execution {execution_id} could not be confirmed; nothing was retired, it may still run and the cancel may be retried")]
-    ExecutionCancelUnconfirmed { execution_id: String },
+    ExecutionCancelUnconfirmed {
+        /// The execution's id.
+        execution_id: String,
+    },
 
     // ---- sessions
+    /// No session with this id.
     #[error("no session {id:?}")]
-    SessionNotFound { id: String },
+    SessionNotFound {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// A session with this id exists already.
     #[error("a session {id:?} exists already")]
-    SessionExists { id: String },
+    SessionExists {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Another attachment took the terminal over.
     #[error("another attachment took terminal {session_id:?} over (this one had read to offset {offset})")]
-    AttachmentReplaced { session_id: String, offset: u64 },
+    AttachmentReplaced {
+        /// The session's id.
+        session_id: String,
+        /// The log offset to resume from.
+        offset: u64,
+    },
+    /// The link to a persistent terminal was lost while it runs: attach again
+    /// from `offset`.
     #[error("detached from terminal {session_id:?} while it still runs; attach again from offset {offset}")]
-    TerminalLinkLost { session_id: String, offset: u64 },
+    TerminalLinkLost {
+        /// The session's id.
+        session_id: String,
+        /// The log offset to resume from.
+        offset: u64,
+    },
 
     // ---- quiesce and flush
+    /// A process survived SIGKILL during quiesce.
     #[error("process {pid} survived SIGKILL during quiesce")]
-    QuiesceSurvivor { pid: u32 },
+    QuiesceSurvivor {
+        /// Its process id inside the sandbox.
+        pid: u32,
+    },
+    /// The operation did not finish within its bound.
     #[error("{op} did not finish within {limit_ms} ms")]
-    Timeout { op: String, limit_ms: u64 },
+    Timeout {
+        /// The operation that failed.
+        op: String,
+        /// The bound, in milliseconds.
+        limit_ms: u64,
+    },
 
     // ---- network
+    /// Nothing listens on that port inside the sandbox.
     #[error("nothing listens on port {port} inside the sandbox")]
-    ConnectionRefused { port: u16 },
+    ConnectionRefused {
+        /// The port inside the sandbox.
+        port: u16,
+    },
 
     // ---- capabilities
+    /// The agent does not offer the feature this operation needs.
     #[error("{op}: the agent does not offer feature {feature:?}")]
-    Unsupported { op: String, feature: String },
+    Unsupported {
+        /// The operation that failed.
+        op: String,
+        /// The feature the agent lacks.
+        feature: String,
+    },
+    /// An egress policy entry refused when the policy was given.
     #[error(transparent)]
     EgressPolicy(#[from] crate::egress::PolicyError),
+    /// The sandbox's egress supervisor does not answer.
     #[error("sandbox {id}: its egress supervisor is unavailable: {reason}")]
-    EgressUnavailable { id: String, reason: String },
+    EgressUnavailable {
+        /// The sandbox's id.
+        id: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The tier cannot honour a spec option; nothing was created.
     #[error("tier {tier} cannot honour option {option}: {reason}")]
-    OptionRefused { tier: Tier, option: String, reason: String },
+    OptionRefused {
+        /// The tier that refused or failed.
+        tier: Tier,
+        /// The spec option, by its path (e.g. `resources.pids`).
+        option: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The file is not an image this store can import.
     #[error("{}: not an image: {reason}", path.display())]
-    NotAnImage { path: PathBuf, reason: String },
+    NotAnImage {
+        /// The path as the caller gave it.
+        path: PathBuf,
+        /// Why, for humans.
+        reason: String,
+    },
     /// An entry of an image layer would have reached outside the rootfs
     /// (or could not be placed beneath it safely); nothing was published.
     #[error("{}: layer {layer}: {reason} (entry {entry:?})", path.display())]
     ImageEntryRefused {
+        /// The path as the caller gave it.
         path: PathBuf,
+        /// The layer, by digest or file name.
         layer: String,
+        /// The entry as the layer names it.
         entry: String,
+        /// Why, for humans.
         reason: crate::image::Refusal,
     },
+    /// No imported image by that name or id.
     #[error("no image {reference:?} (import it with `namzu image import FILE`)")]
-    ImageNotFound { reference: String },
+    ImageNotFound {
+        /// The image reference.
+        reference: String,
+    },
+    /// The tier cannot be used here (its daemon is down, or it is not built).
     #[error("tier {tier} is not available: {reason}")]
-    TierUnavailable { tier: Tier, reason: String },
+    TierUnavailable {
+        /// The tier that refused or failed.
+        tier: Tier,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// Two options of a tier conflict.
     #[error("tier {tier}: option {option} cannot be combined with {conflicts_with}: {reason}")]
     ConfigConflict {
+        /// The tier that refused or failed.
         tier: Tier,
+        /// The spec option, by its path (e.g. `resources.pids`).
         option: String,
+        /// The option it conflicts with.
         conflicts_with: String,
+        /// Why, for humans.
         reason: String,
     },
     // ---- sandboxes and links
+    /// This handle's sandbox has been destroyed.
     #[error("sandbox {id} has been destroyed")]
-    SandboxDestroyed { id: String },
+    SandboxDestroyed {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// No sandbox with this id.
     #[error("no sandbox with id {id}")]
-    SandboxNotFound { id: String },
+    SandboxNotFound {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// The sandbox exists but its agent is gone.
     #[error("sandbox {id} is not running (its agent is gone)")]
-    SandboxDead { id: String },
+    SandboxDead {
+        /// The sandbox's id.
+        id: String,
+    },
     /// A tier's own failure, typed by that tier: match it with
     /// [`Error::tier_error`] (e.g. `namzu::kubernetes::KubernetesError`,
     /// `namzu::backend::docker::DockerError`).
     #[error("{tier} tier")]
     Tier {
+        /// The tier that refused or failed.
         tier: Tier,
+        /// The underlying failure.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    /// The sandbox's lease found the object behind it deleted or expired.
     #[error("sandbox {id} is gone: its lease found the object deleted or expired")]
-    SandboxGone { id: String },
+    SandboxGone {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// The `namzu-agent` binary was not found (set `NAMZU_AGENT_BIN`).
     #[error("cannot find the namzu-agent binary; looked in: {searched:?} (set NAMZU_AGENT_BIN)")]
-    AgentBinaryNotFound { searched: Vec<PathBuf> },
+    AgentBinaryNotFound {
+        /// Where the binary was looked for.
+        searched: Vec<PathBuf>,
+    },
+    /// The privilege probe found a command inside with some privilege; the
+    /// sandbox was refused.
     #[error("sandbox {id} refused: its commands are not unprivileged ({field} is {value:?})")]
-    PrivilegeProbe { id: String, field: String, value: String },
+    PrivilegeProbe {
+        /// The sandbox's id.
+        id: String,
+        /// The status field that showed privilege.
+        field: String,
+        /// The value that exceeded it.
+        value: String,
+    },
+    /// The sandbox's agent did not come up.
     #[error("agent of sandbox {id} did not come up: {reason}")]
-    AgentStart { id: String, reason: String },
+    AgentStart {
+        /// The sandbox's id.
+        id: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The link could not be dialed.
     #[error("cannot connect to {endpoint}")]
     Connect {
+        /// The address dialed.
         endpoint: String,
+        /// The underlying failure.
         #[source]
         source: std::io::Error,
     },
+    /// The link was refused during its authenticating preface.
     #[error("link to {endpoint} refused during the preface")]
     Preface {
+        /// The address dialed.
         endpoint: String,
+        /// The underlying failure.
         #[source]
         source: PrefaceError,
     },
+    /// The agent speaks another link protocol version.
     #[error("agent speaks protocol {agent}, this host speaks {host}")]
-    ProtocolVersion { agent: u32, host: u32 },
+    ProtocolVersion {
+        /// The protocol version the agent speaks.
+        agent: u32,
+        /// The protocol version this host speaks.
+        host: u32,
+    },
+    /// The link to the agent failed.
     #[error("{op}: the link to the agent failed: {message}")]
-    LinkLost { op: String, message: String },
+    LinkLost {
+        /// The operation that failed.
+        op: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
+    /// The agent broke the protocol.
     #[error("{op}: the agent broke the protocol: {message}")]
-    Protocol { op: String, message: String },
+    Protocol {
+        /// The operation that failed.
+        op: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
+    /// The agent is shutting down.
     #[error("{op}: the agent is shutting down")]
-    ShuttingDown { op: String },
+    ShuttingDown {
+        /// The operation that failed.
+        op: String,
+    },
+    /// An i/o failure on this host.
     #[error("{op}: local i/o")]
     LocalIo {
+        /// The operation that failed.
         op: String,
+        /// The underlying failure.
         #[source]
         source: std::io::Error,
     },
+    /// A sandbox's state directory could not be read.
     #[error("state of sandbox {id} is unreadable: {message}")]
-    State { id: String, message: String },
+    State {
+        /// The sandbox's id.
+        id: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
 }
 
 /// The bound of a message refused for its size (tonic's codec answers

@@ -9,14 +9,19 @@ pub const MAX_ENTRY_PATH: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {
+    /// Its path is absolute or climbs with '..'.
     #[error("its path is absolute or climbs with '..'")]
     PathOutside,
+    /// Its path is longer than bytes.
     #[error("its path is longer than {MAX_ENTRY_PATH} bytes")]
     PathTooLong,
+    /// Its path crosses a symlink or a non-directory that the image made.
     #[error("its path crosses a symlink or a non-directory that the image made")]
     ThroughSymlink,
+    /// It hard-links to an absolute or '..' path.
     #[error("it hard-links to an absolute or '..' path")]
     LinkOutside,
+    /// It hard-links to a path the rootfs does not have.
     #[error("it hard-links to a path the rootfs does not have")]
     LinkMissing,
 }

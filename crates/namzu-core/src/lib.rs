@@ -7,7 +7,7 @@
 //! Users depend on the `namzu` facade, which re-exports all of this with
 //! the tiers; a tier crate (like `namzu-kubernetes`) depends on this one.
 
-// TODO(missing-docs) #![warn(missing_docs)]
+#![warn(missing_docs)]
 
 pub mod check;
 pub mod client;

@@ -9,9 +9,12 @@ use crate::error::Result;
 use crate::handle::Sandbox;
 use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
+/// Makes, finds, lists and destroys the sandboxes of one tier.
 #[async_trait]
 pub trait Provider: Send + Sync {
+    /// The tier that refused or failed.
     fn tier(&self) -> Tier;
+    /// Makes a sandbox; it is ready for operations when this returns.
     async fn create(&self, spec: SandboxSpec) -> Result<Sandbox>;
     /// Reattaches to a sandbox made earlier, possibly by another process.
     async fn connect(&self, id: &str) -> Result<Sandbox>;
@@ -21,6 +24,7 @@ pub trait Provider: Send + Sync {
     async fn agent_link(&self, id: &str) -> Result<AgentClient> {
         Ok(self.connect(id).await?.agent().clone())
     }
+    /// Every sandbox of this tier the provider knows, alive or not.
     async fn list(&self) -> Result<Vec<SandboxInfo>>;
     /// Destroys a sandbox by id, whether or not it is still alive.
     async fn destroy(&self, id: &str) -> Result<()>;

@@ -21,8 +21,10 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Every tier, weakest first.
     pub const ALL: [Tier; 5] = [Tier::Host, Tier::Local, Tier::Docker, Tier::MicroVm, Tier::Kubernetes];
 
+    /// The entry name.
     pub fn name(self) -> &'static str {
         match self {
             Tier::Host => "host",
@@ -57,13 +59,16 @@ impl std::str::FromStr for Tier {
 /// limited that way. A tier that cannot apply one refuses it by name.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Resources {
+    /// Memory limit in bytes.
     pub memory_bytes: Option<u64>,
     /// CPU time, in CPUs (1.5 = one and a half cores).
     pub cpus: Option<f64>,
+    /// Most processes at once.
     pub pids: Option<u64>,
 }
 
 impl Resources {
+    /// Nothing is limited.
     pub fn is_empty(&self) -> bool {
         self.memory_bytes.is_none() && self.cpus.is_none() && self.pids.is_none()
     }
@@ -73,9 +78,11 @@ impl Resources {
 /// `writable`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
+    /// The underlying failure.
     pub source: std::path::PathBuf,
     /// Absolute path inside the sandbox.
     pub target: std::path::PathBuf,
+    /// Writable inside (default read-only).
     pub writable: bool,
 }
 
@@ -87,6 +94,7 @@ pub struct SandboxSpec {
     pub image: Option<String>,
     /// Host paths to show inside.
     pub binds: Vec<Bind>,
+    /// Resource limits.
     pub resources: Resources,
     /// Environment every command starts with.
     pub env: Vec<(String, String)>,
@@ -101,8 +109,12 @@ pub struct SandboxSpec {
 /// A summary of a sandbox a provider knows about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxInfo {
+    /// The sandbox's id.
     pub id: String,
+    /// The tier that refused or failed.
     pub tier: Tier,
+    /// Its agent answers.
     pub alive: bool,
+    /// When it was made, in Unix seconds.
     pub created_unix: u64,
 }

@@ -38,13 +38,17 @@ impl std::fmt::Debug for Stdin {
 /// assumes UTF-8.
 #[derive(Debug, Default)]
 pub struct ExecRequest {
+    /// The program run.
     pub command: OsString,
+    /// Its arguments.
     pub args: Vec<OsString>,
     /// Relative to the sandbox's default working directory; `None` for it.
     pub cwd: Option<PathBuf>,
+    /// Environment variables added.
     pub env: Vec<(OsString, OsString)>,
     /// Start from an empty environment instead of the sandbox's.
     pub clear_env: bool,
+    /// Standard input.
     pub stdin: Stdin,
     /// `None`: the sandbox's maximum (`sandbox_max_timeout_ms`).
     pub timeout: Option<Duration>,
@@ -66,6 +70,7 @@ pub type GapCallback = std::sync::Arc<dyn Fn(OutputGap) + Send + Sync>;
 pub struct OutputGap {
     /// Log offsets: `[from_offset, from_offset + lost_bytes)` was evicted.
     pub from_offset: u64,
+    /// How many bytes were lost from `from_offset` on.
     pub lost_bytes: u64,
 }
 
@@ -81,6 +86,7 @@ pub struct Detachable {
     /// How long the host tries to get back after its link fails; once an
     /// attach succeeds the window starts again at the next failure.
     pub reattach_window: Duration,
+    /// Called with each stretch of output evicted before it was read.
     pub on_gap: Option<GapCallback>,
 }
 
@@ -104,14 +110,16 @@ impl std::fmt::Debug for Detachable {
     }
 }
 
-/// How [`crate::Sandbox::attach_execution`] reads.
+/// How [`crate::Commands::attach`] reads.
 #[derive(Clone)]
 pub struct AttachOptions {
     /// Log offset to start from (0: everything still held).
     pub from_offset: u64,
     /// False: what is held now, and the exit if there is one; no waiting.
     pub follow: bool,
+    /// How long the host tries to get back after its link fails.
     pub reattach_window: Duration,
+    /// Called with each stretch of output evicted before it was read.
     pub on_gap: Option<GapCallback>,
 }
 
@@ -138,6 +146,7 @@ impl std::fmt::Debug for AttachOptions {
 }
 
 impl ExecRequest {
+    /// Runs `command` (looked up in `PATH`) with no arguments yet.
     pub fn new(command: impl AsRef<OsStr>) -> Self {
         Self {
             command: command.as_ref().to_owned(),
@@ -150,11 +159,13 @@ impl ExecRequest {
         Self::new("sh").arg("-c").arg(script)
     }
 
+    /// Appends an argument.
     pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
         self.args.push(a.as_ref().to_owned());
         self
     }
 
+    /// Its arguments.
     pub fn args<I, A>(mut self, args: I) -> Self
     where
         I: IntoIterator<Item = A>,
@@ -164,31 +175,37 @@ impl ExecRequest {
         self
     }
 
+    /// Environment variables added.
     pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Self {
         self.env.push((k.as_ref().to_owned(), v.as_ref().to_owned()));
         self
     }
 
+    /// Working directory (`None`: the default one).
     pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cwd = Some(dir.into());
         self
     }
 
+    /// Standard input.
     pub fn stdin(mut self, data: impl Into<Bytes>) -> Self {
         self.stdin = Stdin::Bytes(data.into());
         self
     }
 
+    /// Standard input fed from a stream of chunks; its end closes stdin.
     pub fn stdin_stream(mut self, s: impl Stream<Item = Bytes> + Send + 'static) -> Self {
         self.stdin = Stdin::Stream(Box::pin(s));
         self
     }
 
+    /// Kills the command (its whole process group) after this long.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
         self
     }
 
+    /// Cancelling the token kills the command and waits for the kill to be confirmed.
     pub fn cancel_token(mut self, t: CancellationToken) -> Self {
         self.cancel = Some(t);
         self
@@ -207,11 +224,13 @@ impl ExecRequest {
         self
     }
 
+    /// How long the host tries to get back after its link fails.
     pub fn reattach_window(mut self, d: Duration) -> Self {
         self.detachable.get_or_insert_with(Detachable::default).reattach_window = d;
         self
     }
 
+    /// Called with each stretch of output evicted before it was read.
     pub fn on_gap(mut self, f: impl Fn(OutputGap) + Send + Sync + 'static) -> Self {
         self.detachable.get_or_insert_with(Detachable::default).on_gap = Some(std::sync::Arc::new(f));
         self
@@ -225,11 +244,14 @@ pub struct ExitStatus {
     pub code: Option<i32>,
     /// Signal that ended it, if any.
     pub signal: Option<i32>,
+    /// Killed because it ran past its timeout.
     pub timed_out: bool,
+    /// Killed because it was cancelled.
     pub cancelled: bool,
 }
 
 impl ExitStatus {
+    /// It exited with code 0.
     pub fn success(&self) -> bool {
         self.code == Some(0)
     }
@@ -244,65 +266,96 @@ impl ExitStatus {
     }
 }
 
-/// The collected result of [`crate::Sandbox::exec`].
+/// The collected result of [`crate::Commands::run`].
 #[derive(Debug, Clone)]
 pub struct ExecOutput {
+    /// The execution's id.
     pub execution_id: String,
+    /// How it ended.
     pub status: ExitStatus,
+    /// Standard output, up to the output limit.
     pub stdout: Bytes,
+    /// Standard error, up to the output limit.
     pub stderr: Bytes,
     /// Output beyond the agent's `max_output_bytes` was dropped.
     pub stdout_truncated: bool,
+    /// Output past the limit was dropped.
     pub stderr_truncated: bool,
     /// Total bytes the command wrote, including dropped ones.
     pub stdout_bytes: u64,
+    /// Bytes the command wrote to stderr, kept or not.
     pub stderr_bytes: u64,
+    /// Wall time from start to exit.
     pub duration: Duration,
 }
 
 /// One event of a streamed execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecEvent {
+    /// A chunk of standard output.
     Stdout {
+        /// The log offset to resume from.
         offset: u64,
+        /// The bytes.
         data: Bytes,
     },
+    /// A chunk of standard error.
     Stderr {
+        /// The log offset to resume from.
         offset: u64,
+        /// The bytes.
         data: Bytes,
     },
     /// Always the last event.
     Exit(ExitSummary),
 }
 
+/// How a streamed command ended, and how much output it made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitSummary {
+    /// How it ended.
     pub status: ExitStatus,
+    /// Output past the limit was dropped.
     pub stdout_truncated: bool,
+    /// Output past the limit was dropped.
     pub stderr_truncated: bool,
+    /// Bytes the command wrote to stdout, kept or not.
     pub stdout_bytes: u64,
+    /// Bytes the command wrote to stderr, kept or not.
     pub stderr_bytes: u64,
+    /// Wall time from start to exit.
     pub duration: Duration,
 }
 
+/// What a file-system entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link (not followed).
     Symlink,
+    /// Anything else: a device, socket or pipe.
     Other,
 }
 
+/// One file-system entry inside a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileInfo {
     /// Full path (walk, stat) or the name joined to the listed directory.
     pub path: PathBuf,
+    /// The entry name.
     pub name: OsString,
+    /// What kind of entry.
     pub kind: FileKind,
+    /// Size in bytes.
     pub size: u64,
     /// Permission bits.
     pub mode: u32,
+    /// Last modification time.
     pub mtime: SystemTime,
+    /// A symlink's target, as stored.
     pub symlink_target: Option<PathBuf>,
     /// Walk only: 1 for direct children of the root.
     pub depth: u32,
@@ -313,12 +366,14 @@ pub struct FileInfo {
 pub struct WriteOptions {
     /// Mode of a new file (default 0644). An existing file keeps its own.
     pub mode: Option<u32>,
+    /// Create missing parent directories.
     pub create_parents: bool,
 }
 
 /// A range of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
+    /// The log offset to resume from.
     pub offset: u64,
     /// `None`: to the end of the file.
     pub length: Option<u64>,
@@ -327,6 +382,7 @@ pub struct ByteRange {
 /// What a (ranged) read returned.
 #[derive(Debug, Clone)]
 pub struct FileData {
+    /// The bytes.
     pub data: Bytes,
     /// Size of the whole file.
     pub file_size: u64,
@@ -334,6 +390,7 @@ pub struct FileData {
     pub eof: bool,
 }
 
+/// How a walk goes, each bound with a default.
 #[derive(Debug, Clone, Default)]
 pub struct WalkOptions {
     /// 0: the agent's default budget. More entries than this end the walk
@@ -341,20 +398,30 @@ pub struct WalkOptions {
     pub max_entries: u32,
     /// 0: unlimited; 1: only the root's children.
     pub max_depth: u32,
+    /// Include names starting with a dot.
     pub include_hidden: bool,
 }
 
 /// What the agent told about itself.
 #[derive(Debug, Clone)]
 pub struct AgentInfo {
+    /// The link protocol version the agent speaks.
     pub protocol_version: u32,
+    /// The agent's version.
     pub agent_version: String,
+    /// Random per agent start: a changed id means a new agent.
     pub boot_id: String,
+    /// Features the agent offers (see `namzu_proto::features`).
     pub features: Vec<String>,
+    /// The agent fenced itself after an unconfirmed kill.
     pub retiring: bool,
+    /// Its process id inside the sandbox.
     pub pid: u32,
+    /// The agent's resident memory now.
     pub rss_bytes: u64,
+    /// The agent's peak resident memory.
     pub peak_rss_bytes: u64,
+    /// Limits in force, by name.
     pub limits: Vec<(String, u64)>,
     /// Ops other than Health the agent has served since it started.
     pub ops_served: u64,
@@ -369,22 +436,31 @@ pub struct AgentInfo {
 pub struct TerminalOptions {
     /// `None`: a login shell.
     pub command: Option<OsString>,
+    /// Its arguments.
     pub args: Vec<OsString>,
+    /// Working directory (`None`: the default one).
     pub cwd: Option<PathBuf>,
+    /// Environment variables added.
     pub env: Vec<(OsString, OsString)>,
+    /// Columns.
     pub cols: u16,
+    /// Rows.
     pub rows: u16,
     /// Keep it in the session registry under `session_id`: losing the link
     /// only detaches, and `attach_terminal` resumes it.
     pub persistent: bool,
+    /// The session's id.
     pub session_id: Option<String>,
 }
 
 /// One event of a terminal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TerminalEvent {
+    /// Bytes the terminal wrote, at this offset of its output.
     Output {
+        /// The log offset to resume from.
         offset: u64,
+        /// The bytes.
         data: Bytes,
     },
     /// Always the last event.
@@ -394,7 +470,9 @@ pub enum TerminalEvent {
 /// A process quiesce stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoppedProcess {
+    /// Its process id inside the sandbox.
     pub pid: u32,
+    /// Its command name.
     pub comm: String,
     /// 15 if SIGTERM was enough, 9 if it took SIGKILL.
     pub signal: i32,
@@ -403,6 +481,7 @@ pub struct StoppedProcess {
 /// What a quiesce did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuiesceReport {
+    /// Every process it stopped.
     pub stopped: Vec<StoppedProcess>,
     /// Passes until one found nothing left.
     pub rounds: u32,
@@ -411,24 +490,35 @@ pub struct QuiesceReport {
 /// A command to run detached, in a named session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionSpec {
+    /// The session's id.
     pub session_id: String,
+    /// The program run.
     pub command: OsString,
+    /// Its arguments.
     pub args: Vec<OsString>,
+    /// Working directory (`None`: the default one).
     pub cwd: Option<PathBuf>,
+    /// Environment variables added.
     pub env: Vec<(OsString, OsString)>,
 }
 
+/// Whether a session's command still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionState {
+    /// It runs.
     Running,
+    /// It exited, so.
     Exited(ExitStatus),
 }
 
 /// What the agent knows of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInfo {
+    /// The session's id.
     pub session_id: String,
+    /// Its process id inside the sandbox.
     pub pid: u32,
+    /// Running, or how it exited.
     pub state: SessionState,
     /// Bytes written so far: the offset of the next byte.
     pub output_bytes: u64,
@@ -439,21 +529,28 @@ pub struct SessionInfo {
 /// One read of a session's output.
 #[derive(Debug, Clone)]
 pub struct SessionChunk {
+    /// The bytes.
     pub data: Bytes,
     /// Where `data` starts (past `from_offset` when bytes were dropped).
     pub offset: u64,
+    /// Where the next read starts.
     pub next_offset: u64,
     /// Bytes asked for that the ring had already dropped.
     pub dropped_bytes: u64,
+    /// The session as of this read.
     pub info: SessionInfo,
 }
 
 /// Signals `kill_session` may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionSignal {
+    /// SIGTERM.
     Term,
+    /// SIGKILL.
     Kill,
+    /// SIGINT.
     Int,
+    /// SIGHUP.
     Hup,
 }
 

@@ -28,6 +28,7 @@ const IMAGE_PULL_REASONS: [&str; 4] = [
     "ErrImageNeverPull",
 ];
 
+/// Why an acquire failed, in the taxonomy the seeds use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireReason {
     /// The API server could not be reached.
@@ -61,16 +62,20 @@ impl AcquireReason {
 #[error("acquire failed ({reason:?}, {}): {cause}{}", if *retryable { "retryable" } else { "not retryable" },
         controller_reason.as_ref().map_or(String::new(), |r| format!(" [controller: {r}: {}]", controller_message.clone().unwrap_or_default())))]
 pub struct AcquireError {
+    /// Why, for humans.
     pub reason: AcquireReason,
+    /// Trying again later may succeed.
     pub retryable: bool,
     /// What happened, as the failure itself said it.
     pub cause: String,
     /// The controller's own words, when it refused the claim.
     pub controller_reason: Option<String>,
+    /// The controller's own message, when its status carried one.
     pub controller_message: Option<String>,
 }
 
 impl AcquireError {
+    /// An error of `reason`, with what caused it.
     pub fn new(reason: AcquireReason, cause: impl Into<String>) -> Self {
         Self {
             reason,

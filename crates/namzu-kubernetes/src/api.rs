@@ -21,14 +21,20 @@ use super::MIN_API_REQUEST_TIMEOUT;
 /// An RBAC verb, as Roles spell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Verb {
+    /// GET of one object.
     Get,
+    /// GET of a collection.
     List,
+    /// POST.
     Create,
+    /// PATCH (merge).
     Patch,
+    /// DELETE.
     Delete,
 }
 
 impl Verb {
+    /// The verb as RBAC names it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Get => "get",
@@ -60,7 +66,9 @@ impl std::fmt::Display for Verb {
 pub struct Call {
     /// `""` for the core group.
     pub group: String,
+    /// The resource, as `group/plural`.
     pub resource: String,
+    /// The verb.
     pub verb: Verb,
 }
 
@@ -68,28 +76,62 @@ pub struct Call {
 /// the credentials: only the verb, the path and what the server said.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
+    /// No answer within (api_request_timeout).
     #[error("{verb} {path}: no answer within {bound:?} (api_request_timeout)")]
-    Timeout { verb: Verb, path: String, bound: Duration },
+    Timeout {
+        /// The request verb.
+        verb: Verb,
+        /// The request path.
+        path: String,
+        /// The bound it ran past.
+        bound: Duration,
+    },
+    /// The credentials were refused.
     #[error("{verb} {path}: {status}: the credentials were refused: {message}")]
     Credential {
+        /// The request verb.
         verb: Verb,
+        /// The request path.
         path: String,
+        /// The HTTP status.
         status: u16,
+        /// What went wrong, for humans.
         message: String,
     },
+    /// The object is already gone (404 or 410).
     #[error("{verb} {path}: {status}: already gone")]
-    AlreadyGone { verb: Verb, path: String, status: u16 },
+    AlreadyGone {
+        /// The request verb.
+        verb: Verb,
+        /// The request path.
+        path: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// A conflicting write (409).
     #[error("{verb} {path}: 409 conflict: {message}")]
-    Conflict { verb: Verb, path: String, message: String },
+    Conflict {
+        /// The request verb.
+        verb: Verb,
+        /// The request path.
+        path: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
+    /// Any other failure of a request.
     #[error("{verb} {path}: {}{message}", status.map_or("no response: ".to_owned(), |s| format!("{s}: ")))]
     Api {
+        /// The request verb.
         verb: Verb,
+        /// The request path.
         path: String,
         /// `None`: the request never got a status (connect, transport).
         status: Option<u16>,
+        /// When the server asked to be retried (`Retry-After`).
         retry_after: Option<Duration>,
         /// The failure was the connection, not an answer.
         transport: bool,
+        /// What went wrong, for humans.
         message: String,
     },
 }
@@ -109,9 +151,13 @@ impl ApiError {
 /// Where a resource lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resource {
+    /// API group (empty for the core group).
     pub group: String,
+    /// API version.
     pub version: String,
+    /// Plural resource name.
     pub plural: String,
+    /// The namespace.
     pub namespace: String,
 }
 
@@ -230,6 +276,7 @@ impl Api {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// One object, by name.
     pub async fn get(&self, r: &Resource, name: &str) -> Result<Value, ApiError> {
         self.call(Request::to(Verb::Get, r, Some(name))).await
     }
@@ -243,6 +290,7 @@ impl Api {
         self.call(req).await
     }
 
+    /// Creates an object.
     pub async fn create(&self, r: &Resource, body: &Value) -> Result<Value, ApiError> {
         self.call(Request::to(Verb::Create, r, None).body(body, "application/json"))
             .await
@@ -270,6 +318,7 @@ impl Api {
             .await
     }
 
+    /// Deletes an object by name (foreground propagation).
     pub async fn delete(&self, r: &Resource, name: &str) -> Result<Value, ApiError> {
         self.call(Request::to(Verb::Delete, r, Some(name))).await
     }

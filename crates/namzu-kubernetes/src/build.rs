@@ -16,6 +16,7 @@ use super::{AddressMode, KubernetesOptions};
 pub const SANDBOX_LABEL: &str = "io.namzu/sandbox";
 /// The label marking pods namzu acquired.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The `app.kubernetes.io/managed-by` value on objects namzu makes.
 pub const MANAGED_BY: &str = "namzu";
 /// The agent container's environment variable holding its bind token: the
 /// pod's own uid, through the downward API.

@@ -3,6 +3,12 @@
 //! (camelCase on the wire). Pod templates are k8s-openapi's own types;
 //! parts namzu passes through untouched stay JSON.
 
+// The types mirror the agent-sandbox CRD schemas field for field (the
+// fixtures in tests/fixtures/agent-sandbox-crds are the reference, and
+// tests/k8s_crds.rs proves the objects built here pass them); their fields
+// are documented there, not repeated here.
+#![allow(missing_docs)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
@@ -21,10 +27,12 @@ pub const VERSION: &str = "v1beta1";
 #[serde(rename_all = "camelCase")]
 pub struct Object<S, T> {
     pub api_version: String,
+    /// What kind of entry.
     pub kind: String,
     #[serde(default)]
     pub metadata: ObjectMeta,
     pub spec: S,
+    /// How it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<T>,
 }
@@ -104,6 +112,7 @@ where
 /// `{ name }`, how one object names another.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NameRef {
+    /// The entry name.
     pub name: String,
 }
 
@@ -191,6 +200,7 @@ pub struct SandboxClaimSpec {
     /// Labels and annotations for the claimed pod (not the claim).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub additional_pod_metadata: Option<PodMetadata>,
+    /// Environment variables added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<Vec<ClaimEnv>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +211,7 @@ pub struct SandboxClaimSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodMetadata {
+    /// Labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -210,7 +221,9 @@ pub struct PodMetadata {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimEnv {
+    /// The entry name.
     pub name: String,
+    /// The value that exceeded it.
     pub value: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_name: Option<String>,
@@ -240,6 +253,7 @@ pub struct SandboxClaimStatus {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimedSandbox {
+    /// The entry name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default, rename = "podIPs", skip_serializing_if = "Option::is_none")]

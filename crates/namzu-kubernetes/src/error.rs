@@ -39,10 +39,24 @@ pub enum KubernetesError {
     EgressUnion(Box<EgressPolicyUnionError>),
     /// The pod lacks a label an egress policy selects it by.
     #[error("pod {pod} does not carry the label {key}={value} the claim asked for, which an egress policy selects it by; it would run under whatever policy selects it instead")]
-    PodLabelMissing { pod: String, key: String, value: String },
+    PodLabelMissing {
+        /// The pod's name.
+        pod: String,
+        /// The label key.
+        key: String,
+        /// The value that exceeded it.
+        value: String,
+    },
     /// The agent's in-cluster name does not resolve from this host.
     #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
-    AgentAddressUnresolvable { id: String, fqdn: String, cause: String },
+    AgentAddressUnresolvable {
+        /// The sandbox's id.
+        id: String,
+        /// The name that did not resolve.
+        fqdn: String,
+        /// Why it did not resolve.
+        cause: String,
+    },
 }
 
 impl From<KubernetesError> for Error {

@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! The `kubernetes` tier: task sandboxes on a cluster through
 //! kubernetes-sigs/agent-sandbox (see `docs/kubernetes.md`).
 //!
@@ -59,12 +61,16 @@ pub const CLAIMANT_RBAC: &[(&str, &str, &[&str])] = &[
 
 /// The agent's TCP port inside a pod.
 pub const DEFAULT_AGENT_PORT: u16 = 1024;
+/// Default [`KubernetesOptions::ready_timeout`].
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`KubernetesOptions::poll_interval`].
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Default [`KubernetesOptions::api_request_timeout`].
 pub const DEFAULT_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Below this an API request bound is refused: no real API server answers
 /// reliably faster.
 pub const MIN_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default lifetime of a claim before the controller reclaims it (renewed by the lease).
 pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(3600);
 
 /// How the host reaches a pod's agent.
@@ -81,6 +87,7 @@ pub enum AddressMode {
 /// resolver (the cluster's DNS, for a host running in the cluster).
 #[derive(Clone, Default)]
 pub enum NameResolution {
+    /// The host's own resolver.
     #[default]
     System,
     /// A resolver of the caller's: tests, or a host with its own view of
@@ -120,6 +127,7 @@ impl NameResolution {
 /// Configuration of the `kubernetes` tier.
 #[derive(Clone)]
 pub struct KubernetesOptions {
+    /// The namespace.
     pub namespace: String,
     /// Claim from this SandboxWarmPool (the fast path).
     pub warm_pool_name: Option<String>,
@@ -130,10 +138,15 @@ pub struct KubernetesOptions {
     pub claim_labels: BTreeMap<String, String>,
     /// The container that runs the agent; `None`: the template's first.
     pub agent_container: Option<String>,
+    /// The agent's TCP port in the pod.
     pub agent_port: u16,
+    /// How the host reaches the pod: the Sandbox's Service name, or the pod IP.
     pub address_mode: AddressMode,
+    /// The whole acquire budget: from the claim to a dialed, probed agent.
     pub ready_timeout: Duration,
+    /// How often state is polled while waiting.
     pub poll_interval: Duration,
+    /// Bound on one API request.
     pub api_request_timeout: Duration,
     /// How long a claim lives unless renewed.
     pub claim_ttl: Duration,

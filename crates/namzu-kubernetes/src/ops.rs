@@ -56,6 +56,7 @@ pub async fn release_task_sandboxes(api: &Api, opts: &KubernetesOptions, label_s
 pub struct TaskCapacity {
     /// The warm pool's ready pods, and how many it wants.
     pub warm_ready: i64,
+    /// Warm sandboxes the pool asks for.
     pub warm_desired: i64,
     /// Claims on the pool that exist now.
     pub active_claims: usize,

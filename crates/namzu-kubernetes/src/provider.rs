@@ -73,6 +73,7 @@ impl KubernetesProvider {
         &self.api
     }
 
+    /// The options it was built with.
     pub fn options(&self) -> &KubernetesOptions {
         &self.opts
     }

@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! namzu host library: one [`Sandbox`] handle over many isolation
 //! boundaries.
 //!

@@ -319,14 +319,18 @@ pub enum CancelOutcome {
     Killed,
     /// Reserved but never started; it never will be.
     NotStarted,
+    /// It had exited before the kill.
     AlreadyExited,
 }
 
+/// A file streamed in chunks.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
+/// Entries of a walk, streamed.
 pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;
 
 /// A running command's output, ending with [`ExecEvent::Exit`].
 pub struct ExecStream {
+    /// The execution's id.
     pub execution_id: String,
     /// Pid inside the sandbox; `None` if it never started.
     pub pid: Option<u32>,

@@ -118,6 +118,7 @@ impl AgentClient {
         ))
     }
 
+    /// The entries of a directory.
     pub async fn list_files(&self, path: &Path) -> Result<Vec<FileInfo>> {
         const OP: &str = "list_files";
         self.require(OP, feat::FILES_LIST)?;
@@ -149,6 +150,7 @@ impl AgentClient {
         Ok(Box::pin(s.map(move |r| r.map(file_info).map_err(|s| me.status(OP, s)))))
     }
 
+    /// What is at `path` (a symlink itself, not its target).
     pub async fn stat(&self, path: &Path) -> Result<FileInfo> {
         const OP: &str = "stat";
         self.require(OP, feat::FILES_STAT)?;
@@ -160,6 +162,7 @@ impl AgentClient {
         Ok(file_info(r.into_inner()))
     }
 
+    /// Creates a directory (and missing parents with `parents`).
     pub async fn mkdir(&self, path: &Path, parents: bool) -> Result<()> {
         const OP: &str = "mkdir";
         self.require(OP, feat::FILES_MKDIR)?;
@@ -174,6 +177,7 @@ impl AgentClient {
         Ok(())
     }
 
+    /// Removes a file, symlink or empty directory (anything beneath too with `recursive`).
     pub async fn remove(&self, path: &Path, recursive: bool) -> Result<()> {
         const OP: &str = "remove";
         self.require(OP, feat::FILES_REMOVE)?;
@@ -187,6 +191,7 @@ impl AgentClient {
         Ok(())
     }
 
+    /// Renames within the sandbox, replacing the destination atomically.
     pub async fn rename(&self, from: &Path, to: &Path) -> Result<()> {
         const OP: &str = "rename";
         self.require(OP, feat::FILES_RENAME)?;

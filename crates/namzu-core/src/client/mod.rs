@@ -314,6 +314,7 @@ impl AgentClient {
         &self.inner.info
     }
 
+    /// The id of the sandbox this link reaches.
     pub fn sandbox_id(&self) -> &str {
         &self.inner.sandbox_id
     }
@@ -353,6 +354,7 @@ impl AgentClient {
         self.inner.closed.store(true, Ordering::SeqCst);
     }
 
+    /// The agent fenced itself after an unconfirmed kill: it serves nothing but health.
     pub fn is_retired(&self) -> bool {
         self.inner.retired.load(Ordering::SeqCst)
     }

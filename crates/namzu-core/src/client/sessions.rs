@@ -47,6 +47,7 @@ impl AgentClient {
         })
     }
 
+    /// Every session the agent holds.
     pub async fn list_sessions(&self) -> Result<Vec<SessionInfo>> {
         const OP: &str = "list_sessions";
         self.require(OP, feat::SESSIONS)?;

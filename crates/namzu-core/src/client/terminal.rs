@@ -152,6 +152,7 @@ impl Terminal {
         self.send(v1::terminal_input::Msg::Input(data.into())).await
     }
 
+    /// Sets the terminal size.
     pub async fn resize(&mut self, cols: u16, rows: u16) -> Result<()> {
         self.send(v1::terminal_input::Msg::Resize(v1::TerminalSize {
             cols: u32::from(cols),

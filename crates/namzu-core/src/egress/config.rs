@@ -26,8 +26,10 @@ pub const DEFAULT_DNS_QUERIES_PER_SEC: u32 = 20;
 /// and the link-local or cloud-metadata addresses the sandbox may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressConfig {
+    /// What may leave.
     #[serde(default)]
     pub policy: EgressPolicy,
+    /// Names the host resolves itself, to these addresses.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
     /// Link-local and cloud-metadata addresses ([`addr::LINK_LOCAL`]) that

@@ -27,11 +27,15 @@ pub enum EgressPolicy {
     /// addresses).
     AllowAll,
     /// Only these hosts, each reached only at public addresses.
-    Allowlist { hosts: Vec<HostRule> },
+    Allowlist {
+        /// Names the host resolves itself, to these addresses.
+        hosts: Vec<HostRule>,
+    },
     /// Any public address: never private, loopback, link-local, CGNAT, ULA,
     /// multicast, cloud metadata, the host's own addresses, nor
     /// `except_cidrs`.
     PublicInternet {
+        /// Ranges refused besides the non-public ones.
         #[serde(default)]
         except_cidrs: Vec<IpNet>,
     },
@@ -40,6 +44,7 @@ pub enum EgressPolicy {
 /// One allowlist entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostRule {
+    /// The host name or domain.
     pub host: HostPattern,
     /// `None`: every port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,32 +64,99 @@ pub enum HostPattern {
 /// An entry refused at configuration time; each names the entry as given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
+    /// Egress entry is empty.
     #[error("egress entry {entry:?} is empty")]
-    Empty { entry: String },
+    Empty {
+        /// The entry as given.
+        entry: String,
+    },
+    /// Egress entry is a URL; give the host name only.
     #[error("egress entry {entry:?} is a URL; give the host name only")]
-    Url { entry: String },
+    Url {
+        /// The entry as given.
+        entry: String,
+    },
+    /// Egress entry has a port; give ports separately.
     #[error("egress entry {entry:?} has a port; give ports separately")]
-    HostPort { entry: String },
+    HostPort {
+        /// The entry as given.
+        entry: String,
+    },
+    /// Egress entry is a glob; write .domain for a domain and its subdomains.
     #[error("egress entry {entry:?} is a glob; write .domain for a domain and its subdomains")]
-    Glob { entry: String },
+    Glob {
+        /// The entry as given.
+        entry: String,
+    },
+    /// Egress entry is an IP address; allowlists hold host names.
     #[error("egress entry {entry:?} is an IP address; allowlists hold host names")]
-    IpLiteral { entry: String },
+    IpLiteral {
+        /// The entry as given.
+        entry: String,
+    },
+    /// The entry is a public suffix: it would admit every domain under it.
     #[error("egress entry {entry:?} is the public suffix {suffix:?}: it would admit every domain under it")]
-    PublicSuffix { entry: String, suffix: String },
+    PublicSuffix {
+        /// The entry as given.
+        entry: String,
+        /// The public suffix it is.
+        suffix: String,
+    },
+    /// Egress entry has an empty label.
     #[error("egress entry {entry:?} has an empty label")]
-    EmptyLabel { entry: String },
+    EmptyLabel {
+        /// The entry as given.
+        entry: String,
+    },
+    /// A label of the entry is longer than 63 bytes.
     #[error("egress entry {entry:?}: label {label:?} is longer than {limit} bytes")]
-    LabelTooLong { entry: String, label: String, limit: usize },
+    LabelTooLong {
+        /// The entry as given.
+        entry: String,
+        /// The offending label.
+        label: String,
+        /// The limit in force.
+        limit: usize,
+    },
+    /// The entry is longer than a host name may be.
     #[error("egress entry {entry:?} is longer than {limit} bytes")]
-    NameTooLong { entry: String, limit: usize },
+    NameTooLong {
+        /// The entry as given.
+        entry: String,
+        /// The limit in force.
+        limit: usize,
+    },
+    /// Egress entry has a character a host name cannot.
     #[error("egress entry {entry:?} has a character a host name cannot: {ch:?}")]
-    InvalidCharacter { entry: String, ch: char },
+    InvalidCharacter {
+        /// The entry as given.
+        entry: String,
+        /// The character.
+        ch: char,
+    },
+    /// A port of the entry is outside 1-65535.
     #[error("egress entry {entry:?}: port {port} is outside 1-65535")]
-    Port { entry: String, port: u32 },
+    Port {
+        /// The entry as given.
+        entry: String,
+        /// The port asked for.
+        port: u32,
+    },
+    /// The entry is not a CIDR range.
     #[error("egress entry {entry:?} is not a CIDR")]
-    Cidr { entry: String },
+    Cidr {
+        /// The entry as given.
+        entry: String,
+    },
+    /// A `reach_link_local` range lies outside link-local and cloud-metadata
+    /// space; it may open only those.
     #[error("reach_link_local entry {cidr} is not inside link-local or cloud-metadata space ({reason}); it opens only those")]
-    NotLinkLocal { cidr: IpNet, reason: String },
+    NotLinkLocal {
+        /// The range.
+        cidr: IpNet,
+        /// Why, for humans.
+        reason: String,
+    },
 }
 
 impl EgressPolicy {
@@ -288,28 +360,74 @@ pub fn parse_cidrs<S: AsRef<str>>(entries: &[S]) -> Result<Vec<IpNet>, PolicyErr
 /// Why a name, a connection or an address was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// The policy is no-network.
     #[error("the policy is no-network")]
     NoNetwork,
+    /// The policy is deny-all.
     #[error("the policy is deny-all")]
     DenyAll,
+    /// The host is not on the allowlist.
     #[error("{host} is not on the allowlist")]
-    NotAllowlisted { host: String },
+    NotAllowlisted {
+        /// The host as asked.
+        host: String,
+    },
+    /// The port is not allowed for that host.
     #[error("{host}:{port} is not an allowed port")]
-    PortNotAllowed { host: String, port: u16 },
+    PortNotAllowed {
+        /// The host as asked.
+        host: String,
+        /// The port asked for.
+        port: u16,
+    },
+    /// An IP address was asked for where only names are reached.
     #[error("{host} is an IP address; only names are reached under this policy")]
-    IpLiteral { host: String },
+    IpLiteral {
+        /// The host as asked.
+        host: String,
+    },
+    /// Not a valid host name.
     #[error("{host} is not a host name: {reason}")]
-    BadName { host: String, reason: String },
+    BadName {
+        /// The host as asked.
+        host: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The address is of a class never reached (private, loopback …).
     #[error("{address} is {class}, never reached")]
-    Address { address: IpAddr, class: &'static str },
+    Address {
+        /// The address.
+        address: IpAddr,
+        /// Which non-public class it belongs to.
+        class: &'static str,
+    },
+    /// The address lies in an excepted range.
     #[error("{address} is in the excepted {cidr}")]
-    Excepted { address: IpAddr, cidr: IpNet },
+    Excepted {
+        /// The address.
+        address: IpAddr,
+        /// The range.
+        cidr: IpNet,
+    },
+    /// `max_connections` egress connections are open or opening already.
     #[error("{limit} egress connections are open or opening already (max_connections)")]
-    TooManyConnections { limit: usize },
+    TooManyConnections {
+        /// The limit in force.
+        limit: usize,
+    },
+    /// Under deny-all, only the configured host names resolve.
     #[error("{host} is not among the names this deny-all sandbox may resolve (its hosts)")]
-    NotListed { host: String },
+    NotListed {
+        /// The host as asked.
+        host: String,
+    },
+    /// More name queries this second than `dns_queries_per_sec` allows.
     #[error("more than {limit} name queries this second (dns_queries_per_sec)")]
-    DnsRateLimited { limit: u32 },
+    DnsRateLimited {
+        /// The limit in force.
+        limit: u32,
+    },
 }
 
 impl EgressPolicy {
@@ -452,7 +570,9 @@ impl EgressPolicy {
 /// What a permitted connection goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// Connect by name (the host resolves it, checking every address).
     Name(String),
+    /// Connect to this address.
     Address(IpAddr),
 }
 

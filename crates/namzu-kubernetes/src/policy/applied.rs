@@ -9,20 +9,30 @@ use serde_json::Value;
 /// Why the named policy does not stand as translated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EgressPolicyError {
+    /// Egress policy / is not applied; apply the translation of the backend's egress configuration.
     #[error("egress policy {kind} {namespace}/{name} is not applied; apply the translation of the backend's egress configuration")]
     NotApplied {
+        /// What kind of entry.
         kind: String,
+        /// The namespace.
         namespace: String,
+        /// The entry name.
         name: String,
     },
+    /// Egress policy / differs from the translation at : expected , found.
     #[error("egress policy {kind} {namespace}/{name} differs from the translation at {path}: expected {expected}, found {found}")]
     Mismatch {
+        /// What kind of entry.
         kind: String,
+        /// The namespace.
         namespace: String,
+        /// The entry name.
         name: String,
         /// The first difference, as a JSON pointer into `spec`.
         path: String,
+        /// What the translation says at that path.
         expected: String,
+        /// What the cluster holds there.
         found: String,
     },
 }

@@ -38,25 +38,30 @@ pub enum Engine {
 pub enum KubeEgressPolicy {
     /// Names resolve through the cluster resolver; nothing else leaves.
     DenyAll,
+    /// Everything may leave.
     AllowAll,
     /// Nothing leaves, the cluster resolver included.
     NoNetwork,
     /// The internet, never the private, CGNAT, link-local, loopback or
     /// metadata ranges, nor `except_cidrs`.
     PublicInternet {
+        /// Ranges refused besides the non-public ones.
         except_cidrs: Vec<String>,
     },
     /// A fixed hostname allowlist (`api.example.com`, `.example.com`).
     Static {
+        /// Names the host resolves itself, to these addresses.
         hosts: Vec<String>,
     },
     /// The names a host-side resolver admits, enumerated for the cluster.
     Resolver {
+        /// Names the host resolves itself, to these addresses.
         hosts: Vec<String>,
     },
 }
 
 impl KubeEgressPolicy {
+    /// What kind of entry.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::DenyAll => "deny-all",
@@ -97,7 +102,9 @@ pub struct CiliumNarrowing {
 pub struct DnsNames {
     /// The pod's namespace (default: the backend's).
     pub namespace: Option<String>,
+    /// The cluster's DNS domain (`cluster.local`).
     pub cluster_domain: String,
+    /// The pod's resolver search suffixes, which Cilium must allow too.
     pub search_suffixes: Vec<String>,
 }
 
@@ -124,8 +131,11 @@ pub enum Verification {
 /// The backend's egress configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeEgressConfig {
+    /// What may leave.
     pub policy: KubeEgressPolicy,
+    /// Which policy engine enforces it.
     pub engine: Engine,
+    /// Cilium-only narrowing of an allowlist (ports, TLS names, DNS names).
     pub narrowing: Option<CiliumNarrowing>,
     /// The template the policy belongs to: its name is
     /// `<template>-egress`, or `<template>-<profile>-egress`.
@@ -133,7 +143,9 @@ pub struct KubeEgressConfig {
     /// A profile: its label goes on the claim's pod metadata and into the
     /// policy's selector.
     pub profile: Option<String>,
+    /// The pod label key the profile is selected by.
     pub profile_label_key: String,
+    /// Whether the applied policy is checked before a sandbox is handed out.
     pub verify: Verification,
     /// A CiliumNetworkPolicy per sandbox, written by
     /// `Sandbox::set_network_policy` (see [`super::per_sandbox`]).
@@ -141,6 +153,7 @@ pub struct KubeEgressConfig {
 }
 
 impl KubeEgressConfig {
+    /// The configuration of `template`'s policy, with defaults.
     pub fn new(template: &str, policy: KubeEgressPolicy) -> Self {
         Self {
             policy,
@@ -161,21 +174,61 @@ pub enum EgressConfigError {
     #[error(
         "egress policy {policy} is a hostname allowlist: core NetworkPolicy has no notion of a name; use engine cilium"
     )]
-    HostnamesNeedCilium { policy: &'static str },
+    /// A hostname allowlist under the core engine, which has no names.
+    HostnamesNeedCilium {
+        /// What may leave.
+        policy: &'static str,
+    },
+    /// Egress narrowing () needs a hostname allowlist enforced by Cilium.
     #[error("egress narrowing ({field}) needs a hostname allowlist enforced by Cilium: {reason}")]
-    NarrowingUnsupported { field: &'static str, reason: String },
+    NarrowingUnsupported {
+        /// The status field that showed privilege.
+        field: &'static str,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// Egress is an empty port list: omit it for no limit.
     #[error("egress {field} is an empty port list: omit it for no limit")]
-    EmptyPortList { field: String },
+    EmptyPortList {
+        /// The status field that showed privilege.
+        field: String,
+    },
+    /// Egress : port is outside 1-65535.
     #[error("egress {field}: port {port} is outside 1-65535")]
-    PortOutOfRange { field: String, port: u32 },
+    PortOutOfRange {
+        /// The status field that showed privilege.
+        field: String,
+        /// The port inside the sandbox.
+        port: u32,
+    },
+    /// Egress host : TLS server names need exact hosts; a .domain entry cannot carry one.
     #[error("egress host {entry:?}: TLS server names need exact hosts; a .domain entry cannot carry one")]
-    TlsServerNameOnDomain { entry: String },
+    TlsServerNameOnDomain {
+        /// The entry as the layer names it.
+        entry: String,
+    },
+    /// Egress except_cidrs entry is not a CIDR.
     #[error("egress except_cidrs entry {entry:?} is not a CIDR")]
-    NotACidr { entry: String },
+    NotACidr {
+        /// The entry as the layer names it.
+        entry: String,
+    },
+    /// Egress host.
     #[error("egress host {entry:?}: {reason}")]
-    BadHost { entry: String, reason: String },
+    BadHost {
+        /// The entry as the layer names it.
+        entry: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// Egress.
     #[error("egress {field}: {reason}")]
-    BadField { field: &'static str, reason: String },
+    BadField {
+        /// The status field that showed privilege.
+        field: &'static str,
+        /// Why, for humans.
+        reason: String,
+    },
 }
 
 pub(crate) fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigError> {

@@ -36,7 +36,10 @@ use crate::build::AGENT_PORT_NAME;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IngressVerification {
     /// Check; `engine` `None` follows the egress engine, else core.
-    Verify { engine: Option<Engine> },
+    Verify {
+        /// Only this engine's policies (`None`: every engine).
+        engine: Option<Engine>,
+    },
     /// The boundary is somewhere a namespaced Role cannot read (a
     /// cluster-scoped policy, a mesh, a cloud security group): read nothing.
     Unverified,
@@ -48,6 +51,7 @@ impl Default for IngressVerification {
     }
 }
 
+/// Why the ingress check refused a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IngressRefusal {
     /// A selecting policy admits a wide-open peer on the agent port.
@@ -58,8 +62,10 @@ pub enum IngressRefusal {
     NotEvaluable,
 }
 
+/// What the ingress check made of one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IngressVerdict {
+    /// It does not select the pod.
     NotSelecting,
     /// Selects the pod and isolates it for ingress; opens nothing wide.
     Covers,
@@ -67,18 +73,26 @@ pub enum IngressVerdict {
     DoesNotIsolate,
     /// Rule `rule` admits a wide-open peer on the agent port: `why`.
     Opens {
+        /// The rule, by index.
         rule: usize,
+        /// Why, for humans.
         why: String,
     },
+    /// It has a shape the check cannot read.
     NotEvaluable {
+        /// Why, for humans.
         why: String,
     },
 }
 
+/// One policy the ingress check looked at, and its verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExaminedIngressPolicy {
+    /// What kind of entry.
     pub kind: String,
+    /// The entry name.
     pub name: String,
+    /// What the check made of it.
     pub verdict: IngressVerdict,
 }
 
@@ -89,10 +103,15 @@ pub struct ExaminedIngressPolicy {
         .chain(unread.iter().map(|u| format!("{} unread ({:?}): {}", u.resource, u.status, u.message)))
         .collect::<Vec<_>>().join("; "))]
 pub struct IngressPolicyError {
+    /// Why it refused.
     pub refusal: IngressRefusal,
+    /// The pod's labels, as evaluated.
     pub pod_labels: BTreeMap<String, String>,
+    /// The port inside the sandbox.
     pub port: u16,
+    /// Every policy examined.
     pub examined: Vec<ExaminedIngressPolicy>,
+    /// Collections that could not be read.
     pub unread: Vec<UnreadSource>,
 }
 

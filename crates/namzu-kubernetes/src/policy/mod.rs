@@ -19,7 +19,7 @@
 //! applied the old one.
 //!
 //! * [`config`]: the tier's egress configuration and its validation;
-//! * [`translate`]: that configuration as a `NetworkPolicy` or
+//! * [`mod@translate`]: that configuration as a `NetworkPolicy` or
 //!   `CiliumNetworkPolicy`;
 //! * [`applied`]: the named object checked against the translation;
 //! * [`union`]: every policy selecting the pod, checked together;

@@ -47,11 +47,13 @@ pub const DEFAULT_FENCE: &str = "namzu-per-sandbox-egress";
 /// How per-sandbox policies are written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PerSandboxEgress {
+    /// The pod label key the per-sandbox policy selects by.
     pub label_key: String,
     /// Narrowing applied to every per-sandbox allowlist.
     pub narrowing: Option<CiliumNarrowing>,
     /// The ValidatingAdmissionPolicy, and its binding, that must exist.
     pub fence_policy: String,
+    /// The admission-policy binding that fences the label.
     pub fence_binding: String,
 }
 
@@ -67,6 +69,7 @@ impl Default for PerSandboxEgress {
 }
 
 impl PerSandboxEgress {
+    /// Refuses a label key or binding the API server would refuse.
     pub fn validate(&self) -> Result<(), EgressConfigError> {
         if self.fence_policy.is_empty() || self.fence_binding.is_empty() {
             return Err(EgressConfigError::BadField {
@@ -96,25 +99,49 @@ impl PerSandboxEgress {
 /// A per-sandbox write refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PerSandboxError {
+    /// Set_network_policy: per-sandbox egress is not configured (egress.per_sandbox); this task handle has no per-sandbox policy to change.
     #[error("set_network_policy: per-sandbox egress is not configured (egress.per_sandbox); this task handle has no per-sandbox policy to change")]
     NotConfigured,
+    /// Set_network_policy: a per-sandbox policy is a hostname allowlist (an empty one, or deny-all, removes it); cannot be expressed per sandbox.
     #[error("set_network_policy: a per-sandbox policy is a hostname allowlist (an empty one, or deny-all, removes it); {policy} cannot be expressed per sandbox")]
-    PolicyRefused { policy: &'static str },
+    PolicyRefused {
+        /// What may leave.
+        policy: &'static str,
+    },
+    /// The admission fence is not applied (404): apply deploy/k8s/admission-fence.yaml; nothing was written.
     #[error("the admission fence {kind} {name:?} is not applied (404): apply deploy/k8s/admission-fence.yaml; nothing was written")]
-    FenceMissing { kind: &'static str, name: String },
+    FenceMissing {
+        /// What kind of entry.
+        kind: &'static str,
+        /// The entry name.
+        name: String,
+    },
+    /// The admission fence cannot be read (): grant get on it (deploy/k8s/rbac-fence-reader.yaml); nothing was written.
     #[error("the admission fence {kind} {name:?} cannot be read ({status}): grant get on it (deploy/k8s/rbac-fence-reader.yaml); nothing was written")]
     FenceUnreadable {
+        /// What kind of entry.
         kind: &'static str,
+        /// The entry name.
         name: String,
+        /// How it ended.
         status: u16,
     },
+    /// Sandbox : its claim (or Sandbox) reported no uid; a policy written for it would be an orphan.
     #[error("sandbox {id}: its claim (or Sandbox) reported no uid; a policy written for it would be an orphan")]
-    OwnerUidMissing { id: String },
+    OwnerUidMissing {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// Per-sandbox policy read back different at : sent , found.
     #[error("per-sandbox policy {name} read back different at {path}: sent {expected}, found {found}")]
     ReadBackMismatch {
+        /// The entry name.
         name: String,
+        /// The path as the caller gave it.
         path: String,
+        /// What the translation says at that path.
         expected: String,
+        /// What the cluster holds there.
         found: String,
     },
 }

@@ -34,8 +34,11 @@ use namzu_core::egress::policy::HostPattern;
 /// Which refusal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnionRefusal {
+    /// A selecting policy allows a destination the translation does not.
     PolicyWidensEgress,
+    /// Nothing selecting the pod puts it in egress default-deny.
     NoEnforcingPolicy,
+    /// A collection or a policy could not be read.
     NotEvaluable,
 }
 
@@ -47,28 +50,41 @@ pub enum Verdict {
     /// It selects the pod, and every rule lies inside the translation.
     Inside,
     /// Rule `rule` (its index in `egress`) lets out more: `why`.
-    Widens { rule: usize, why: String },
+    Widens {
+        /// The rule, by index.
+        rule: usize,
+        /// Why, for humans.
+        why: String,
+    },
     /// Some part of it could not be read: `why`.
-    NotEvaluable { why: String },
+    NotEvaluable {
+        /// Why, for humans.
+        why: String,
+    },
 }
 
 /// A policy the check read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExaminedPolicy {
+    /// What kind of entry.
     pub kind: String,
+    /// The entry name.
     pub name: String,
     /// Whether it puts the pod in egress default-deny.
     pub enforces: bool,
+    /// What the check made of it.
     pub verdict: Verdict,
 }
 
 /// A collection the check could not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnreadSource {
+    /// The collection, as `group/plural`.
     pub resource: String,
     /// The HTTP status, if the server answered (403 and 404 are
     /// reported as such).
     pub status: Option<u16>,
+    /// What went wrong, for humans.
     pub message: String,
 }
 
@@ -79,9 +95,13 @@ pub struct UnreadSource {
     describe(examined, unread)
 )]
 pub struct EgressPolicyUnionError {
+    /// Why it refused.
     pub refusal: UnionRefusal,
+    /// The pod's labels, as evaluated.
     pub pod_labels: BTreeMap<String, String>,
+    /// Every policy examined.
     pub examined: Vec<ExaminedPolicy>,
+    /// Collections that could not be read.
     pub unread: Vec<UnreadSource>,
 }
 
@@ -586,7 +606,7 @@ pub async fn list_policies(
 }
 
 /// Evaluates the union of listed policies (by kind) for a pod; the
-/// decision without any request (the listing is [`verify_union`]'s).
+/// decision without any request (the listing is `verify_union`'s).
 pub fn evaluate(
     cfg: &KubeEgressConfig,
     namespace: &str,

@@ -18,6 +18,7 @@ use crate::spec::Resources;
 /// The groups made for one sandbox: one directory per hierarchy used.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Cgroups {
+    /// The cgroup directories made, removed with the sandbox.
     pub dirs: Vec<PathBuf>,
     /// e.g. `memory=v1 pids=v1 cpu=v1`.
     pub report: String,

@@ -6,7 +6,7 @@
 //! jail). It exists to develop and test the spine; use `local` or stronger
 //! for anything untrusted.
 //!
-//! State lives under `<state>/host/<id>/` (see [`super::state`]); the
+//! State lives under `<state>/host/<id>/` (see `backend::state`); the
 //! workspace is the agent's jail root and default working directory.
 
 use std::path::PathBuf;
@@ -36,6 +36,7 @@ impl HostProvider {
         Ok(Self::with_agent(state_dir, find_agent_binary()?))
     }
 
+    /// A provider using this agent binary.
     pub fn with_agent(state_dir: impl Into<PathBuf>, agent_bin: impl Into<PathBuf>) -> Self {
         Self {
             state: StateDir::new(state_dir, Tier::Host),

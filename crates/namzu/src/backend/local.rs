@@ -66,6 +66,7 @@ impl Default for LocalOptions {
     }
 }
 
+/// Makes local sandboxes: Linux namespaces, seccomp and landlock, no daemon.
 #[derive(Debug, Clone)]
 pub struct LocalProvider {
     state: StateDir,
@@ -76,10 +77,12 @@ pub struct LocalProvider {
 }
 
 impl LocalProvider {
+    /// A provider with its state in `state_dir`, the agent found with [`find_agent_binary`].
     pub fn new(state_dir: impl Into<PathBuf>) -> Result<Self> {
         Ok(Self::with_agent(state_dir, find_agent_binary()?))
     }
 
+    /// A provider using this agent binary.
     pub fn with_agent(state_dir: impl Into<PathBuf>, agent_bin: impl Into<PathBuf>) -> Self {
         let state_dir = state_dir.into();
         Self {
@@ -91,6 +94,7 @@ impl LocalProvider {
         }
     }
 
+    /// Replaces the tier's options.
     pub fn options(mut self, opts: LocalOptions) -> Self {
         self.opts = opts;
         self

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 /// One process, by identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcId {
+    /// Its process id inside the sandbox.
     pub pid: u32,
     /// Start time, in clock ticks after boot.
     pub start: u64,

@@ -151,6 +151,7 @@ impl UidSlots {
         freed
     }
 
+    /// Where the claims live.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -115,6 +115,7 @@ impl Drop for Slot<'_> {
 }
 
 impl Service {
+    /// A service for sandbox `id`, deciding by `config`.
     pub fn new(id: impl Into<String>, config: EgressConfig) -> Arc<Self> {
         Arc::new(Self {
             id: id.into(),
@@ -130,6 +131,7 @@ impl Service {
         })
     }
 
+    /// The configuration in force.
     pub fn config(&self) -> EgressConfig {
         self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -27,10 +27,15 @@ use super::service::{EgressConfig, Service};
 use crate::client::AgentClient;
 use crate::error::{Error, Result};
 
+/// The current egress configuration, rewritten atomically on every change.
 pub const CONFIG_FILE: &str = "egress.json";
+/// The control socket: one JSON request, one JSON reply per connection.
 pub const CONTROL_SOCKET: &str = "egress.sock";
+/// The running supervisor's pid.
 pub const PID_FILE: &str = "egress.pid";
+/// Every decision, one line each.
 pub const LOG_FILE: &str = "egress.log";
+/// Held (flock) by the running supervisor for its whole life.
 pub const LOCK_FILE: &str = "egress.lock";
 /// The supervisor's executable, found next to the agent's.
 pub const BINARY: &str = "namzu-egress";
@@ -45,16 +50,20 @@ const MAX_REQUEST: usize = 1 << 20;
 pub enum Request {
     /// Replace the whole configuration.
     Set {
+        /// The new configuration.
         config: EgressConfig,
     },
+    /// The configuration in force and the open connections.
     Show,
 }
 
 /// A control reply.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Reply {
+    /// Why the request failed, if it did.
     #[serde(default)]
     pub error: Option<String>,
+    /// The configuration in force.
     #[serde(default)]
     pub config: Option<EgressConfig>,
     /// Open connections the change closed.
@@ -81,6 +90,7 @@ pub fn write_config(dir: &Path, config: &EgressConfig) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(CONFIG_FILE))
 }
 
+/// Reads the configuration saved in `dir`.
 pub fn read_config(dir: &Path) -> std::io::Result<EgressConfig> {
     let text = std::fs::read(dir.join(CONFIG_FILE))?;
     serde_json::from_slice(&text).map_err(std::io::Error::other)

@@ -43,14 +43,24 @@ pub use namzu_core::image::{Refusal, MAX_ENTRY_PATH};
 /// What went wrong applying a layer.
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
+    /// Entry refused.
     #[error("entry {entry:?} refused: {reason}")]
-    Refused { entry: String, reason: Refusal },
+    Refused {
+        /// The entry as the layer names it.
+        entry: String,
+        /// Why, for humans.
+        reason: Refusal,
+    },
+    /// Entry.
     #[error("entry {entry:?}")]
     Io {
+        /// The entry as the layer names it.
         entry: String,
+        /// The underlying failure.
         #[source]
         source: io::Error,
     },
+    /// Not a readable tar stream.
     #[error("not a readable tar stream")]
     Read(#[source] io::Error),
 }

@@ -32,7 +32,9 @@ pub mod layer;
 pub struct ImageInfo {
     /// `sha256:<hex>` of the image config.
     pub id: String,
+    /// Names it was imported under.
     pub names: Vec<String>,
+    /// Its unpacked root filesystem.
     pub rootfs: PathBuf,
 }
 
@@ -117,6 +119,7 @@ fn ref_file(name: &str) -> Option<String> {
 }
 
 impl ImageStore {
+    /// The store beneath `state_dir`.
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
         Self {
             root: state_dir.into().join("images"),

@@ -11,13 +11,28 @@ use crate::spec::Tier;
 pub enum DockerError {
     /// The daemon refused or failed a request.
     #[error("{op}: the docker daemon answered: {message}")]
-    Daemon { op: String, message: String },
+    Daemon {
+        /// The operation that failed.
+        op: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
     /// The runtime asked for is not registered with the daemon.
     #[error("the container runtime {runtime:?} is not registered with the daemon (it has: {})", available.join(", "))]
-    RuntimeUnavailable { runtime: String, available: Vec<String> },
+    RuntimeUnavailable {
+        /// The runtime asked for.
+        runtime: String,
+        /// What the daemon has.
+        available: Vec<String>,
+    },
     /// The image is not on the daemon and could not be pulled.
     #[error("image {reference:?} is not on the daemon and could not be pulled: {message}")]
-    ImagePull { reference: String, message: String },
+    ImagePull {
+        /// The image reference.
+        reference: String,
+        /// What went wrong, for humans.
+        message: String,
+    },
 }
 
 impl From<DockerError> for Error {

@@ -2,7 +2,7 @@
 //! API (bollard; the local socket or `DOCKER_HOST`).
 //!
 //! Any image works unchanged: the static `namzu-agent` is bind-mounted
-//! read-only at [`link::AGENT_PATH`] and runs as the container's PID 1, so
+//! read-only at `link::AGENT_PATH` and runs as the container's PID 1, so
 //! it reaps every orphan. The host reaches it one of two ways, chosen by
 //! [`Transport::Auto`]:
 //!
@@ -12,7 +12,7 @@
 //! * **exec** (runsc): gVisor keeps a socket made inside the sandbox out of
 //!   the host's view, so every link is a `docker exec` of
 //!   `namzu-agent --relay` whose hijacked stdio carries the link
-//!   ([`link`]).
+//!   (`link`).
 //!
 //! Hardening, applied to every container here in [`DockerProvider::create`]
 //! and nowhere else:
@@ -86,11 +86,15 @@ const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// What the state directory records about a docker sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ContainerMeta {
+    /// The container's id.
     pub container_id: String,
+    /// How the host reaches the agent.
     pub transport: Transport,
+    /// The runtime asked for.
     pub runtime: Option<String>,
 }
 
+/// Makes docker sandboxes: one container per sandbox, through dockerd.
 #[derive(Clone)]
 pub struct DockerProvider {
     docker: Docker,
@@ -136,6 +140,7 @@ impl DockerProvider {
         Self::with_agent(state_dir, find_agent_binary()?, opts).await
     }
 
+    /// A provider using this agent binary (bind-mounted read-only into every container).
     pub async fn with_agent(
         state_dir: impl Into<PathBuf>,
         agent_bin: impl Into<PathBuf>,

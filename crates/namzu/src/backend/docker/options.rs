@@ -70,19 +70,26 @@ pub enum Transport {
     /// `exec` for runsc, `socket` otherwise.
     #[default]
     Auto,
+    /// The agent's unix socket, bind-mounted from the state directory.
     Socket,
+    /// A `docker exec` relay into the container (for daemons that cannot share the socket, e.g. gVisor).
     Exec,
 }
 
 /// One image pull progress report.
 #[derive(Debug, Clone, Default)]
 pub struct PullProgress {
+    /// The layer, by digest or file name.
     pub layer: Option<String>,
+    /// How it ended.
     pub status: String,
+    /// Bytes of the layer done.
     pub current: Option<u64>,
+    /// Bytes of the layer in all.
     pub total: Option<u64>,
 }
 
+/// Called for each progress message of an image pull.
 pub type PullCallback = Arc<dyn Fn(&PullProgress) + Send + Sync>;
 
 /// Tunables of the `docker` tier, each with a safe default.
@@ -99,6 +106,7 @@ pub struct DockerOptions {
     pub writable_rootfs_paths: Option<Vec<String>>,
     /// Extra labels, stored under [`labels::USER_PREFIX`].
     pub labels: Vec<(String, String)>,
+    /// How the host reaches the agent (default: the socket).
     pub transport: Transport,
     /// Processes per container when the spec sets none (default 4096).
     pub default_pids_limit: Option<u64>,
