@@ -33,9 +33,10 @@ cargo build --workspace --bins --locked
 # so it never replaces the real agent.
 cargo build -p namzu-agent --features weaken --target-dir target/weaken --locked
 
-# The library's promises about itself: its docs build without a broken
-# link, and a local-only build (no default features) compiles neither
+# The library's promises about itself: no two modules import each other,
+# its docs build without a broken link, and a local-only build (no default features) compiles neither
 # bollard nor kube.
+python3 scripts/module-cycles.py
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p namzu-core -p namzu -p namzu-kubernetes
 cargo build -p namzu --no-default-features --locked
 if cargo tree -p namzu --no-default-features -e normal --prefix none --locked | grep -Eq '^(kube|bollard|k8s-openapi) '; then

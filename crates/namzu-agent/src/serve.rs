@@ -198,7 +198,11 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
     let limits = cfg.limits.clone();
     let token = Arc::new(cfg.token.clone());
     let cfg = Arc::new(cfg);
-    let egress = Arc::new(crate::egress::Broker::new(&cfg.limits));
+    let egress = Arc::new(crate::egress::Broker::new(
+        crate::config::Limits::usize(cfg.limits.egress_max_pending),
+        std::time::Duration::from_millis(cfg.limits.egress_decision_timeout_ms),
+        crate::config::Limits::usize(cfg.limits.egress_max_head_bytes),
+    ));
     if let Some(listeners) = &cfg.egress {
         crate::egress::start(egress.clone(), listeners).map_err(|source| ServeError::Listen {
             what: "egress proxy and resolver".into(),

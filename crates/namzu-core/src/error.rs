@@ -593,3 +593,12 @@ pub(crate) fn bytes_path(b: &[u8]) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     PathBuf::from(std::ffi::OsStr::from_bytes(b))
 }
+
+impl From<crate::spec::UnknownTier> for Error {
+    fn from(e: crate::spec::UnknownTier) -> Self {
+        Error::InvalidArgument {
+            op: "tier".into(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -2,8 +2,6 @@
 //! lives in, the [`SandboxSpec`] it is created with, and the
 //! [`SandboxInfo`] a provider lists. Plain data, no IO.
 
-use crate::error::{Error, Result};
-
 /// Isolation boundaries, weakest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -42,16 +40,18 @@ impl std::fmt::Display for Tier {
     }
 }
 
+/// A tier name that names no tier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown tier {0:?}; known: host, local, docker, microvm, kubernetes")]
+pub struct UnknownTier(pub String);
+
 impl std::str::FromStr for Tier {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
+    type Err = UnknownTier;
+    fn from_str(s: &str) -> Result<Self, UnknownTier> {
         Tier::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| Error::InvalidArgument {
-                op: "tier".into(),
-                message: format!("unknown tier {s:?}; known: host, local, docker, microvm, kubernetes"),
-            })
+            .ok_or_else(|| UnknownTier(s.into()))
     }
 }
 

@@ -32,6 +32,7 @@ use super::crd::{Sandbox, SandboxClaim, SandboxTemplate};
 use super::lease::Leased;
 use super::KubernetesError;
 use super::{build, AddressMode, KubernetesOptions};
+pub use crate::bound::{Bound, BoundPod};
 use namzu_core::client::{AgentClient, ClientOptions};
 use namzu_core::error::{Error, Result};
 
@@ -61,38 +62,6 @@ pub fn owner_kind(opts: &KubernetesOptions) -> Leased {
     } else {
         Leased::Sandbox
     }
-}
-
-/// The pod an acquire bound.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BoundPod {
-    /// The entry name.
-    pub name: String,
-    /// The agent's bind token.
-    pub uid: String,
-    /// The pod's IP.
-    pub ip: Option<IpAddr>,
-    /// Its labels as the cluster reports them.
-    pub labels: std::collections::BTreeMap<String, String>,
-}
-
-/// A Ready sandbox on the cluster, not yet dialed.
-#[derive(Debug, Clone)]
-pub struct Bound {
-    /// The sandbox's id.
-    pub id: String,
-    /// Whether a claim or a Sandbox is what namzu owns (and leases).
-    pub owner: Leased,
-    /// The owned object's name.
-    pub owner_name: String,
-    /// The claim's (or Sandbox's) uid, as its reads reported it.
-    pub owner_uid: Option<String>,
-    /// The bound Sandbox's name.
-    pub sandbox: String,
-    /// The name that did not resolve.
-    pub fqdn: Option<String>,
-    /// The pod's name.
-    pub pod: BoundPod,
 }
 
 /// Why a poll stopped.

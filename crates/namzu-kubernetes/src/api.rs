@@ -16,7 +16,6 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::crd::{Kind, VERSION};
-use super::MIN_API_REQUEST_TIMEOUT;
 
 /// An RBAC verb, as Roles spell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -450,6 +449,10 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// Below this an API request bound is refused: no real API server answers
+/// reliably faster.
+pub const MIN_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

@@ -5,19 +5,15 @@
 //! away on its own.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector};
 
 use super::crd::{ClaimEnv, Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
 use super::{AddressMode, KubernetesOptions};
+pub use crate::clock::{rfc3339, rfc3339_ceil, until};
+pub use crate::labels::{check_label, MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_LABEL};
 
-/// The label naming the namzu sandbox id on a pod (and so its Service).
-pub const SANDBOX_LABEL: &str = "io.namzu/sandbox";
-/// The label marking pods namzu acquired.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// The `app.kubernetes.io/managed-by` value on objects namzu makes.
-pub const MANAGED_BY: &str = "namzu";
 /// The agent container's environment variable holding its bind token: the
 /// pod's own uid, through the downward API.
 pub const TOKEN_ENV: &str = "NAMZU_AGENT_TOKEN";
@@ -46,25 +42,6 @@ pub fn pod_labels_for(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, St
         }
     }
     l
-}
-
-/// `t` as an RFC 3339 UTC date-time, to the second, as Kubernetes writes
-/// them.
-pub fn rfc3339(t: SystemTime) -> String {
-    k8s_openapi::chrono::DateTime::<k8s_openapi::chrono::Utc>::from(t)
-        .to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
-}
-
-/// `t` as an RFC 3339 date-time to the second, rounded UP: a deadline
-/// written to the second must never fall before the one meant (a lease
-/// rounded down could expire up to a second before its renewal).
-pub fn rfc3339_ceil(t: SystemTime) -> String {
-    let frac = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    if frac == 0 {
-        rfc3339(t)
-    } else {
-        rfc3339(t + Duration::from_nanos(u64::from(1_000_000_000 - frac)))
-    }
 }
 
 /// The shutdown time of a lease taken at `now`.
@@ -207,57 +184,10 @@ pub fn sandbox_env(
     Ok(())
 }
 
-/// A label key and value as Kubernetes accepts them: an optional DNS
-/// subdomain prefix and `/`, a name of at most 63 alphanumerics, `-`, `_`,
-/// `.` (alphanumeric at both ends); a value the same, or empty.
-pub fn check_label(key: &str, value: &str) -> std::result::Result<(), String> {
-    let name_ok = |n: &str| {
-        !n.is_empty()
-            && n.len() <= 63
-            && n.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-    };
-    let (prefix, name) = match key.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    if let Some(p) = prefix {
-        let ok = !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !l.starts_with('-')
-                    && !l.ends_with('-')
-            });
-        if !ok {
-            return Err(format!("label key prefix {p:?} is not a DNS subdomain"));
-        }
-    }
-    if !name_ok(name) {
-        return Err(format!("label key {key:?} is not a valid name"));
-    }
-    if !value.is_empty() && !name_ok(value) {
-        return Err(format!("label value {value:?} of {key:?} is not valid"));
-    }
-    Ok(())
-}
-
-/// How far ahead of now `time` (RFC 3339) lies; `None` if it is past or
-/// unreadable.
-pub fn until(time: &str, now: SystemTime) -> Option<Duration> {
-    let t = k8s_openapi::chrono::DateTime::parse_from_rfc3339(time).ok()?;
-    SystemTime::from(t).duration_since(now).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::UNIX_EPOCH;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn times_round_trip_through_rfc3339() {

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Value};
 
 use super::api::{Api, ApiError, Resource};
-use super::build::rfc3339_ceil;
+use crate::clock::rfc3339_ceil;
 
 /// Called with every failed renewal.
 pub type RenewalErrorCallback = Arc<dyn Fn(&ApiError) + Send + Sync>;

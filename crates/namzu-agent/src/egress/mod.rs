@@ -143,13 +143,16 @@ struct Inner {
 }
 
 impl Broker {
-    pub fn new(limits: &crate::config::Limits) -> Self {
+    /// A broker holding at most `max_pending` undecided asks, each waiting
+    /// at most `decision_timeout`, reading at most `max_head` bytes of a
+    /// request head (the agent's `egress_*` limits).
+    pub fn new(max_pending: usize, decision_timeout: Duration, max_head: usize) -> Self {
         Self {
             next: AtomicU64::new(0),
             inner: Mutex::default(),
-            max_pending: crate::config::Limits::usize(limits.egress_max_pending),
-            decision_timeout: Duration::from_millis(limits.egress_decision_timeout_ms),
-            max_head: crate::config::Limits::usize(limits.egress_max_head_bytes),
+            max_pending,
+            decision_timeout,
+            max_head,
         }
     }
 

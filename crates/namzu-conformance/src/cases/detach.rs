@@ -1,6 +1,6 @@
 //! Detachable executions: reattach by offset, typed refusals, cancel, retention and eviction.
 
-use super::*;
+use super::common::*;
 
 /// A detachable execution keeps running when its stream is dropped; an
 /// attach from the offset the stream had reached yields exactly the rest

@@ -1,6 +1,6 @@
 //! Commands run to completion: output, exit codes and signals, environment, timeouts, cancellation, concurrency, output caps, and what destroy does to every operation.
 
-use super::*;
+use super::common::*;
 
 /// A command runs, its stdout is returned byte-exact, and exit 0 is success.
 pub(super) async fn exec_basics(f: Factory) -> Outcome {

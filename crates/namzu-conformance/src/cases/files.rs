@@ -1,6 +1,6 @@
 //! Files: atomic and streamed writes, reads and ranges, modes, listing, walking, and path confinement.
 
-use super::*;
+use super::common::*;
 
 /// 64 MiB written from memory reads back byte-exact, whole-stream and by
 /// ranges; a whole ReadFile above its limit is refused by name.

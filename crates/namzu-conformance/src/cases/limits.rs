@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use namzu::{Error, SandboxSpec, WalkOptions};
 
-use super::{detached, drain_session, sh};
+use super::common::{detached, drain_session, sh};
 use crate::util::{with_sandbox, Ctx};
 use crate::{ensure, Factory, Outcome};
 

@@ -1,6 +1,6 @@
 //! TCP connections into the sandbox.
 
-use super::*;
+use super::common::*;
 
 /// A TCP connection to a server inside the sandbox carries 4 MiB both ways
 /// byte-exact while writing and reading concurrently, half-closes both ways,

@@ -1,6 +1,6 @@
 //! Quiesce: every process but the agent stopped.
 
-use super::*;
+use super::common::*;
 
 /// Quiesce stops a running command (SIGTERM is enough) and a detached one
 /// that ignores SIGTERM (it takes SIGKILL), reports both with the signal

@@ -1,6 +1,6 @@
 //! Detached sessions: output by offset, ring eviction, and killing a whole session.
 
-use super::*;
+use super::common::*;
 
 /// A detached command's merged output is read by offset, completely, by
 /// any number of readers, and its exit code comes back.

@@ -1,6 +1,6 @@
 //! Terminals: a pty, resizing, login shells, and persistent terminals that outlive their link.
 
-use super::*;
+use super::common::*;
 
 /// A pty runs a shell: input is typed, output comes back, a resize is seen
 /// by the program, and closing kills the job it put in the background.

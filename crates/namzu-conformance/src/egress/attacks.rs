@@ -13,7 +13,7 @@ use std::time::Duration;
 use namzu::egress::{EgressConfig, EgressPolicy};
 use namzu::Sandbox;
 
-use super::{allow, check, curl, in_background, sandbox, sandbox_of, sandbox_with, sh, Env};
+use super::common::{allow, check, curl, in_background, sandbox, sandbox_of, sandbox_with, sh, Env};
 use crate::netlab::{LINK_LOCAL, PUB1, STREAM_PORT, VHOST_PORT};
 use crate::Outcome;
 

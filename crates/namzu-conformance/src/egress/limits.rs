@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use namzu::egress::EgressConfig;
 use namzu::{Sandbox, SandboxSpec};
 
-use super::{allow, check, curl, sh, Env};
+use super::common::{allow, check, curl, sh, Env};
 use crate::netlab::NetLab;
 use crate::Outcome;
 
@@ -93,7 +93,7 @@ async fn limits_hold(env: &Env, sb: &Sandbox) -> Outcome {
 }
 
 pub async fn commands_get_the_proxy_environment(env: &Env) -> Outcome {
-    let sb = super::sandbox(env, allow(&["allowed.test"])).await?;
+    let sb = super::common::sandbox(env, allow(&["allowed.test"])).await?;
     let (_, out, _) = sh(&sb, "env | grep -i '_proxy=' | sort").await;
     let got: Vec<&str> = out.lines().collect();
     let want = [

@@ -7,37 +7,20 @@
 // Test code: a panic here is a failed trial (libtest-mimic catches it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
 use namzu::{Error, Sandbox, SandboxSpec};
 
-use crate::netlab::{NetLab, PRIVATE, PUB1, PUB2, STREAM_PORT};
+use crate::netlab::{PRIVATE, PUB1, PUB2, STREAM_PORT};
 
 mod attacks;
+mod common;
 mod limits;
-use crate::{Factory, Outcome};
+use crate::Outcome;
 use attacks::*;
-
-/// What the cases run against.
-#[derive(Clone)]
-pub struct Env {
-    pub factory: Factory,
-    /// The lab's TLS certificate, trusted by curl inside.
-    pub cert: Vec<u8>,
-    /// Where a sandbox's egress decisions are logged, by id (its state
-    /// directory holds the supervisor's pid file too).
-    pub log_of: Arc<dyn Fn(&str) -> PathBuf + Send + Sync>,
-    /// The provider's `connect`, by id.
-    pub connect: Connect,
-    /// The running lab.
-    pub lab: crate::netlab::LabHandle,
-}
-
-/// A provider's `connect`, by id.
-pub type Connect = Arc<dyn Fn(String) -> crate::BoxFut<namzu::Result<Sandbox>> + Send + Sync>;
+pub use common::{allow, curl, in_background, sh, Connect, Env};
+use common::{check, sandbox, sandbox_of};
 
 /// A case, by name.
 pub type Case = fn(&Env) -> futures::future::BoxFuture<'_, Outcome>;
@@ -92,80 +75,6 @@ pub fn cases() -> Vec<(&'static str, Case)> {
             Box::pin(a_dead_supervisor_fails_closed_and_connect_restarts_it(e))
         }),
     ]
-}
-
-pub fn allow(entries: &[&str]) -> EgressPolicy {
-    EgressPolicy::Allowlist {
-        hosts: entries.iter().map(|e| HostRule::parse(e, None).unwrap()).collect(),
-    }
-}
-
-async fn sandbox(env: &Env, policy: EgressPolicy) -> Result<Sandbox, String> {
-    sandbox_with(env, policy, Vec::new()).await
-}
-
-async fn sandbox_with(env: &Env, policy: EgressPolicy, reach_link_local: Vec<ipnet::IpNet>) -> Result<Sandbox, String> {
-    sandbox_of(
-        env,
-        EgressConfig {
-            policy,
-            reach_link_local,
-            ..Default::default()
-        },
-    )
-    .await
-}
-
-/// A sandbox with `config`, the lab's names added to its hosts.
-async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Sandbox, String> {
-    config.hosts.extend(NetLab::hosts());
-    let sb = (env.factory)(SandboxSpec {
-        egress: config,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| format!("create: {e}"))?;
-    sb.files()
-        .write(Path::new("/workspace/ca.pem"), env.cert.clone())
-        .await
-        .map_err(|e| format!("write ca.pem: {e}"))?;
-    Ok(sb)
-}
-
-/// (exit code, stdout, stderr) of a shell script.
-pub async fn sh(sb: &Sandbox, script: &str) -> (i32, String, String) {
-    let o = sb.commands().run(script).await.unwrap();
-    (
-        o.status.code.unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// [`sh`] on a task of its own, for a command that runs while the case
-/// goes on (a stream, a flood).
-pub fn in_background(sb: &Sandbox, script: String) -> tokio::task::JoinHandle<(i32, String, String)> {
-    let sb = sb.clone();
-    tokio::spawn(async move { sh(&sb, &script).await })
-}
-
-/// What curl got: "<http code> <proxy CONNECT code>" and the body.
-pub async fn curl(sb: &Sandbox, args: &str) -> (String, String) {
-    let (_, out, _) = sh(
-        sb,
-        &format!("curl -s -m 10 --cacert /workspace/ca.pem -w '\\n%{{http_code}} %{{http_connect}}' {args}"),
-    )
-    .await;
-    let (body, codes) = out.rsplit_once('\n').unwrap_or(("", &out));
-    (codes.to_owned(), body.to_owned())
-}
-
-fn check(what: &str, ok: bool, detail: impl std::fmt::Debug) -> Result<(), String> {
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{what}: {detail:?}"))
-    }
 }
 
 pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outcome {

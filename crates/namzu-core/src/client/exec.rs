@@ -1,6 +1,6 @@
 //! Commands: run, stream, detachable executions (reserve, attach by offset, cancel), and the stream a running command is read through.
 
-use super::*;
+use super::link::*;
 
 impl AgentClient {
     /// Runs a command and collects its output.
@@ -322,11 +322,6 @@ pub enum CancelOutcome {
     /// It had exited before the kill.
     AlreadyExited,
 }
-
-/// A file streamed in chunks.
-pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
-/// Entries of a walk, streamed.
-pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;
 
 /// A running command's output, ending with [`ExecEvent::Exit`].
 pub struct ExecStream {

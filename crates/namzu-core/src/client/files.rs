@@ -1,6 +1,6 @@
 //! Files: atomic writes (whole or streamed), reads and ranged streams, listing, walking, stat, mkdir, remove, rename.
 
-use super::*;
+use super::link::*;
 
 impl AgentClient {
     /// Writes `data` to `path` atomically.

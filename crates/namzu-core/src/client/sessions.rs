@@ -1,6 +1,6 @@
 //! Named sessions that outlive the link, and quiesce and flush.
 
-use super::*;
+use super::link::*;
 
 impl AgentClient {
     /// Starts a command in a named session that outlives this link.

@@ -1,6 +1,6 @@
 //! TCP connections into the sandbox, relayed by the agent.
 
-use super::*;
+use super::link::*;
 
 impl AgentClient {
     /// A TCP connection to 127.0.0.1:`port` inside the sandbox, relayed by

@@ -1,6 +1,7 @@
 //! Terminals: opened, attached by offset, written, resized, closed.
 
-use super::*;
+use super::exec::exit_summary;
+use super::link::*;
 
 impl AgentClient {
     /// Opens a terminal. Dropping or closing a plain terminal kills every

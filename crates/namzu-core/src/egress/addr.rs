@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 
-use super::policy::Refusal;
+use super::refusal::Refusal;
 
 /// Ranges never reached under an allowlist or the public internet, each
 /// with what it is. IPv6 forms that carry an IPv4 address are judged by the

@@ -20,6 +20,7 @@
 pub mod addr;
 pub mod config;
 pub mod policy;
+pub mod refusal;
 
 pub use config::{EgressConfig, DEFAULT_DNS_QUERIES_PER_SEC, DEFAULT_MAX_CONNECTIONS};
 pub use policy::{EgressPolicy, HostPattern, HostRule, PolicyError, Refusal, Target};

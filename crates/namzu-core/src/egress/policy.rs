@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::addr;
+pub use super::refusal::Refusal;
 
 /// Longest DNS name (RFC 1035, without the trailing dot).
 pub const MAX_NAME_LEN: usize = 253;
@@ -355,79 +356,6 @@ pub fn parse_cidrs<S: AsRef<str>>(entries: &[S]) -> Result<Vec<IpNet>, PolicyErr
                 .map_err(|_| PolicyError::Cidr { entry: e.to_owned() })
         })
         .collect()
-}
-
-/// Why a name, a connection or an address was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    /// The policy is no-network.
-    #[error("the policy is no-network")]
-    NoNetwork,
-    /// The policy is deny-all.
-    #[error("the policy is deny-all")]
-    DenyAll,
-    /// The host is not on the allowlist.
-    #[error("{host} is not on the allowlist")]
-    NotAllowlisted {
-        /// The host as asked.
-        host: String,
-    },
-    /// The port is not allowed for that host.
-    #[error("{host}:{port} is not an allowed port")]
-    PortNotAllowed {
-        /// The host as asked.
-        host: String,
-        /// The port asked for.
-        port: u16,
-    },
-    /// An IP address was asked for where only names are reached.
-    #[error("{host} is an IP address; only names are reached under this policy")]
-    IpLiteral {
-        /// The host as asked.
-        host: String,
-    },
-    /// Not a valid host name.
-    #[error("{host} is not a host name: {reason}")]
-    BadName {
-        /// The host as asked.
-        host: String,
-        /// Why, for humans.
-        reason: String,
-    },
-    /// The address is of a class never reached (private, loopback …).
-    #[error("{address} is {class}, never reached")]
-    Address {
-        /// The address.
-        address: IpAddr,
-        /// Which non-public class it belongs to.
-        class: &'static str,
-    },
-    /// The address lies in an excepted range.
-    #[error("{address} is in the excepted {cidr}")]
-    Excepted {
-        /// The address.
-        address: IpAddr,
-        /// The range.
-        cidr: IpNet,
-    },
-    /// `max_connections` egress connections are open or opening already.
-    #[error("{limit} egress connections are open or opening already (max_connections)")]
-    TooManyConnections {
-        /// The limit in force.
-        limit: usize,
-    },
-    /// Under deny-all, only the configured host names resolve.
-    #[error("{host} is not among the names this deny-all sandbox may resolve (its hosts)")]
-    NotListed {
-        /// The host as asked.
-        host: String,
-    },
-    /// More name queries this second than `dns_queries_per_sec` allows.
-    #[error("more than {limit} name queries this second (dns_queries_per_sec)")]
-    DnsRateLimited {
-        /// The limit in force.
-        limit: u32,
-    },
 }
 
 impl EgressPolicy {

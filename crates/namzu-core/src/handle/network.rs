@@ -3,7 +3,7 @@
 
 use tokio::io::DuplexStream;
 
-use super::SandboxBackend;
+use super::backend::SandboxBackend;
 use crate::egress::{EgressConfig, EgressPolicy};
 use crate::error::Result;
 

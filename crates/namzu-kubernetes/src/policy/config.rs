@@ -2,7 +2,7 @@
 //! validation: every refusal an [`EgressConfigError`] naming the field.
 
 use crate::api::Resource;
-use crate::build::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use namzu_core::egress::policy::HostPattern;
 use std::collections::BTreeMap;
 
@@ -231,41 +231,8 @@ pub enum EgressConfigError {
     },
 }
 
-pub(crate) fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigError> {
-    if ports.is_empty() {
-        return Err(EgressConfigError::EmptyPortList { field });
-    }
-    ports
-        .iter()
-        .map(|&p| {
-            u16::try_from(p)
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| EgressConfigError::PortOutOfRange {
-                    field: field.clone(),
-                    port: p,
-                })
-        })
-        .collect()
-}
-
-/// The hosts of an allowlist, parsed (canonical, punycode).
-pub(crate) fn parse_hosts(hosts: &[String]) -> Result<Vec<(String, HostPattern)>, EgressConfigError> {
-    hosts
-        .iter()
-        .map(|h| {
-            HostPattern::parse(h)
-                .map(|p| (h.clone(), p))
-                .map_err(|e| EgressConfigError::BadHost {
-                    entry: h.clone(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect()
-}
-
 fn label_ok(field: &'static str, key: &str, value: &str) -> Result<(), EgressConfigError> {
-    crate::build::check_label(key, value).map_err(|reason| EgressConfigError::BadField { field, reason })
+    crate::labels::check_label(key, value).map_err(|reason| EgressConfigError::BadField { field, reason })
 }
 
 impl KubeEgressConfig {
@@ -397,5 +364,97 @@ pub fn policy_resource(engine: Engine, namespace: &str) -> Resource {
         version: version.into(),
         plural: plural.into(),
         namespace: namespace.into(),
+    }
+}
+
+pub(crate) fn check_ports(field: String, ports: &[u32]) -> Result<Vec<u16>, EgressConfigError> {
+    if ports.is_empty() {
+        return Err(EgressConfigError::EmptyPortList { field });
+    }
+    ports
+        .iter()
+        .map(|&p| {
+            u16::try_from(p)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| EgressConfigError::PortOutOfRange {
+                    field: field.clone(),
+                    port: p,
+                })
+        })
+        .collect()
+}
+
+/// The hosts of an allowlist, parsed (canonical, punycode).
+pub(crate) fn parse_hosts(hosts: &[String]) -> Result<Vec<(String, HostPattern)>, EgressConfigError> {
+    hosts
+        .iter()
+        .map(|h| {
+            HostPattern::parse(h)
+                .map(|p| (h.clone(), p))
+                .map_err(|e| EgressConfigError::BadHost {
+                    entry: h.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+/// The pod label a per-sandbox policy selects (its value: the sandbox id).
+pub const DEFAULT_LABEL_KEY: &str = "io.namzu/egress-sandbox";
+/// Every per-sandbox policy's name starts so (the fence checks it).
+pub const POLICY_NAME_PREFIX: &str = "namzu-sbx-";
+/// The shipped fence's policy and binding name.
+pub const DEFAULT_FENCE: &str = "namzu-per-sandbox-egress";
+
+/// How per-sandbox policies are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerSandboxEgress {
+    /// The pod label key the per-sandbox policy selects by.
+    pub label_key: String,
+    /// Narrowing applied to every per-sandbox allowlist.
+    pub narrowing: Option<CiliumNarrowing>,
+    /// The ValidatingAdmissionPolicy, and its binding, that must exist.
+    pub fence_policy: String,
+    /// The admission-policy binding that fences the label.
+    pub fence_binding: String,
+}
+
+impl Default for PerSandboxEgress {
+    fn default() -> Self {
+        Self {
+            label_key: DEFAULT_LABEL_KEY.into(),
+            narrowing: None,
+            fence_policy: DEFAULT_FENCE.into(),
+            fence_binding: DEFAULT_FENCE.into(),
+        }
+    }
+}
+
+impl PerSandboxEgress {
+    /// Refuses a label key or binding the API server would refuse.
+    pub fn validate(&self) -> Result<(), EgressConfigError> {
+        if self.fence_policy.is_empty() || self.fence_binding.is_empty() {
+            return Err(EgressConfigError::BadField {
+                field: "per_sandbox.fence",
+                reason: "the admission fence's names are empty".into(),
+            });
+        }
+        if let Some(n) = &self.narrowing {
+            if let Some(p) = &n.ports {
+                check_ports("per_sandbox.narrowing.ports".into(), p)?;
+            }
+            if let Some(p) = &n.tls_ports {
+                check_ports("per_sandbox.narrowing.tls_ports".into(), p)?;
+            }
+            if !n.host_ports.is_empty() {
+                return Err(EgressConfigError::BadField {
+                    field: "per_sandbox.narrowing.host_ports",
+                    reason: "per-sandbox hosts carry their own ports (HOST=PORTS); host_ports has no hosts to name"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
     }
 }

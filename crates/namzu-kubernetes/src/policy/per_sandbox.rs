@@ -26,75 +26,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::{json, Value};
 
 use super::{
-    check_ports, first_difference, policy_resource, translate, CiliumNarrowing, EgressConfigError, Engine,
-    KubeEgressConfig, KubeEgressPolicy,
+    first_difference, policy_resource, translate, CiliumNarrowing, Engine, KubeEgressConfig, KubeEgressPolicy,
 };
-use crate::acquire::Bound;
 use crate::api::{Api, ApiError, Resource};
-use crate::build::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::bound::Bound;
 use crate::crd::{Kind, Sandbox, SandboxClaim, VERSION};
+use crate::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::lease::Leased;
 use namzu_core::egress::policy::{HostPattern, HostRule};
 use namzu_core::egress::EgressPolicy;
 
-/// The pod label a per-sandbox policy selects (its value: the sandbox id).
-pub const DEFAULT_LABEL_KEY: &str = "io.namzu/egress-sandbox";
-/// Every per-sandbox policy's name starts so (the fence checks it).
-pub const POLICY_NAME_PREFIX: &str = "namzu-sbx-";
-/// The shipped fence's policy and binding name.
-pub const DEFAULT_FENCE: &str = "namzu-per-sandbox-egress";
-
-/// How per-sandbox policies are written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PerSandboxEgress {
-    /// The pod label key the per-sandbox policy selects by.
-    pub label_key: String,
-    /// Narrowing applied to every per-sandbox allowlist.
-    pub narrowing: Option<CiliumNarrowing>,
-    /// The ValidatingAdmissionPolicy, and its binding, that must exist.
-    pub fence_policy: String,
-    /// The admission-policy binding that fences the label.
-    pub fence_binding: String,
-}
-
-impl Default for PerSandboxEgress {
-    fn default() -> Self {
-        Self {
-            label_key: DEFAULT_LABEL_KEY.into(),
-            narrowing: None,
-            fence_policy: DEFAULT_FENCE.into(),
-            fence_binding: DEFAULT_FENCE.into(),
-        }
-    }
-}
-
-impl PerSandboxEgress {
-    /// Refuses a label key or binding the API server would refuse.
-    pub fn validate(&self) -> Result<(), EgressConfigError> {
-        if self.fence_policy.is_empty() || self.fence_binding.is_empty() {
-            return Err(EgressConfigError::BadField {
-                field: "per_sandbox.fence",
-                reason: "the admission fence's names are empty".into(),
-            });
-        }
-        if let Some(n) = &self.narrowing {
-            if let Some(p) = &n.ports {
-                check_ports("per_sandbox.narrowing.ports".into(), p)?;
-            }
-            if let Some(p) = &n.tls_ports {
-                check_ports("per_sandbox.narrowing.tls_ports".into(), p)?;
-            }
-            if !n.host_ports.is_empty() {
-                return Err(EgressConfigError::BadField {
-                    field: "per_sandbox.narrowing.host_ports",
-                    reason: "per-sandbox hosts carry their own ports (HOST=PORTS); host_ports has no hosts to name"
-                        .into(),
-                });
-            }
-        }
-        Ok(())
-    }
-}
+pub use super::config::{PerSandboxEgress, DEFAULT_FENCE, DEFAULT_LABEL_KEY, POLICY_NAME_PREFIX};
 
 /// A per-sandbox write refused or failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -309,7 +251,7 @@ pub async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acquire::BoundPod;
+    use crate::bound::BoundPod;
     use crate::policy::DnsNames;
 
     fn bound() -> Bound {

@@ -1,0 +1,427 @@
+//! The link itself: dialing, the authenticating preface, `Health` at
+//! connect, the features the agent offers, and the checks every operation
+//! makes before it sends (open, not retired, feature offered, guard). The
+//! operations are the sibling modules' `impl AgentClient` blocks; the
+//! imports here are `pub(super)` so they share them.
+
+pub(super) use std::collections::HashSet;
+pub(super) use std::future::Future;
+pub(super) use std::io;
+pub(super) use std::os::unix::ffi::OsStrExt;
+pub(super) use std::path::Path;
+pub(super) use std::pin::Pin;
+pub(super) use std::sync::atomic::{AtomicBool, Ordering};
+pub(super) use std::sync::{Arc, Mutex};
+pub(super) use std::time::{Duration, SystemTime};
+
+pub(super) use bytes::Bytes;
+pub(super) use futures::{Stream, StreamExt};
+pub(super) use hyper_util::rt::TokioIo;
+pub(super) use namzu_proto::features as feat;
+pub(super) use namzu_proto::v1::{
+    self, agent_client::AgentClient as Rpc, cancel_response::Outcome, exec_input, exec_output, write_file_request,
+};
+pub(super) use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+pub(super) use tokio::sync::mpsc;
+pub(super) use tokio_stream::wrappers::ReceiverStream;
+pub(super) use tokio_util::sync::CancellationToken;
+pub(super) use tonic::transport::{Channel, Endpoint, Uri};
+
+pub(super) use crate::error::{bytes_path, Error, Result};
+pub(super) use crate::types::*;
+
+/// Chunk size of uploads. Well under the message limit.
+pub const WRITE_CHUNK: usize = 1 << 20;
+
+/// Host-side options of a link.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Largest gRPC message accepted or sent (`max_message_bytes`).
+    pub max_message_bytes: usize,
+    /// HTTP/2 keepalive: a peer silent this long past a ping is dead.
+    pub keepalive: Duration,
+    /// Bound on dialing plus the preface.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: namzu_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            keepalive: Duration::from_secs(20),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A byte stream an agent link can run over.
+pub trait LinkStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkStream for T {}
+
+pub(super) type DialFuture = Pin<Box<dyn Future<Output = io::Result<Box<dyn LinkStreamObj>>> + Send>>;
+pub(super) type Dialer = Arc<dyn Fn() -> DialFuture + Send + Sync>;
+
+/// Object-safe form of [`LinkStream`], so one client type serves every
+/// transport.
+pub trait LinkStreamObj: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> LinkStreamObj for T {}
+
+pub(super) struct Inner {
+    pub(super) rpc: Rpc<Channel>,
+    pub(super) channel: Channel,
+    pub(super) info: AgentInfo,
+    pub(super) features: HashSet<String>,
+    pub(super) closed: AtomicBool,
+    pub(super) retired: AtomicBool,
+    pub(super) sandbox_id: String,
+    /// Upload chunk: [`WRITE_CHUNK`], or less if the agent's message limit
+    /// is smaller.
+    pub(super) write_chunk: usize,
+    /// The agent's heartbeat interval (`None`: it sends none, or is too
+    /// old to): both ends beat at it and give up after three silent ones.
+    pub(super) heartbeat: Option<Duration>,
+    /// Checked before every op: a tier that can learn the sandbox is gone
+    /// (a Kubernetes lease) attaches one.
+    pub(super) guard: std::sync::OnceLock<Arc<dyn LinkGuard>>,
+}
+
+/// Something besides the link that can know a sandbox must no longer be
+/// reached (a tier's lease on it): checked before every operation.
+pub trait LinkGuard: Send + Sync {
+    /// `Ok` while the sandbox may be reached; else the error every
+    /// operation fails with (e.g. [`Error::SandboxGone`]).
+    fn check(&self, sandbox_id: &str) -> Result<()>;
+}
+
+/// A cheap-to-clone handle on one agent link.
+#[derive(Clone)]
+pub struct AgentClient {
+    pub(super) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("sandbox_id", &self.inner.sandbox_id)
+            .field("boot_id", &self.inner.info.boot_id)
+            .finish()
+    }
+}
+
+impl AgentClient {
+    /// Connects through `dial`, which is called again if the connection has
+    /// to be re-established. `endpoint` names the peer in errors.
+    pub async fn connect<D, F, S>(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        dial: D,
+    ) -> Result<Self>
+    where
+        D: Fn() -> F + Send + Sync + 'static,
+        F: Future<Output = io::Result<S>> + Send + 'static,
+        S: LinkStream,
+    {
+        let dial = Arc::new(dial);
+        let dialer: Dialer = Arc::new(move || {
+            let fut = dial();
+            Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
+        });
+        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+    }
+
+    /// Connects over one already-open stream (an inherited socket, an exec's
+    /// stdio). The link cannot be re-established once it drops.
+    pub async fn connect_stream<S: LinkStream>(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        stream: S,
+    ) -> Result<Self> {
+        let slot = Arc::new(Mutex::new(Some(stream)));
+        let ep = endpoint.to_owned();
+        let dialer: Dialer = Arc::new(move || {
+            let taken = slot.lock().ok().and_then(|mut s| s.take());
+            let ep = ep.clone();
+            Box::pin(async move {
+                taken.map(|s| Box::new(s) as Box<dyn LinkStreamObj>).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!("the one-shot link to {ep} is gone"),
+                    )
+                })
+            })
+        });
+        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+    }
+
+    /// Connects to an agent's unix socket.
+    pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
+        let p = path.to_path_buf();
+        Self::connect(sandbox_id, &path.display().to_string(), token, opts, move || {
+            tokio::net::UnixStream::connect(p.clone())
+        })
+        .await
+    }
+
+    /// Connects to an agent over TCP.
+    pub async fn connect_tcp(
+        sandbox_id: &str,
+        addr: std::net::SocketAddr,
+        token: Vec<u8>,
+        opts: ClientOptions,
+    ) -> Result<Self> {
+        Self::connect(sandbox_id, &addr.to_string(), token, opts, move || async move {
+            let s = tokio::net::TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        })
+        .await
+    }
+
+    pub(super) async fn connect_dialer(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        dialer: Dialer,
+    ) -> Result<Self> {
+        let token = Arc::new(token);
+        // The first link is dialed here, not inside tonic, so a refused
+        // preface or a dead socket comes back as a typed error.
+        let first = tokio::time::timeout(opts.connect_timeout, async {
+            let mut s = dialer().await.map_err(|source| Error::Connect {
+                endpoint: endpoint.into(),
+                source,
+            })?;
+            namzu_proto::preface::offer(&mut s, &token)
+                .await
+                .map_err(|source| Error::Preface {
+                    endpoint: endpoint.into(),
+                    source,
+                })?;
+            Ok::<_, Error>(s)
+        })
+        .await
+        .map_err(|_| Error::Connect {
+            endpoint: endpoint.into(),
+            source: io::Error::new(io::ErrorKind::TimedOut, "connect and preface timed out"),
+        })??;
+        let first = Arc::new(Mutex::new(Some(first)));
+        let connector = tower::service_fn(move |_: Uri| {
+            let first = first.lock().ok().and_then(|mut f| f.take());
+            let dialer = dialer.clone();
+            let token = token.clone();
+            async move {
+                let s = match first {
+                    Some(s) => s,
+                    None => {
+                        let mut s = dialer().await?;
+                        namzu_proto::preface::offer(&mut s, &token)
+                            .await
+                            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+                        s
+                    }
+                };
+                Ok::<_, io::Error>(TokioIo::new(s))
+            }
+        });
+        // The URI is never resolved: the connector above supplies the stream.
+        let channel = Endpoint::from_static("http://namzu-agent")
+            .http2_keep_alive_interval(opts.keepalive)
+            .keep_alive_timeout(opts.keepalive)
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(8 << 20))
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| Error::Connect {
+                endpoint: endpoint.into(),
+                source: io::Error::other(e),
+            })?;
+        let mut rpc = Rpc::new(channel.clone())
+            .max_decoding_message_size(opts.max_message_bytes)
+            .max_encoding_message_size(opts.max_message_bytes);
+        let h = rpc
+            .health(v1::HealthRequest { probe_child: false })
+            .await
+            .map_err(|s| Error::from_status("health", s))?
+            .into_inner();
+        if h.protocol_version != namzu_proto::PROTOCOL_VERSION {
+            return Err(Error::ProtocolVersion {
+                agent: h.protocol_version,
+                host: namzu_proto::PROTOCOL_VERSION,
+            });
+        }
+        let info = agent_info(h);
+        let agent_max = info
+            .limits
+            .iter()
+            .find(|(n, _)| n == namzu_proto::limits::MAX_MESSAGE_BYTES)
+            .map_or(opts.max_message_bytes, |(_, v)| {
+                usize::try_from(*v).unwrap_or(usize::MAX)
+            });
+        let heartbeat = info
+            .limits
+            .iter()
+            .find(|(n, _)| n == namzu_proto::limits::HEARTBEAT_INTERVAL_MS)
+            .and_then(|(_, v)| (*v > 0).then(|| Duration::from_millis(*v)));
+        // Room for the message's own framing and fields.
+        let write_chunk = WRITE_CHUNK
+            .min(agent_max.min(opts.max_message_bytes).saturating_sub(1024))
+            .max(1);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                rpc,
+                channel,
+                features: info.features.iter().cloned().collect(),
+                retired: AtomicBool::new(info.retiring),
+                info,
+                closed: AtomicBool::new(false),
+                sandbox_id: sandbox_id.into(),
+                write_chunk,
+                heartbeat,
+                guard: std::sync::OnceLock::new(),
+            }),
+        })
+    }
+
+    /// What the agent said at connect time.
+    pub fn info(&self) -> &AgentInfo {
+        &self.inner.info
+    }
+
+    /// The id of the sandbox this link reaches.
+    pub fn sandbox_id(&self) -> &str {
+        &self.inner.sandbox_id
+    }
+
+    /// A fresh Health call (RSS, retiring state).
+    pub async fn health(&self) -> Result<AgentInfo> {
+        self.open("health")?;
+        let h = self
+            .rpc()
+            .health(v1::HealthRequest { probe_child: false })
+            .await
+            .map_err(|s| Error::from_status("health", s))?;
+        Ok(agent_info(h.into_inner()))
+    }
+
+    /// The underlying HTTP/2 channel, for protocol-level tests.
+    #[doc(hidden)]
+    pub fn raw_channel(&self) -> Channel {
+        self.inner.channel.clone()
+    }
+
+    /// `/proc/self/status` of a freshly forked agent child: the privileges
+    /// every command starts with.
+    pub async fn probe_child_status(&self) -> Result<String> {
+        self.open("health")?;
+        let h = self
+            .rpc()
+            .health(v1::HealthRequest { probe_child: true })
+            .await
+            .map_err(|s| Error::from_status("health", s))?;
+        Ok(h.into_inner().child_status)
+    }
+
+    /// Marks the link unusable: every later op fails with
+    /// [`Error::SandboxDestroyed`].
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// The agent fenced itself after an unconfirmed kill: it serves nothing but health.
+    pub fn is_retired(&self) -> bool {
+        self.inner.retired.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn rpc(&self) -> Rpc<Channel> {
+        self.inner.rpc.clone()
+    }
+
+    /// Attaches a guard checked before every op (e.g. a lease that fails
+    /// ops with [`Error::SandboxGone`] once the object behind the sandbox
+    /// is gone). Set once; later calls are ignored.
+    pub fn guard_with(&self, guard: Arc<dyn LinkGuard>) {
+        let _ = self.inner.guard.set(guard);
+    }
+
+    /// The generated gRPC client, for a host service's own calls (the
+    /// egress supervisor's): checks first, as every op does, that the link
+    /// is open and the agent offers `feature`. Map failures with
+    /// [`Self::status_error`].
+    pub fn rpc_for(&self, op: &str, feature: &str) -> Result<Rpc<Channel>> {
+        self.require(op, feature)?;
+        Ok(self.rpc())
+    }
+
+    /// The typed error of a failed call made through [`Self::rpc_for`].
+    pub fn status_error(&self, op: &str, s: tonic::Status) -> Error {
+        self.status(op, s)
+    }
+
+    pub(super) fn open(&self, _op: &str) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::SandboxDestroyed {
+                id: self.inner.sandbox_id.clone(),
+            });
+        }
+        match self.inner.guard.get() {
+            Some(g) => g.check(&self.inner.sandbox_id),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the link is usable and the agent offers `feature` for `op`.
+    pub(super) fn require(&self, op: &str, feature: &str) -> Result<()> {
+        self.open(op)?;
+        if self.is_retired() {
+            return Err(Error::AgentRetiring { op: op.into() });
+        }
+        if !self.inner.features.contains(feature) {
+            return Err(Error::Unsupported {
+                op: op.into(),
+                feature: feature.into(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn status(&self, op: &str, s: tonic::Status) -> Error {
+        let e = Error::from_status(op, s);
+        if matches!(e, Error::RemoteCancellationUnknown { .. } | Error::AgentRetiring { .. }) {
+            self.inner.retired.store(true, Ordering::SeqCst);
+        }
+        e
+    }
+}
+
+pub(super) fn path_bytes(p: &Path) -> Bytes {
+    Bytes::copy_from_slice(p.as_os_str().as_bytes())
+}
+
+pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
+    AgentInfo {
+        protocol_version: h.protocol_version,
+        agent_version: h.agent_version,
+        boot_id: h.boot_id,
+        features: h.features,
+        retiring: h.retiring,
+        pid: h.pid,
+        rss_bytes: h.rss_bytes,
+        peak_rss_bytes: h.peak_rss_bytes,
+        limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
+        ops_served: h.ops_served,
+        hardening: h.hardening.into_iter().collect(),
+        roots: h.roots.iter().map(|r| bytes_path(r)).collect(),
+    }
+}
+
+/// A file streamed in chunks.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
+
+/// Entries of a walk, streamed.
+pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;

@@ -1,0 +1,41 @@
+//! [`SandboxBackend`]: the one small trait a tier implements for a live
+//! sandbox; the handle builds every operation on it.
+
+use std::any::Any;
+
+use async_trait::async_trait;
+
+use crate::client::AgentClient;
+use crate::egress::{EgressConfig, EgressPolicy};
+use crate::error::Result;
+use crate::spec::Tier;
+
+/// What a tier supplies for one live sandbox: who it is, the link to its
+/// agent, how to tear it down, and (where the tier has an egress boundary)
+/// its network policy. Everything else is the agent's and shared.
+#[async_trait]
+pub trait SandboxBackend: Any + Send + Sync {
+    /// The sandbox's id, unique within its tier.
+    fn id(&self) -> &str;
+    /// The tier it lives in.
+    fn tier(&self) -> Tier;
+    /// The link to this sandbox's agent.
+    fn agent(&self) -> &AgentClient;
+
+    /// Tears the sandbox down: every process in it is killed and its state
+    /// removed. Idempotent.
+    async fn destroy(&self) -> Result<()>;
+
+    /// Replaces the whole egress policy; see [`Network::set_policy`](super::Network::set_policy).
+    /// Default: refused, the tier has no egress boundary.
+    async fn set_network_policy(&self, policy: EgressPolicy) -> Result<()> {
+        let _ = policy;
+        Err(crate::egress::no_boundary(self.tier()))
+    }
+
+    /// The egress configuration in force and the number of open
+    /// connections; see [`Network::policy`](super::Network::policy). Default: refused.
+    async fn network_policy(&self) -> Result<(EgressConfig, usize)> {
+        Err(crate::egress::no_boundary(self.tier()))
+    }
+}
