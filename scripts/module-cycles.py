@@ -26,6 +26,10 @@ def modules_of(src):
         stem = os.path.basename(file)[:-3]
         sub = base if stem in ('lib', 'main', 'mod') else os.path.join(base, stem)
         lines = text.split('\n')
+        # `internal! { a; b; }` (namzu-kubernetes) declares modules too.
+        block = re.search(r'\binternal!\s*\{([^}]*)\}', text)
+        if block:
+            lines = lines + ['mod %s;' % n for n in re.findall(r'(\w+)\s*;', block.group(1))]
         for i, line in enumerate(lines):
             m = re.match(r'\s*(pub(\([^)]*\))?\s+)?mod\s+(\w+)\s*;', line)
             if not m:

@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFiel
 
 use super::crd::{ClaimEnv, Lifecycle, NameRef, PodMetadata, Sandbox, SandboxClaim, SandboxTemplate};
 use super::{AddressMode, KubernetesOptions};
+// Re-exported for the simulator, which reads and writes these times too.
+#[allow(unused_imports)]
 pub use crate::clock::{rfc3339, rfc3339_ceil, until};
+#[allow(unused_imports)]
 pub use crate::labels::{check_label, MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_LABEL};
 
 /// The agent container's environment variable holding its bind token: the

@@ -3,37 +3,57 @@
 //! The `kubernetes` tier: task sandboxes on a cluster through
 //! kubernetes-sigs/agent-sandbox (see `docs/kubernetes.md`).
 //!
-//! * [`crd`]: Rust types for the four kinds, version `v1beta1`;
+//! What a user calls:
 //! * [`KubernetesOptions`]: the configuration, refused by name where it
 //!   cannot work;
-//! * [`build`]: the objects the backend sends (a claim on a warm pool, or a
-//!   Sandbox from a template), proven in `tests/k8s_crds.rs` to pass the real
-//!   CRD schemas;
-//!   (the structural OpenAPI check is the simulator's, `namzu_k8s_sim::schema`);
-//! * [`api`]: the one typed layer every API call goes through — bounded,
-//!   typed errors, a record of (group, resource, verb);
-//! * [`acquire`]: from nothing to a Ready, dialed pod inside one budget;
-//!   [`acquire_error`]: the failure taxonomy;
-//! * [`lease`]: the shutdown time kept ahead while a handle lives;
-//! * [`provider`]: [`KubernetesProvider`] and its handle;
+//! * [`provider`]: [`KubernetesProvider`] and its handle's backend,
+//!   [`KubernetesSandbox`];
+//! * [`KubernetesError`] and what it carries ([`acquire_error`]: the acquire
+//!   failure taxonomy, [`ApiError`]);
 //! * [`ops`]: crash recovery and headroom;
 //! * [`policy`]: egress translated to the cluster's policy objects, and
 //!   the check that the named one is applied as translated.
+//!
+//! Public only with feature `internals` (the tier's own tests and the
+//! simulator use them): `crd` (the four kinds, `v1beta1`), `build` (the
+//! objects sent, proven in `tests/k8s_crds.rs` to pass the real CRD
+//! schemas), `api` (the one typed layer every API call goes through),
+//! `acquire` (from nothing to a Ready, dialed pod inside one budget) and
+//! `lease` (the shutdown time kept ahead while a handle lives).
 
-pub mod acquire;
+/// A module public only with feature `internals`: the tier's building
+/// blocks, which its own tests and the simulator drive directly. A user
+/// calls the provider, the options, the errors and the policy types.
+macro_rules! internal {
+    ($($(#[$attr:meta])* $name:ident;)*) => {$(
+        $(#[$attr])*
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "internals"))]
+        #[allow(dead_code)]
+        mod $name;
+    )*};
+}
+
+internal! {
+    acquire;
+    api;
+    build;
+    crd;
+    lease;
+}
 pub mod acquire_error;
-pub mod api;
 pub mod bound;
-pub mod build;
 mod clock;
-pub mod crd;
 mod error;
 mod labels;
-pub mod lease;
 pub mod ops;
 mod options;
 pub mod policy;
 pub mod provider;
+
+pub use api::{ApiError, Verb};
 
 pub use error::KubernetesError;
 pub use options::*;

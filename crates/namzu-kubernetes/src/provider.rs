@@ -1,5 +1,5 @@
 //! The `kubernetes` tier's provider and handle: a task sandbox is acquired
-//! ([`super::acquire`]), its agent dialed over TCP with the pod's uid as the
+//! (`acquire`), its agent dialed over TCP with the pod's uid as the
 //! bind token, the privilege probe run over that link before the handle is
 //! handed out (a refusal gives the sandbox back), and its lease renewed for
 //! as long as the handle lives. Destroy gives the claim (or Sandbox) back;
