@@ -243,6 +243,42 @@ impl Execs {
         }
     }
 
+    /// Every execution held: reserved and running ones, and the detachable
+    /// ones whose logs are retained (exited included), sorted by id.
+    pub fn list(&self) -> Vec<v1::ExecRecord> {
+        let t = self.table();
+        let mut out: Vec<v1::ExecRecord> = Vec::new();
+        for (id, slot) in &t.slots {
+            let state = match slot {
+                Slot::Reserved(_) => "reserved",
+                Slot::Running(_) => "running",
+                Slot::CancelledBeforeStart | Slot::Finished => continue,
+            };
+            out.push(v1::ExecRecord {
+                execution_id: id.clone(),
+                state: state.into(),
+                ..Default::default()
+            });
+        }
+        for (id, log) in &t.logs {
+            let (pid, output_bytes, exit) = log.summary();
+            let record = v1::ExecRecord {
+                execution_id: id.clone(),
+                state: if exit.is_some() { "exited" } else { "running" }.into(),
+                detachable: true,
+                pid,
+                output_bytes,
+                exit,
+            };
+            match out.iter_mut().find(|r| r.execution_id == *id) {
+                Some(r) => *r = record,
+                None => out.push(record),
+            }
+        }
+        out.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        out
+    }
+
     pub async fn cancel(&self, execution_id: &str) -> Result<Outcome, OpError> {
         let tx = {
             let mut t = self.table();

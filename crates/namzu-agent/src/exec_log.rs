@@ -129,6 +129,16 @@ impl ExecLog {
         self.changed.notify_waiters();
     }
 
+    /// The pid, the bytes produced so far, and the exit once there is one.
+    pub fn summary(&self) -> (u32, u64, Option<ExecExit>) {
+        let g = self.lock();
+        let exit = match &g.outcome {
+            Some(Ok(x)) => Some(*x),
+            _ => None,
+        };
+        (g.pid, g.end, exit)
+    }
+
     pub fn finished_at(&self) -> Option<Instant> {
         self.lock().finished_at
     }

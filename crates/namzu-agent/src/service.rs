@@ -194,6 +194,13 @@ impl Agent for AgentService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    async fn list_execs(&self, _req: Request<v1::Empty>) -> Result<Response<v1::ListExecsResponse>, Status> {
+        self.admit("list_execs", namzu_proto::features::EXEC_LIST)?;
+        Ok(Response::new(v1::ListExecsResponse {
+            executions: self.execs.list(),
+        }))
+    }
+
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelResponse>, Status> {
         self.admit("cancel", namzu_proto::features::EXEC_CANCEL)?;
         let outcome = self

@@ -85,8 +85,10 @@ impl KubeArgs {
             && self.ready_timeout.is_none()
     }
 
-    pub async fn provider(&self) -> Result<namzu::backend::kubernetes::KubernetesProvider, Fail> {
-        use namzu::backend::kubernetes::{AddressMode, KubernetesOptions, KubernetesProvider};
+    /// The kubernetes tier's provider, built by the library's factory from
+    /// these flags.
+    pub async fn provider(&self) -> Result<Box<dyn namzu::Provider>, Fail> {
+        use namzu::backend::kubernetes::{AddressMode, KubernetesOptions};
         let defaults = KubernetesOptions::default();
         let opts = KubernetesOptions {
             namespace: self.namespace.clone().unwrap_or(defaults.namespace.clone()),
@@ -102,7 +104,11 @@ impl KubeArgs {
                 .map_or(defaults.ready_timeout, std::time::Duration::from_secs),
             ..defaults
         };
-        Ok(KubernetesProvider::from_env(opts).await?)
+        let factory = namzu::factory::ProviderOptions {
+            kubernetes: Some(opts),
+            ..Default::default()
+        };
+        Ok(namzu::factory::provider(namzu::Tier::Kubernetes, factory).await?)
     }
 }
 

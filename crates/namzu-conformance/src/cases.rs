@@ -71,6 +71,7 @@ pub fn all() -> Vec<Case> {
         detachable_execution_cancel_and_retention_limits[feat::EXEC, feat::EXEC_ATTACH, feat::EXEC_CANCEL],
         evicted_execution_output_is_a_gap_and_truncation[feat::EXEC, feat::EXEC_ATTACH],
         cancel_before_start_of_a_detachable_execution_never_runs[feat::EXEC, feat::EXEC_ATTACH, feat::EXEC_CANCEL, feat::FILES_STAT],
+        executions_are_listed_with_their_state[feat::EXEC, feat::EXEC_ATTACH, feat::EXEC_LIST],
         exited_execution_records_expire_after_the_ttl[feat::EXEC, feat::EXEC_ATTACH, feat::FILES_STAT],
         named_list_walk_and_session_limits_hold[feat::EXEC, feat::FILES_LIST, feat::FILES_WALK, feat::SESSIONS],
     ]

@@ -487,6 +487,33 @@ pub struct QuiesceReport {
     pub rounds: u32,
 }
 
+/// Where an execution stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutionState {
+    /// Its id is reserved; the command has not started.
+    Reserved,
+    /// It runs.
+    Running,
+    /// A detachable execution that exited, still retained.
+    Exited(ExitStatus),
+}
+
+/// One execution the agent holds; from [`crate::Commands::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionInfo {
+    /// Its id.
+    pub execution_id: String,
+    /// Where it stands.
+    pub state: ExecutionState,
+    /// Started detachable: its output is retained and can be attached.
+    pub detachable: bool,
+    /// Detachable only: its pid inside the sandbox, once started.
+    pub pid: Option<u32>,
+    /// Detachable only: bytes of output so far (stdout and stderr): the
+    /// offset an attach would reach.
+    pub output_bytes: u64,
+}
+
 /// A command to run detached, in a named session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionSpec {

@@ -143,6 +143,8 @@ pub mod features {
     pub const EXEC_CANCEL: &str = "exec.cancel";
     /// Detachable executions: `detach`, named reservations, AttachExec.
     pub const EXEC_ATTACH: &str = "exec.attach";
+    /// ListExecs: the executions the agent holds.
+    pub const EXEC_LIST: &str = "exec.list";
     pub const FILES_WRITE: &str = "files.write";
     pub const FILES_READ: &str = "files.read";
     pub const FILES_READ_STREAM: &str = "files.read-stream";
@@ -166,6 +168,7 @@ pub mod features {
         EXEC_STDIN_STREAM,
         EXEC_CANCEL,
         EXEC_ATTACH,
+        EXEC_LIST,
         FILES_WRITE,
         FILES_READ,
         FILES_READ_STREAM,

@@ -98,7 +98,7 @@ pub async fn run(
     exec: ExecArgs,
 ) -> Result<ExitCode, Fail> {
     let p: Box<dyn Provider> = match tier {
-        Tier::Kubernetes => Box::new(kube.provider().await?),
+        Tier::Kubernetes => kube.provider().await?,
         _ if !kube.is_empty() => {
             return Err(Fail(format!(
                 "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"

@@ -309,3 +309,65 @@ pub(super) async fn exited_execution_records_expire_after_the_ttl(f: Factory) ->
     })
     .await
 }
+
+/// `commands().list()` shows what the agent holds: a running foreground
+/// execution and a running detachable one; once the
+/// detachable one exits it stays listed (with its code and output size)
+/// while the foreground one, cancelled, is gone.
+pub(super) async fn executions_are_listed_with_their_state(f: Factory) -> Outcome {
+    with_sandbox(&f, SandboxSpec::default(), |sb| async move {
+        let cmds = sb.commands();
+        let token = CancellationToken::new();
+        let mut fg = cmds
+            .stream(ExecRequest::shell("echo up; sleep 30").cancel_token(token.clone()))
+            .await
+            .ctx("foreground")?;
+        let fg_id = fg.execution_id.clone();
+        ensure!(
+            matches!(fg.next().await, Some(Ok(ExecEvent::Stdout { .. }))),
+            "the foreground command did not start"
+        );
+        let bg = cmds
+            .spawn(ExecRequest::shell("printf 12345; sleep 0.5; exit 4").execution_id("listed-bg"))
+            .await
+            .ctx("spawn")?;
+        let listed = cmds.list().await.ctx("list")?;
+        let of = |id: &str| listed.iter().find(|e| e.execution_id == id).cloned();
+        let f_info = of(&fg_id).ok_or(format!("{fg_id} not listed: {listed:?}"))?;
+        ensure!(
+            f_info.state == namzu::ExecutionState::Running && !f_info.detachable,
+            "{f_info:?}"
+        );
+        let b_info = of("listed-bg").ok_or(format!("listed-bg not listed: {listed:?}"))?;
+        ensure!(
+            b_info.state == namzu::ExecutionState::Running && b_info.detachable,
+            "{b_info:?}"
+        );
+        drop(bg);
+        token.cancel();
+        while fg.next().await.is_some() {}
+        // The detachable one finishes on its own.
+        let mut exited = None;
+        for _ in 0..100 {
+            let now = cmds.list().await.ctx("list again")?;
+            ensure!(
+                now.iter().all(|e| e.execution_id != fg_id),
+                "a cancelled foreground execution is still listed: {now:?}"
+            );
+            if let Some(e) = now.into_iter().find(|e| e.execution_id == "listed-bg") {
+                if let namzu::ExecutionState::Exited(st) = e.state {
+                    exited = Some((st, e.output_bytes, e.pid));
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (st, bytes, pid) = exited.ok_or("listed-bg never showed as exited")?;
+        ensure!(
+            st.code == Some(4) && bytes == 5 && pid.is_some(),
+            "{st:?}, {bytes} bytes, pid {pid:?}"
+        );
+        Ok(())
+    })
+    .await
+}

@@ -16,6 +16,7 @@
 //! service makes (the egress supervisor's, through [`AgentClient::rpc_for`]).
 
 mod exec;
+mod executions;
 mod files;
 mod link;
 mod sessions;

@@ -4,7 +4,7 @@
 
 use crate::client::{AgentClient, CancelOutcome, ExecStream};
 use crate::error::Result;
-use crate::types::{AttachOptions, ExecOutput, ExecRequest};
+use crate::types::{AttachOptions, ExecOutput, ExecRequest, ExecutionInfo};
 
 /// Commands of one sandbox; from [`Sandbox::commands`](crate::Sandbox::commands).
 ///
@@ -62,6 +62,12 @@ impl<'a> Commands<'a> {
     /// [`Self::attach`], streamed.
     pub async fn attach_stream(self, execution_id: &str, opts: AttachOptions) -> Result<ExecStream> {
         self.agent.attach_execution_stream(execution_id, opts).await
+    }
+
+    /// The executions the agent holds: reserved and running ones, and the
+    /// detachable ones it still retains (exited included), sorted by id.
+    pub async fn list(self) -> Result<Vec<ExecutionInfo>> {
+        self.agent.list_executions().await
     }
 
     /// Kills a detachable execution's whole process group by id and waits
