@@ -1,7 +1,7 @@
 //! The programs in `examples/` run as a user would run them, and say what
-//! they claim to (they are built by `cargo test`; this runs the cheap
-//! ones against the real local tier, and the docker one where the test
-//! command brought dockerd up).
+//! they claim to (they are built by `cargo test`; this runs them against
+//! the real local tier, and the docker one where the test command brought
+//! dockerd up — else it is reported ignored, with the reason).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,7 +32,6 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-#[test]
 fn run_command_streams_and_exits_with_the_command_code() {
     let st = tempfile::tempdir().unwrap();
     let o = run(st.path(), "run_command", &["echo one; echo two >&2; exit 5"]);
@@ -41,7 +40,6 @@ fn run_command_streams_and_exits_with_the_command_code() {
     assert_eq!(o.status.code(), Some(5));
 }
 
-#[test]
 fn files_writes_lists_and_reads_back() {
     let st = tempfile::tempdir().unwrap();
     let o = stdout(&run(st.path(), "files", &[]));
@@ -51,7 +49,6 @@ fn files_writes_lists_and_reads_back() {
     assert_eq!(lines[2], "bytes 7..14 of 15: \"sandbox\"");
 }
 
-#[test]
 fn a_second_process_reattaches_to_what_the_first_started() {
     let st = tempfile::tempdir().unwrap();
     let started = stdout(&run(st.path(), "detach_reattach", &["start"]));
@@ -69,7 +66,6 @@ fn a_second_process_reattaches_to_what_the_first_started() {
     run(st.path(), "detach_reattach", &["destroy", id]);
 }
 
-#[test]
 fn egress_allowlist_changes_the_policy_live() {
     let st = tempfile::tempdir().unwrap();
     let o = stdout(&run(st.path(), "egress_allowlist", &["pypi.org"]));
@@ -87,14 +83,51 @@ fn egress_allowlist_changes_the_policy_live() {
     );
 }
 
-#[test]
 fn docker_runs_a_command_in_a_container() {
-    if std::env::var_os("NAMZU_REQUIRE_DOCKER").is_none() {
-        eprintln!("skipped: dockerd is brought up by scripts/test.sh (NAMZU_REQUIRE_DOCKER)");
-        return;
-    }
     let st = tempfile::tempdir().unwrap();
     let o = stdout(&run(st.path(), "docker", &["namzu-test/busybox:2"]));
     assert!(o.starts_with("Linux "), "{o}");
     assert!(o.contains("uid="), "{o}");
+}
+
+fn main() -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let trial = |name: &'static str, f: fn()| {
+        libtest_mimic::Trial::test(name, move || {
+            std::panic::catch_unwind(f).map_err(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default()
+                    .into()
+            })
+        })
+    };
+    let docker = std::env::var_os("NAMZU_REQUIRE_DOCKER").is_some();
+    let trials = vec![
+        trial(
+            "run_command_streams_and_exits_with_the_command_code",
+            run_command_streams_and_exits_with_the_command_code,
+        ),
+        trial("files_writes_lists_and_reads_back", files_writes_lists_and_reads_back),
+        trial(
+            "a_second_process_reattaches_to_what_the_first_started",
+            a_second_process_reattaches_to_what_the_first_started,
+        ),
+        trial(
+            "egress_allowlist_changes_the_policy_live",
+            egress_allowlist_changes_the_policy_live,
+        ),
+        trial(
+            "docker_runs_a_command_in_a_container",
+            docker_runs_a_command_in_a_container,
+        )
+        .with_ignored_flag(!docker)
+        .with_kind(if docker {
+            ""
+        } else {
+            "unavailable: dockerd is brought up by scripts/test.sh (NAMZU_REQUIRE_DOCKER)"
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
 }
