@@ -37,6 +37,9 @@ cargo build -p namzu-agent --features weaken --target-dir target/weaken --locked
 # its docs build without a broken link, the kubernetes tier builds with
 # its internals private, and a local-only build (no default features) compiles neither
 # bollard nor kube.
+if ! command -v python3 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
+fi
 python3 scripts/module-cycles.py
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p namzu-core -p namzu -p namzu-kubernetes
 cargo build -p namzu --no-default-features --locked

@@ -189,13 +189,13 @@ pub enum Error {
     /// No session with this id.
     #[error("no session {id:?}")]
     SessionNotFound {
-        /// The sandbox's id.
+        /// The session's id.
         id: String,
     },
     /// A session with this id exists already.
     #[error("a session {id:?} exists already")]
     SessionExists {
-        /// The sandbox's id.
+        /// The session's id.
         id: String,
     },
     /// Another attachment took the terminal over.
@@ -203,7 +203,7 @@ pub enum Error {
     AttachmentReplaced {
         /// The session's id.
         session_id: String,
-        /// The log offset to resume from.
+        /// How far this attachment had read.
         offset: u64,
     },
     /// The link to a persistent terminal was lost while it runs: attach again
