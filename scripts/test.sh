@@ -41,7 +41,7 @@ if ! command -v python3 >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null
 fi
 python3 scripts/module-cycles.py
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p namzu-core -p namzu -p namzu-kubernetes
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked -p namzu-core -p namzu -p namzu-kubernetes -p namzu-server
 cargo build -p namzu --no-default-features --locked
 # The kubernetes tier as a user gets it: its building blocks private.
 cargo build -p namzu-kubernetes --locked
@@ -50,10 +50,29 @@ if cargo tree -p namzu --no-default-features -e normal --prefix none --locked | 
     exit 1
 fi
 
+# The HTTP API's suite and the Python client's (clients/python), run by
+# pytest against a live `namzu serve` on the local tier: a venv with pinned
+# packages from PyPI (python3-venv from apt where the interpreter lacks it).
+venv=target/py-venv
+if ! [ -x "$venv/bin/pip" ]; then
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+    fi
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check \
+    httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0
+"$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./clients/python
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --locked --no-fail-fast -- "$@" 2>&1 | tee "$log" || status=$?
+# pytest's "no tests ran" (exit 5) fails the run like any other failure.
+(cd clients/python && "../../$venv/bin/pytest" -q -rs -p no:cacheprovider) 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
+     / (passed|failed|skipped|errors?)[ ,].*in [0-9.]+s/ && !/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^error/) f += $i; if ($(i+1) ~ /^skipped/) s += $i } }
      END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 exit "$status"

@@ -461,6 +461,9 @@ impl Execs {
                 (log, false)
             }
         };
+        if !attached {
+            log.started().await;
+        }
         log.follow(id, 0, true, attached, self.limits.heartbeat(), out).await;
     }
 

@@ -118,6 +118,23 @@ impl ExecLog {
         self.changed.notify_waiters();
     }
 
+    /// Waits until the command has a pid or has ended (it failed to
+    /// start), so a fresh start's `Started` carries the real pid.
+    pub async fn started(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let g = self.lock();
+                if g.pid != 0 || g.outcome.is_some() {
+                    return;
+                }
+            }
+            changed.await;
+        }
+    }
+
     /// Records how the execution ended; readers get it once they have read
     /// every byte.
     pub fn finish(&self, outcome: Result<ExecExit, OpError>) {

@@ -12,13 +12,18 @@ pub struct Fail(pub String);
 /// says only its own part).
 impl From<namzu::Error> for Fail {
     fn from(e: namzu::Error) -> Self {
-        let mut line = e.to_string();
-        let mut cause = std::error::Error::source(&e);
-        while let Some(c) = cause {
-            line.push_str(": ");
-            line.push_str(&c.to_string());
-            cause = c.source();
-        }
-        Fail(line)
+        Fail(chain(&e))
     }
+}
+
+/// `e` and every cause beneath it, `: `-joined.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
 }

@@ -9,6 +9,7 @@ mod lifecycle;
 mod logs;
 mod network;
 mod sandboxes;
+mod serve;
 mod sessions;
 mod shell;
 
@@ -141,6 +142,14 @@ pub enum Cmd {
     /// Manage root filesystem images.
     #[command(subcommand)]
     Image(image::ImageCmd),
+    /// Serve the HTTP API (docs/server.md): sandboxes for any language.
+    Serve(serve::ServeArgs),
+    /// Make an API key for `namzu serve --api-keys`: prints the key on
+    /// stdout and the key file's line (its hash) on stderr.
+    ApiKey {
+        /// The key's owner name.
+        name: String,
+    },
     /// Remove sandboxes whose agent died, and their leftovers.
     Gc {
         /// Only this tier (default: every tier with local state).
@@ -193,6 +202,8 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
             ports: (local, remote),
         } => shell::port_forward(state_dir, id, (local, remote)).await,
         Cmd::Image(cmd) => image::run(state_dir, cmd).await,
+        Cmd::Serve(args) => serve::serve(state_dir.clone(), args).await,
+        Cmd::ApiKey { name } => serve::api_key(&name),
         Cmd::Gc { tier } => sandboxes::gc(state_dir, tier).await,
         Cmd::Rm { ids } => sandboxes::rm(state_dir, ids).await,
     }

@@ -21,6 +21,20 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// out even where nothing may connect, so its bandwidth is bounded.
 pub const DEFAULT_DNS_QUERIES_PER_SEC: u32 = 20;
 
+/// How many egress decisions a sandbox's supervisor made, by verdict,
+/// since it started (a restarted supervisor counts from zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decisions {
+    /// Connections let through.
+    pub allowed: u64,
+    /// Connections and name queries refused by the policy or a bound.
+    pub refused: u64,
+    /// Name queries answered.
+    pub resolved: u64,
+    /// Connections allowed that could not be made.
+    pub failed: u64,
+}
+
 /// A sandbox's egress settings: the policy, names the host resolves itself
 /// (like `docker run --add-host`), consulted before the system resolver,
 /// and the link-local or cloud-metadata addresses the sandbox may reach.

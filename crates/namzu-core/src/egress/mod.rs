@@ -22,7 +22,7 @@ pub mod config;
 pub mod policy;
 pub mod refusal;
 
-pub use config::{EgressConfig, DEFAULT_DNS_QUERIES_PER_SEC, DEFAULT_MAX_CONNECTIONS};
+pub use config::{Decisions, EgressConfig, DEFAULT_DNS_QUERIES_PER_SEC, DEFAULT_MAX_CONNECTIONS};
 pub use policy::{EgressPolicy, HostPattern, HostRule, PolicyError, Refusal, Target};
 
 /// The refusal of a network-policy call on a tier without an egress

@@ -6,7 +6,7 @@ use std::any::Any;
 use async_trait::async_trait;
 
 use crate::client::AgentClient;
-use crate::egress::{EgressConfig, EgressPolicy};
+use crate::egress::{Decisions, EgressConfig, EgressPolicy};
 use crate::error::Result;
 use crate::spec::Tier;
 
@@ -36,6 +36,12 @@ pub trait SandboxBackend: Any + Send + Sync {
     /// The egress configuration in force and the number of open
     /// connections; see [`Network::policy`](super::Network::policy). Default: refused.
     async fn network_policy(&self) -> Result<(EgressConfig, usize)> {
+        Err(crate::egress::no_boundary(self.tier()))
+    }
+
+    /// The egress decisions made for this sandbox so far, by verdict; see
+    /// [`Network::decisions`](super::Network::decisions). Default: refused.
+    async fn egress_decisions(&self) -> Result<Decisions> {
         Err(crate::egress::no_boundary(self.tier()))
     }
 }

@@ -4,7 +4,7 @@
 use tokio::io::DuplexStream;
 
 use super::backend::SandboxBackend;
-use crate::egress::{EgressConfig, EgressPolicy};
+use crate::egress::{Decisions, EgressConfig, EgressPolicy};
 use crate::error::Result;
 
 /// The network of one sandbox; from [`Sandbox::network`](crate::Sandbox::network).
@@ -23,6 +23,13 @@ impl<'a> Network<'a> {
     /// [`Error::OptionRefused`](crate::Error::OptionRefused).
     pub async fn policy(self) -> Result<(EgressConfig, usize)> {
         self.backend.network_policy().await
+    }
+
+    /// How many connections and name queries were allowed, refused,
+    /// resolved or failed so far (counted by the tier's egress boundary).
+    /// Tiers without one return [`Error::OptionRefused`](crate::Error::OptionRefused).
+    pub async fn decisions(self) -> Result<Decisions> {
+        self.backend.egress_decisions().await
     }
 
     /// Replaces the whole egress policy of the running sandbox, atomically:

@@ -407,4 +407,12 @@ impl SandboxBackend for StateSandbox {
         let reply = request(&self.id, dir, &Request::Show).await?;
         Ok((reply.config.unwrap_or_default(), reply.open))
     }
+    async fn egress_decisions(&self) -> Result<crate::egress::Decisions> {
+        use crate::egress::supervisor::{request, Request};
+        let dir = self
+            .egress_dir
+            .as_deref()
+            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
+        Ok(request(&self.id, dir, &Request::Show).await?.decisions)
+    }
 }

@@ -75,7 +75,14 @@ pub struct Service {
     slots: std::sync::atomic::AtomicUsize,
     /// Name queries in the current one-second window.
     dns: Mutex<DnsWindow>,
+    /// Decisions so far: allowed, refused, resolved, failed.
+    counts: [AtomicU64; 4],
 }
+
+const ALLOWED: usize = 0;
+const REFUSED: usize = 1;
+const RESOLVED: usize = 2;
+const FAILED: usize = 3;
 
 /// A one-second window of name queries.
 #[derive(Debug)]
@@ -128,7 +135,23 @@ impl Service {
                 count: 0,
                 refused: 0,
             }),
+            counts: Default::default(),
         })
+    }
+
+    fn count(&self, verdict: usize) {
+        self.counts[verdict].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The decisions made so far, by verdict.
+    pub fn decisions(&self) -> super::Decisions {
+        let n = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        super::Decisions {
+            allowed: n(ALLOWED),
+            refused: n(REFUSED),
+            resolved: n(RESOLVED),
+            failed: n(FAILED),
+        }
     }
 
     /// The configuration in force.
@@ -241,6 +264,7 @@ impl Service {
                     .unwrap_or_else(|p| p.into_inner())
                     .admit(std::time::Instant::now(), limit);
                 if let Err(first) = admitted {
+                    self.count(REFUSED);
                     let why = Refusal::DnsRateLimited { limit };
                     if first {
                         tracing::info!(sandbox = %self.id, host = %Clean(&q.name), verdict = "refused", reason = %why, "egress (further refusals this second are not logged)");
@@ -256,6 +280,7 @@ impl Service {
                 };
                 match self.resolve(&name).await {
                     Ok(addrs) => {
+                        self.count(RESOLVED);
                         tracing::info!(sandbox = %self.id, host = %Clean(&name), verdict = "resolved", count = addrs.len(), "egress");
                         Some(EgressVerdict {
                             id,
@@ -333,6 +358,7 @@ impl Service {
                         Err(_) => last = format!("connect {sa}: no answer within {CONNECT_TIMEOUT:?}"),
                     }
                 }
+                self.count(FAILED);
                 tracing::info!(sandbox = %self.id, host = %Clean(&host), port, via = %Clean(&c.via), verdict = "failed", reason = %Clean(&last), "egress");
                 Some(fail(last))
             }
@@ -340,6 +366,7 @@ impl Service {
     }
 
     fn log(&self, host: &str, port: u16, via: &str, verdict: std::result::Result<IpAddr, &Refusal>) {
+        self.count(if verdict.is_ok() { ALLOWED } else { REFUSED });
         match verdict {
             Ok(addr) => {
                 tracing::info!(sandbox = %self.id, host = %Clean(&host), port, via = %Clean(&via), address = %addr, verdict = "allowed", "egress")

@@ -72,6 +72,9 @@ pub struct Reply {
     /// Connections open now.
     #[serde(default)]
     pub open: usize,
+    /// Decisions so far (in answers to `show`).
+    #[serde(default)]
+    pub decisions: super::Decisions,
 }
 
 /// Writes `config` to `dir` atomically (a temporary file renamed over).
@@ -211,6 +214,7 @@ async fn control_conn(service: &Arc<Service>, dir: &Path, conn: tokio::net::Unix
         Ok(Request::Show) => Reply {
             config: Some(service.config()),
             open: service.open_connections(),
+            decisions: service.decisions(),
             ..Default::default()
         },
         Ok(Request::Set { config }) => match config.validate() {
