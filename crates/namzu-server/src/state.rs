@@ -123,14 +123,7 @@ where
                 "malformed_json",
                 format!("the body is not JSON: {}", inner_message(&e)),
             )),
-            Err(R::JsonDataError(e)) => {
-                let m = inner_message(&e);
-                let mut err = ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", m.clone());
-                if let Some(f) = named_field(&m) {
-                    err = err.field(f);
-                }
-                Err(err)
-            }
+            Err(R::JsonDataError(e)) => Err(data_error(&e)),
             Err(R::MissingJsonContentType(_)) => Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
@@ -161,15 +154,18 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(Query(v)),
-            Err(e) => {
-                let m = inner_message(&e);
-                let mut err = ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", m.clone());
-                if let Some(f) = named_field(&m) {
-                    err = err.field(f);
-                }
-                Err(err)
-            }
+            Err(e) => Err(data_error(&e)),
         }
+    }
+}
+
+/// 400 `invalid_argument` for a value serde refused, naming its field.
+fn data_error(e: &(dyn std::error::Error + 'static)) -> ApiError {
+    let m = inner_message(e);
+    let err = ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", m.clone());
+    match named_field(&m) {
+        Some(f) => err.field(f),
+        None => err,
     }
 }
 
