@@ -63,7 +63,7 @@ if ! [ -x "$venv/bin/pip" ]; then
     fi
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check \
-    httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0
+    httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0 e2b==2.63.0
 "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./clients/python
 
 log=$(mktemp)

@@ -58,6 +58,17 @@ impl Default for Limits {
     }
 }
 
+/// What an E2B template stands for on this server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The tier its sandboxes are made on.
+    pub tier: Tier,
+    /// The image (`None`: the tier's default root).
+    pub image: Option<String>,
+    /// docker: the runtime.
+    pub runtime: Option<String>,
+}
+
 /// TLS material (PEM files).
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -82,6 +93,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// Bounds.
     pub limits: Limits,
+    /// E2B templates by name (default: `base` on the first tier, its
+    /// default root).
+    pub e2b_templates: std::collections::BTreeMap<String, Template>,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +107,15 @@ impl Default for ServerConfig {
             state_dir: None,
             tls: None,
             limits: Limits::default(),
+            e2b_templates: [(
+                "base".to_string(),
+                Template {
+                    tier: Tier::Local,
+                    image: None,
+                    runtime: None,
+                },
+            )]
+            .into(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! * [`api`]: the routes, and the OpenAPI 3.1 document generated from them.
 //! * [`metrics`]: Prometheus text at `/metrics`.
 //! * [`server`]: HTTP/1.1, h2c, TLS, graceful shutdown.
+//! * [`e2b`]: the wire the E2B SDKs speak, on the same listener.
 //!
 //! Sandboxes outlive the server: it keeps its records under
 //! `<state>/server/`, and a restarted server serves them again; commands
@@ -18,6 +19,7 @@
 
 pub mod api;
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod keys;
 pub mod metrics;
@@ -25,7 +27,7 @@ pub mod registry;
 pub mod server;
 pub mod state;
 
-pub use config::{Limits, ServerConfig, TlsFiles};
+pub use config::{Limits, ServerConfig, Template, TlsFiles};
 pub use error::{ApiError, ErrorBody};
 pub use keys::{new_key, ApiKeys};
 pub use server::{serve, ServeError};

@@ -43,6 +43,13 @@ pub struct Record {
     /// `running` or `dead`.
     #[serde(default = "running")]
     pub state: String,
+    /// E2B-compatible API: the template it was made from, when made there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// E2B-compatible API: the token envd calls must carry
+    /// (`X-Access-Token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envd_token: Option<String>,
 }
 
 fn running() -> String {
@@ -206,6 +213,12 @@ impl Registry {
             .filter(|r| r.owner == owner)
             .cloned()
             .ok_or_else(|| ApiError::no_sandbox(id))
+    }
+
+    /// The record of `id`, whoever owns it (for calls authenticated by
+    /// the sandbox's own envd token instead of an API key).
+    pub fn get_any(&self, id: &str) -> Option<Record> {
+        self.records.lock().ok()?.get(id).cloned()
     }
 
     /// Every record, for the reaper and metrics.

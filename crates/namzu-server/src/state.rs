@@ -30,6 +30,8 @@ pub struct Inner {
     /// What `/metrics` shows.
     pub metrics: Metrics,
     streams: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// E2B processes this server started.
+    pub e2b: crate::e2b::Procs,
     /// Cancelled on shutdown: open streams end.
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -50,6 +52,7 @@ impl AppState {
             registry,
             metrics: Metrics::default(),
             streams: Mutex::default(),
+            e2b: Default::default(),
             shutdown: tokio_util::sync::CancellationToken::new(),
         })))
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use namzu::Tier;
-use namzu_server::{ApiKeys, Limits, ServerConfig, TlsFiles};
+use namzu_server::{ApiKeys, Limits, ServerConfig, Template, TlsFiles};
 
 use crate::fail::Fail;
 
@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// max_timeout: the longest life a create or extend may ask for, seconds.
     #[arg(long, value_name = "SECS")]
     max_timeout: Option<u64>,
+    /// E2B template NAME=TIER[:IMAGE] (repeatable); `base` defaults to the
+    /// first tier's default root.
+    #[arg(long = "e2b-template", value_name = "NAME=TIER[:IMAGE]")]
+    e2b_templates: Vec<String>,
     /// shutdown_grace: on SIGTERM, seconds open streams may go on.
     #[arg(long, value_name = "SECS")]
     shutdown_grace: Option<f64>,
@@ -92,9 +96,42 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<ExitCode,
         Some(p) => ApiKeys::load(p).map_err(|e| Fail(e.to_string()))?,
         None => ApiKeys::default(),
     };
+    let mut templates = std::collections::BTreeMap::new();
+    if let Some(first) = a.tiers.first() {
+        templates.insert(
+            "base".to_string(),
+            Template {
+                tier: *first,
+                image: None,
+                runtime: None,
+            },
+        );
+    }
+    for t in &a.e2b_templates {
+        let (name, rest) = t
+            .split_once('=')
+            .ok_or_else(|| Fail(format!("--e2b-template {t}: NAME=TIER[:IMAGE] wanted")))?;
+        let (tier, image) = match rest.split_once(':') {
+            Some((t, i)) => (t, Some(i.to_string())),
+            None => (rest, None),
+        };
+        let tier: Tier = tier.parse().map_err(|e| Fail(format!("--e2b-template {t}: {e}")))?;
+        if !a.tiers.contains(&tier) {
+            return Err(Fail(format!("--e2b-template {t}: tier {tier} is not in --tiers")));
+        }
+        templates.insert(
+            name.to_string(),
+            Template {
+                tier,
+                image,
+                runtime: None,
+            },
+        );
+    }
     let config = ServerConfig {
         listen: a.listen,
         tiers: a.tiers,
+        e2b_templates: templates,
         keys,
         state_dir,
         tls: a.tls_cert.zip(a.tls_key).map(|(cert, key)| TlsFiles { cert, key }),

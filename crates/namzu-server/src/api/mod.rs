@@ -209,9 +209,11 @@ pub fn router(st: AppState) -> Router {
         .route(&format!("{sb}/network"), get(live::network).put(live::set_network))
         .route(&format!("{sb}/quiesce"), post(live::quiesce))
         .route(&format!("{sb}/flush"), post(live::flush))
+        .merge(crate::e2b::control_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(method_not_allowed))
         .layer(DefaultBodyLimit::max(st.config.limits.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), crate::e2b::dispatch))
         .layer(axum::middleware::from_fn_with_state(st.clone(), count_requests))
         .with_state(st)
 }

@@ -186,6 +186,8 @@ pub async fn create(
         created_at_ms: now,
         expires_at_ms: now + timeout.as_millis() as u64,
         state: "running".into(),
+        template: None,
+        envd_token: None,
     };
     let started = Instant::now();
     let label = TierLabel {

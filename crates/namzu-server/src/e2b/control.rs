@@ -1,0 +1,389 @@
+//! The E2B control plane the SDK calls (`/v2/sandboxes`, `/sandboxes/{id}`,
+//! and the older `POST /sandboxes`), on namzu's registry: the same keys
+//! (`X-API-KEY`), the same per-key ownership, the same reaper for
+//! `timeout`. Bodies and status codes are E2B's: errors are
+//! `{"code": <int>, "message"}` and every success code is the exact one
+//! the SDK's generated parsers accept.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use namzu::egress::{EgressConfig, EgressPolicy};
+use namzu::SandboxSpec;
+use serde::Deserialize;
+
+use super::ENVD_VERSION;
+use crate::error::ApiError;
+use crate::metrics::TierLabel;
+use crate::registry::{now_ms, Record};
+use crate::state::{check_id, AppState, Owner};
+
+/// An E2B control-plane error: `{"code": <status>, "message"}`.
+#[derive(Debug)]
+pub struct E2bError(pub StatusCode, pub String);
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.0.as_u16(), "message": self.1});
+        (self.0, axum::Json(body)).into_response()
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        Self(e.status, e.message)
+    }
+}
+
+impl From<namzu::Error> for E2bError {
+    fn from(e: namzu::Error) -> Self {
+        ApiError::from(e).into()
+    }
+}
+
+type E2bResult<T> = Result<T, E2bError>;
+
+fn owner(o: Result<Owner, ApiError>) -> E2bResult<String> {
+    o.map(|o| o.0).map_err(E2bError::from)
+}
+
+/// `POST /v2/sandboxes` and `POST /sandboxes`. Unknown fields are kept
+/// out of serde's way so that newer SDKs still parse; the ones namzu cannot
+/// honour are refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    volume_mounts: Vec<serde_json::Value>,
+    mcp: Option<serde_json::Value>,
+    network: Option<serde_json::Value>,
+}
+
+fn iso(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// ISO-8601 of Unix seconds.
+pub(crate) fn iso_secs(secs: u64) -> String {
+    iso(secs * 1000)
+}
+
+fn sandbox_json(r: &Record) -> serde_json::Value {
+    serde_json::json!({
+        "templateID": r.template.clone().unwrap_or_else(|| "base".into()),
+        "sandboxID": r.id,
+        "clientID": "namzu",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": r.envd_token,
+        "trafficAccessToken": r.envd_token,
+    })
+}
+
+fn detail_json(r: &Record) -> serde_json::Value {
+    let mut v = sandbox_json(r);
+    let extra = serde_json::json!({
+        "startedAt": iso(r.created_at_ms),
+        "endAt": iso(r.expires_at_ms),
+        "cpuCount": 1,
+        "memoryMB": 512,
+        "diskSizeMB": 1024,
+        "state": "running",
+        "metadata": r.metadata,
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    v
+}
+
+/// Create a sandbox from a template (201 + Sandbox).
+pub async fn create(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let owner = owner(o)?;
+    let req: NewSandbox = serde_json::from_slice(&body)
+        .map_err(|e| E2bError(StatusCode::BAD_REQUEST, format!("bad request body: {e}")))?;
+    let refuse = |what: &str, why: &str| {
+        E2bError(
+            StatusCode::BAD_REQUEST,
+            format!("{what} is not supported by namzu: {why}"),
+        )
+    };
+    if req.auto_pause {
+        return Err(refuse("autoPause", "pause is not built yet"));
+    }
+    if !req.volume_mounts.is_empty() {
+        return Err(refuse("volumeMounts", "volumes are not built yet"));
+    }
+    if req.mcp.is_some() {
+        return Err(refuse("mcp", "no MCP gateway"));
+    }
+    if req.network.is_some() {
+        return Err(refuse(
+            "network",
+            "use namzu's PUT /v1/sandboxes/{id}/network for egress rules",
+        ));
+    }
+    let template = st.config.e2b_templates.get(&req.template_id).cloned().ok_or_else(|| {
+        E2bError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unknown template {:?}; this server maps: {}",
+                req.template_id,
+                st.config.e2b_templates.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        )
+    })?;
+    let limits = &st.config.limits;
+    let timeout = Duration::from_secs(req.timeout.unwrap_or(300));
+    if timeout.is_zero() || timeout > limits.max_timeout {
+        return Err(E2bError(
+            StatusCode::BAD_REQUEST,
+            format!("timeout must be 1..={} seconds", limits.max_timeout.as_secs()),
+        ));
+    }
+    // namzu's default is no network; E2B's SDK asks for the internet by
+    // sending allow_internet_access, and gets public addresses only.
+    let mut egress = EgressConfig::default();
+    if req.allow_internet_access == Some(true) {
+        egress.policy = EgressPolicy::PublicInternet {
+            except_cidrs: Vec::new(),
+        };
+    }
+    let spec = SandboxSpec {
+        image: template.image.clone(),
+        env: req.env_vars.clone().into_iter().collect(),
+        egress,
+        ..Default::default()
+    };
+    let pending = st.registry.reserve(&owner, limits.max_sandboxes_per_key)?;
+    let now = now_ms();
+    let record = Record {
+        id: String::new(),
+        tier: template.tier,
+        runtime: template.runtime.clone(),
+        image: template.image.clone(),
+        owner,
+        metadata: req.metadata.clone(),
+        created_at_ms: now,
+        expires_at_ms: now + timeout.as_millis() as u64,
+        state: "running".into(),
+        template: Some(req.template_id.clone()),
+        envd_token: Some(super::new_token()),
+    };
+    let label = TierLabel {
+        tier: template.tier.name().into(),
+    };
+    let started = Instant::now();
+    match st.registry.create(pending, spec, record).await {
+        Ok(r) => {
+            st.metrics.creates.get_or_create(&label).inc();
+            st.metrics
+                .create_seconds
+                .get_or_create(&label)
+                .observe(started.elapsed().as_secs_f64());
+            Ok((StatusCode::CREATED, axum::Json(sandbox_json(&r))).into_response())
+        }
+        Err(e) => {
+            st.metrics.create_failures.get_or_create(&label).inc();
+            Err(e.into())
+        }
+    }
+}
+
+/// `GET /sandboxes/{id}` (200 + SandboxDetail).
+pub async fn get(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+) -> E2bResult<Response> {
+    let owner = owner(o)?;
+    check_id("id", &id)?;
+    Ok(axum::Json(detail_json(&st.registry.get(&owner, &id)?)).into_response())
+}
+
+/// `DELETE /sandboxes/{id}` (204).
+pub async fn kill(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+) -> E2bResult<StatusCode> {
+    let owner = owner(o)?;
+    check_id("id", &id)?;
+    let rec = st.registry.get(&owner, &id)?;
+    st.registry.destroy(&rec).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `{"timeout": seconds}`.
+#[derive(Debug, Deserialize)]
+pub struct Timeout {
+    timeout: Option<u64>,
+}
+
+fn extend(st: &AppState, owner: &str, id: &str, secs: Option<u64>) -> E2bResult<Record> {
+    check_id("id", id)?;
+    let secs = secs.unwrap_or(300);
+    if secs == 0 || secs > st.config.limits.max_timeout.as_secs() {
+        return Err(E2bError(
+            StatusCode::BAD_REQUEST,
+            format!("timeout must be 1..={}", st.config.limits.max_timeout.as_secs()),
+        ));
+    }
+    Ok(st.registry.extend(owner, id, Duration::from_secs(secs))?)
+}
+
+/// `POST /sandboxes/{id}/timeout` (204).
+pub async fn set_timeout(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> E2bResult<StatusCode> {
+    let owner = owner(o)?;
+    let t: Timeout = serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    extend(&st, &owner, &id, t.timeout)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v2/sandboxes/{id}/connect` (200 + Sandbox): the sandbox, its
+/// timeout moved to `timeout` from now.
+pub async fn connect(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let owner = owner(o)?;
+    let t: Timeout = if body.is_empty() {
+        Timeout { timeout: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?
+    };
+    let r = extend(&st, &owner, &id, t.timeout)?;
+    Ok(axum::Json(sandbox_json(&r)).into_response())
+}
+
+/// `GET /v2/sandboxes` query.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+}
+
+/// `GET /v2/sandboxes` (200 + list; `x-next-token` pages).
+pub async fn list(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Query(q): Query<ListQuery>,
+) -> E2bResult<Response> {
+    let owner = owner(o)?;
+    if let Some(s) = &q.state {
+        if s.split(',').any(|s| s == "paused") && !s.split(',').any(|s| s == "running") {
+            return Ok((axum::Json(Vec::<serde_json::Value>::new())).into_response());
+        }
+    }
+    let labels: Vec<(String, String)> = match &q.metadata {
+        None => Vec::new(),
+        Some(m) => m
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (decode(k), decode(v))
+            })
+            .collect(),
+    };
+    let max = st.config.limits.max_page_size;
+    let limit = q.limit.unwrap_or(100).clamp(1, max);
+    let (page, more) = st.registry.list(&owner, &labels, q.next_token.as_deref(), limit)?;
+    let mut headers = HeaderMap::new();
+    if more {
+        if let Some(last) = page.last().and_then(|r| HeaderValue::from_str(&r.id).ok()) {
+            headers.insert("x-next-token", last);
+        }
+    }
+    let body: Vec<serde_json::Value> = page.iter().map(detail_json).collect();
+    Ok((headers, axum::Json(body)).into_response())
+}
+
+fn decode(s: &str) -> String {
+    let s = s.replace('+', " ");
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match (b[i], s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `POST /sandboxes/{id}/pause`: not built yet, said plainly.
+pub async fn pause(o: Result<Owner, ApiError>) -> E2bResult<StatusCode> {
+    owner(o)?;
+    Err(E2bError(
+        StatusCode::NOT_IMPLEMENTED,
+        "pause is not built in namzu yet (issue: pause/resume)".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn iso_dates() {
+        assert_eq!(super::iso(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::iso(1_796_071_792_740), "2026-11-30T20:49:52.740Z");
+        assert_eq!(super::iso(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn metadata_is_url_decoded() {
+        assert_eq!(super::decode("a%20b+c%3D"), "a b c=");
+    }
+}

@@ -1,0 +1,176 @@
+//! The E2B-compatible API: the wire the E2B SDKs speak, served on the same
+//! listener as namzu's own, so E2B code moves to namzu by setting
+//! `E2B_API_URL`, `E2B_SANDBOX_URL` (both to this server) and
+//! `E2B_API_KEY` (a namzu key).
+//!
+//! * [`control`]: the control plane (`/v2/sandboxes`, `/sandboxes/{id}`).
+//! * envd, reached with the headers `E2b-Sandbox-Id` and `E2b-Sandbox-Port`
+//!   (49983): [`process`] (`process.Process`), [`filesystem`]
+//!   (`filesystem.Filesystem`, `/files`), `/health`; over the Connect
+//!   protocol's JSON codec ([`connect`]). Every envd call must carry the
+//!   sandbox's access token (`X-Access-Token`), issued at create.
+//!
+//! Everything maps onto the handle API: an E2B process is a detachable
+//! execution, so it outlives the SDK's stream and the server.
+
+pub mod connect;
+pub mod control;
+pub mod filesystem;
+pub mod process;
+pub mod proxy;
+pub mod pty;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::Router;
+use rand::RngCore;
+use subtle::ConstantTimeEq;
+use tower::ServiceExt;
+
+use crate::registry::Record;
+use crate::state::AppState;
+use connect::ConnectError;
+
+/// The envd version advertised: the SDK's features up to octet-stream
+/// uploads and `close_stdin` are served.
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// envd's port; any other `E2b-Sandbox-Port` is a port inside the sandbox.
+pub const ENVD_PORT: &str = "49983";
+
+/// A fresh envd access token.
+pub fn new_token() -> String {
+    let mut raw = [0u8; 24];
+    rand::thread_rng().fill_bytes(&mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the server remembers of an E2B process it started: the config
+/// `List` reports, and the stdin it may still feed.
+pub struct Proc {
+    /// The detachable execution behind it.
+    pub execution_id: String,
+    /// The `ProcessConfig` as given, for `List`.
+    pub config: serde_json::Value,
+    /// Its tag, if given.
+    pub tag: Option<String>,
+    /// Open stdin (started with `stdin: true`, not closed since).
+    pub stdin: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
+    /// A PTY process: its terminal's task.
+    pub pty: Option<tokio::sync::mpsc::Sender<pty::PtyInput>>,
+}
+
+/// E2B processes by (sandbox id, pid).
+#[derive(Default)]
+pub struct Procs(pub Mutex<HashMap<(String, u32), Proc>>);
+
+/// The sandbox an envd call is for, once its token checked.
+#[derive(Clone)]
+pub struct EnvdTarget(pub Record);
+
+/// Routes E2B envd traffic (it names its sandbox in `E2b-Sandbox-Id`) to
+/// the envd router; everything else goes on to namzu's own routes and the
+/// control plane.
+pub async fn dispatch(
+    axum::extract::State(st): axum::extract::State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(id) = req
+        .headers()
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return next.run(req).await;
+    };
+    let port = req
+        .headers()
+        .get("e2b-sandbox-port")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(ENVD_PORT)
+        .to_string();
+    let rec = match st.registry.get_any(&id) {
+        Some(r) if crate::state::check_id("id", &id).is_ok() => r,
+        // What E2B's edge answers for a sandbox that is not running: 502,
+        // which the SDK reads as "not running" (`is_running()` is false).
+        _ => {
+            return control::E2bError(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {id} was not found or is not running"),
+            )
+            .into_response()
+        }
+    };
+    // Ports take the traffic token header too (E2B's name for it); both
+    // carry the sandbox's one token.
+    let token = req
+        .headers()
+        .get("x-access-token")
+        .or_else(|| req.headers().get("e2b-traffic-access-token"))
+        .map(|v| v.as_bytes().to_vec());
+    let ok = match (&rec.envd_token, token) {
+        (Some(want), Some(got)) => bool::from(want.as_bytes().ct_eq(&got)),
+        // A sandbox made through namzu's own API has no envd token: only
+        // its owner's key opens it.
+        (None, _) => {
+            let (mut parts, body) = req.into_parts();
+            let owner =
+                <crate::state::Owner as axum::extract::FromRequestParts<AppState>>::from_request_parts(&mut parts, &st)
+                    .await;
+            req = Request::from_parts(parts, body);
+            owner.is_ok_and(|o| o.0 == rec.owner)
+        }
+        _ => false,
+    };
+    if !ok {
+        return ConnectError::new("unauthenticated", "missing or wrong X-Access-Token for this sandbox")
+            .into_response();
+    }
+    if port != ENVD_PORT {
+        return match port.parse::<u16>() {
+            Ok(p) if p > 0 => proxy::forward(st, rec, p, req).await,
+            _ => control::E2bError(
+                StatusCode::BAD_REQUEST,
+                format!("E2b-Sandbox-Port {port:?} is not a port"),
+            )
+            .into_response(),
+        };
+    }
+    req.extensions_mut().insert(EnvdTarget(rec));
+    match envd_router(st).oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+fn envd_router(st: AppState) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/files", get(filesystem::download).post(filesystem::upload))
+        .route("/process.Process/StreamInput", post(process::stream_input))
+        .route("/process.Process/:method", post(process::call))
+        .route("/filesystem.Filesystem/:method", post(filesystem::call))
+        .fallback(any(|| async {
+            ConnectError::new("unimplemented", "no such envd route")
+        }))
+        .with_state(st)
+}
+
+/// The control-plane routes, merged into the server's router.
+pub fn control_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes", post(control::create))
+        .route("/sandboxes/:id", get(control::get).delete(control::kill))
+        .route("/sandboxes/:id/timeout", post(control::set_timeout))
+        .route("/v2/sandboxes/:id/connect", post(control::connect))
+        .route("/sandboxes/:id/connect", post(control::connect))
+        .route("/sandboxes/:id/pause", post(control::pause))
+}
