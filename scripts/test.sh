@@ -65,6 +65,9 @@ fi
 "$venv/bin/pip" install -q --disable-pip-version-check \
     httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0 e2b==2.63.0
 "$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./clients/python
+# The E2B JavaScript SDK, pinned by clients/e2b-js/package-lock.json (Node.js
+# and npm are on the machine).
+(cd clients/e2b-js && npm ci --no-audit --no-fund --silent)
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -264,3 +264,18 @@ def test_pty_create_input_resize_and_wait(sbx):
     assert b"30 100" in out and b"pty-42" in out, bytes(out)
     killed = sbx.pty.create(PtySize(rows=24, cols=80))
     assert sbx.pty.kill(killed.pid) is True
+
+
+def test_signed_file_urls(sbx):
+    sbx.files.write("/workspace/shared.txt", "signed content")
+    url = sbx.download_url("/workspace/shared.txt", use_signature_expiration=60)
+    assert "signature=v1_" in url
+    r = httpx.get(url)
+    assert (r.status_code, r.text) == (200, "signed content"), r.text
+    assert httpx.get(url.replace("shared.txt", "other.txt")).status_code == 401, "the signature covers the path"
+    up = sbx.upload_url("/workspace/uploaded.txt")
+    r = httpx.post(up, files={"file": ("uploaded.txt", b"via a signed url")})
+    assert r.status_code == 200, r.text
+    assert sbx.files.read("/workspace/uploaded.txt") == "via a signed url"
+    expired = sbx.download_url("/workspace/shared.txt", use_signature_expiration=-10)
+    assert httpx.get(expired).status_code == 401

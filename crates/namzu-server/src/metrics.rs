@@ -90,6 +90,16 @@ pub struct Metrics {
     pub egress: Family<Verdict, Gauge<u64, AtomicU64>>,
     /// HTTP requests, by route, method and status.
     pub http: Family<RouteStatus, Counter>,
+    /// Seconds from a request to its response head, by route (a stream's
+    /// body is not in it).
+    pub http_seconds: Family<Route, Histogram>,
+}
+
+/// Labels: an HTTP route.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Route {
+    /// The route's pattern.
+    pub route: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -111,6 +121,7 @@ impl Default for Metrics {
             bytes: Family::default(),
             egress: Family::default(),
             http: Family::default(),
+            http_seconds: Family::new_with_constructor(latency_histogram),
             registry: Registry::default(),
         };
         registry.register(
@@ -143,6 +154,11 @@ impl Default for Metrics {
             m.egress.clone(),
         );
         registry.register("http_requests", "HTTP requests, by route and status", m.http.clone());
+        registry.register(
+            "http_request_seconds",
+            "Time from a request to its response head, by route",
+            m.http_seconds.clone(),
+        );
         Self { registry, ..m }
     }
 }

@@ -154,7 +154,31 @@ async fn count_requests(State(st): State<AppState>, req: Request, next: Next) ->
         })
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().to_string();
+    let route = match (route.as_str(), req.headers().get("e2b-sandbox-id")) {
+        // envd calls are routed by header: name them by their (bounded) path;
+        // a port's traffic by nothing but that.
+        ("unmatched", Some(_)) => {
+            let port = req.headers().get("e2b-sandbox-port").and_then(|v| v.to_str().ok());
+            let path = req.uri().path();
+            let known = ["/process.Process/", "/filesystem.Filesystem/"]
+                .iter()
+                .any(|p| path.starts_with(p))
+                || path == "/files"
+                || path == "/health";
+            match port {
+                Some(p) if p != crate::e2b::ENVD_PORT => "e2b-port".to_string(),
+                _ if known && path.len() < 64 => format!("e2b-envd {path}"),
+                _ => "e2b-envd other".to_string(),
+            }
+        }
+        _ => route,
+    };
+    let started = std::time::Instant::now();
     let resp = next.run(req).await;
+    st.metrics
+        .http_seconds
+        .get_or_create(&crate::metrics::Route { route: route.clone() })
+        .observe(started.elapsed().as_secs_f64());
     st.metrics
         .http
         .get_or_create(&RouteStatus {

@@ -19,6 +19,7 @@ pub mod filesystem;
 pub mod process;
 pub mod proxy;
 pub mod pty;
+pub mod signed;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -82,20 +83,49 @@ pub async fn dispatch(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(id) = req
+    if req.uri().path() == "/files" && !req.headers().contains_key("e2b-sandbox-id") {
+        if let Some(q) = req
+            .uri()
+            .query()
+            .filter(|q| q.contains("signature="))
+            .map(str::to_string)
+        {
+            return match signed::target(&st, req.method(), &q) {
+                Ok(rec) => {
+                    req.extensions_mut().insert(EnvdTarget(rec));
+                    match envd_router(st).oneshot(req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    }
+                }
+                Err(e) => e.into_response(),
+            };
+        }
+    }
+    // The sandbox and port, from E2B's headers or from a `PORT-ID.domain`
+    // host name (E2B's URLs without E2B_SANDBOX_URL).
+    let named = req
         .headers()
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-    else {
+        .map(|id| {
+            let port = req
+                .headers()
+                .get("e2b-sandbox-port")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(ENVD_PORT);
+            (id.to_string(), port.to_string())
+        })
+        .or_else(|| {
+            let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
+            let first = host.split('.').next()?;
+            let (port, id) = first.split_once('-')?;
+            (host.contains('.') && port.parse::<u16>().is_ok() && id.starts_with("sb-"))
+                .then(|| (id.to_string(), port.to_string()))
+        });
+    let Some((id, port)) = named else {
         return next.run(req).await;
     };
-    let port = req
-        .headers()
-        .get("e2b-sandbox-port")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or(ENVD_PORT)
-        .to_string();
     let rec = match st.registry.get_any(&id) {
         Some(r) if crate::state::check_id("id", &id).is_ok() => r,
         // What E2B's edge answers for a sandbox that is not running: 502,
