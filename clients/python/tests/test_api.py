@@ -524,3 +524,25 @@ def test_openapi_is_served_committed_and_valid(alice):
     doc = json.loads(committed)
     assert doc["openapi"].startswith("3.1")
     validate(doc)
+
+
+def test_watch_a_directory(alice, sandbox):
+    p = f"/v1/sandboxes/{sandbox['id']}/files"
+    alice.post(f"{p}/mkdir", json={"path": "watched"})
+    with alice.stream("GET", f"{p}/watch", params={"path": "watched"}) as r:
+        assert r.headers["content-type"] == "application/x-ndjson"
+        lines = r.iter_lines()
+        assert json.loads(next(lines)) == {"type": "started", "name": "", "is_dir": True}
+        alice.put(f"{p}/content", params={"path": "watched/a.txt"}, content=b"1")
+        alice.post(f"{p}/rename", json={"from": "watched/a.txt", "to": "outside.txt"})
+        got = []
+        for line in lines:
+            got.append(json.loads(line))
+            if got[-1]["type"] == "rename":
+                break
+    kinds = [(e["type"], e["name"]) for e in got]
+    # The atomic write shows as its rename into place (namzu's temporary is
+    # not reported); the move out as a rename.
+    assert kinds == [("create", "a.txt"), ("rename", "a.txt")], kinds
+    err(alice.get(f"{p}/watch", params={"path": "nope"}), 404, "file_not_found", "path")
+    err(alice.get(f"{p}/watch", params={"path": "../.."}), 400, "path_escape", "path")

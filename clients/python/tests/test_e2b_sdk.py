@@ -279,3 +279,47 @@ def test_signed_file_urls(sbx):
     assert sbx.files.read("/workspace/uploaded.txt") == "via a signed url"
     expired = sbx.download_url("/workspace/shared.txt", use_signature_expiration=-10)
     assert httpx.get(expired).status_code == 401
+
+
+def test_watch_dir_sync_polling(sbx):
+    sbx.files.make_dir("/workspace/w")
+    handle = sbx.files.watch_dir("/workspace/w", recursive=True)
+    sbx.files.write("/workspace/w/new.txt", "x")
+    sbx.files.make_dir("/workspace/w/sub")
+    time.sleep(0.3)
+    sbx.files.write("/workspace/w/sub/deep.txt", "y")
+    sbx.files.remove("/workspace/w/new.txt")
+    deadline, seen = time.monotonic() + 10, []
+    while time.monotonic() < deadline:
+        seen += [(e.name, e.type.name) for e in handle.get_new_events()]
+        if ("new.txt", "REMOVE") in seen and ("sub/deep.txt", "CREATE") in seen:
+            break
+        time.sleep(0.2)
+    handle.stop()
+    assert ("new.txt", "CREATE") in seen and ("new.txt", "REMOVE") in seen, seen
+    assert ("sub", "CREATE") in seen and ("sub/deep.txt", "CREATE") in seen, seen
+
+
+def test_watch_dir_async_streaming(e2b_env):
+    async def main():
+        sb = await AsyncSandbox.create()
+        try:
+            await sb.files.make_dir("/workspace/aw")
+            got = []
+            done = asyncio.Event()
+
+            def on_event(e):
+                got.append((e.name, e.type.name))
+                if ("b.txt", "CREATE") in got:
+                    done.set()
+
+            handle = await sb.files.watch_dir("/workspace/aw", on_event)
+            await sb.files.write("/workspace/aw/a.txt", "1")
+            await sb.files.write("/workspace/aw/b.txt", "2")
+            await asyncio.wait_for(done.wait(), 10)
+            await handle.stop()
+            assert ("a.txt", "CREATE") in got and ("b.txt", "CREATE") in got, got
+        finally:
+            await sb.kill()
+
+    asyncio.run(main())

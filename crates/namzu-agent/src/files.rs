@@ -69,7 +69,7 @@ fn limit_err(op: &str, path: &[u8], name: &str, limit: u64) -> OpError {
     e
 }
 
-fn locate(jail: &Jail, op: &str, path: &[u8]) -> Result<Located, OpError> {
+pub(crate) fn locate(jail: &Jail, op: &str, path: &[u8]) -> Result<Located, OpError> {
     jail.locate(path).map_err(|e| os_err(op, path, e))
 }
 

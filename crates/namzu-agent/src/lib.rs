@@ -34,6 +34,7 @@ pub mod exec_log;
 mod exec_pipes;
 pub mod fence;
 pub mod files;
+pub mod files_watch;
 pub mod identity;
 pub mod jail;
 pub mod op_error;

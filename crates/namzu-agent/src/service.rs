@@ -332,6 +332,25 @@ impl Agent for AgentService {
         Ok(Response::new(ListFilesResponse { entries }))
     }
 
+    type WatchDirStream = ReceiverStream<Result<v1::WatchEvent, Status>>;
+
+    async fn watch_dir(&self, req: Request<v1::WatchDirRequest>) -> Result<Response<Self::WatchDirStream>, Status> {
+        self.admit("watch_dir", namzu_proto::features::FILES_WATCH)?;
+        let r = req.into_inner();
+        let (tx, rx) = mpsc::channel(256);
+        // Watches are set up before the answer, so a missing directory fails
+        // the call itself and events after it returns are never missed.
+        crate::files_watch::start(
+            self.jail.clone(),
+            r.path.to_vec(),
+            r.recursive,
+            self.limits().max_walk_entries,
+            tx,
+        )
+        .map_err(IntoStatus::into_status)?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type WalkFilesStream = ReceiverStream<Result<FileEntry, Status>>;
 
     async fn walk_files(&self, req: Request<WalkFilesRequest>) -> Result<Response<Self::WalkFilesStream>, Status> {

@@ -13,6 +13,7 @@ mod net;
 mod quiesce;
 mod sessions;
 mod terminal;
+mod watch;
 use detach::*;
 use exec::*;
 use files::*;
@@ -21,6 +22,7 @@ use net::*;
 use quiesce::*;
 use sessions::*;
 use terminal::*;
+use watch::*;
 
 macro_rules! register {
     ($( $name:ident [$($need:expr),*] ),* $(,)?) => {
@@ -74,5 +76,6 @@ pub fn all() -> Vec<Case> {
         executions_are_listed_with_their_state[feat::EXEC, feat::EXEC_ATTACH, feat::EXEC_LIST],
         exited_execution_records_expire_after_the_ttl[feat::EXEC, feat::EXEC_ATTACH, feat::FILES_STAT],
         named_list_walk_and_session_limits_hold[feat::EXEC, feat::FILES_LIST, feat::FILES_WALK, feat::SESSIONS],
+        watch_reports_changes_made_inside[feat::FILES_WATCH, feat::FILES_MKDIR, feat::FILES_WRITE, feat::EXEC],
     ]
 }

@@ -370,6 +370,35 @@ pub struct WriteOptions {
     pub create_parents: bool,
 }
 
+/// What changed, in a [`WatchEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchKind {
+    /// Created, or moved in.
+    Create,
+    /// Written to.
+    Write,
+    /// Removed.
+    Remove,
+    /// Moved away (its new name, if inside the watched tree, is a Create).
+    Rename,
+    /// Its permissions or other attributes changed.
+    Chmod,
+    /// The kernel's queue overflowed: events between were lost.
+    Overflow,
+}
+
+/// One change under a watched directory; from
+/// [`crate::Files::watch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// What happened.
+    pub kind: WatchKind,
+    /// The entry, relative to the watched directory.
+    pub name: PathBuf,
+    /// The entry is a directory.
+    pub is_dir: bool,
+}
+
 /// A range of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {

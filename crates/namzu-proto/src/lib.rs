@@ -154,6 +154,8 @@ pub mod features {
     pub const FILES_MKDIR: &str = "files.mkdir";
     pub const FILES_REMOVE: &str = "files.remove";
     pub const FILES_RENAME: &str = "files.rename";
+    /// WatchDir: inotify events under a directory.
+    pub const FILES_WATCH: &str = "files.watch";
     pub const TCP_CONNECT: &str = "tcp.connect";
     pub const TERMINAL: &str = "terminal";
     pub const QUIESCE: &str = "quiesce";
@@ -178,6 +180,7 @@ pub mod features {
         FILES_MKDIR,
         FILES_REMOVE,
         FILES_RENAME,
+        FILES_WATCH,
         TCP_CONNECT,
         TERMINAL,
         QUIESCE,

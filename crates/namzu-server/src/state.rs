@@ -32,6 +32,8 @@ pub struct Inner {
     streams: Mutex<HashMap<String, Arc<Semaphore>>>,
     /// E2B processes this server started.
     pub e2b: crate::e2b::Procs,
+    /// E2B polling watchers (CreateWatcher).
+    pub e2b_watchers: crate::e2b::filesystem::Watchers,
     /// Cancelled on shutdown: open streams end.
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -53,6 +55,7 @@ impl AppState {
             metrics: Metrics::default(),
             streams: Mutex::default(),
             e2b: Default::default(),
+            e2b_watchers: Default::default(),
             shutdown: tokio_util::sync::CancellationToken::new(),
         })))
     }

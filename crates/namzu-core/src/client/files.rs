@@ -150,6 +150,41 @@ impl AgentClient {
         Ok(Box::pin(s.map(move |r| r.map(file_info).map_err(|s| me.status(OP, s)))))
     }
 
+    /// Changes under the directory `path` (and beneath it, when
+    /// `recursive`) as they happen; the watches are in place when this
+    /// returns. Dropping the stream ends the watch.
+    pub async fn watch_dir(&self, path: &Path, recursive: bool) -> Result<WatchStream> {
+        const OP: &str = "watch_dir";
+        self.require(OP, feat::FILES_WATCH)?;
+        let mut s = self
+            .rpc()
+            .watch_dir(v1::WatchDirRequest {
+                path: path_bytes(path),
+                recursive,
+            })
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        // The agent's first message says the watches are set.
+        match s.message().await.map_err(|st| self.status(OP, st))? {
+            Some(ev) if ev.kind == v1::WatchEventKind::WatchStarted as i32 => {}
+            _ => {
+                return Err(Error::Protocol {
+                    op: OP.into(),
+                    message: "the watch did not start with WATCH_STARTED".into(),
+                })
+            }
+        }
+        let me = self.clone();
+        Ok(Box::pin(s.filter_map(move |r| {
+            let out = match r {
+                Err(st) => Some(Err(me.status(OP, st))),
+                Ok(ev) => watch_event(ev).map(Ok),
+            };
+            futures::future::ready(out)
+        })))
+    }
+
     /// What is at `path` (a symlink itself, not its target).
     pub async fn stat(&self, path: &Path) -> Result<FileInfo> {
         const OP: &str = "stat";
@@ -215,6 +250,24 @@ fn begin_msg(path: &Path, opts: &WriteOptions) -> v1::WriteFileRequest {
             create_parents: opts.create_parents,
         })),
     }
+}
+
+fn watch_event(e: v1::WatchEvent) -> Option<WatchEvent> {
+    use v1::WatchEventKind as K;
+    let kind = match K::try_from(e.kind).ok()? {
+        K::WatchCreate => WatchKind::Create,
+        K::WatchWrite => WatchKind::Write,
+        K::WatchRemove => WatchKind::Remove,
+        K::WatchRename => WatchKind::Rename,
+        K::WatchChmod => WatchKind::Chmod,
+        K::WatchOverflow => WatchKind::Overflow,
+        K::WatchStarted | K::Unspecified => return None,
+    };
+    Some(WatchEvent {
+        kind,
+        name: bytes_path(&e.name),
+        is_dir: e.is_dir,
+    })
 }
 
 fn file_info(e: v1::FileEntry) -> FileInfo {

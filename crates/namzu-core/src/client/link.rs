@@ -423,5 +423,8 @@ pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
 /// A file streamed in chunks.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>;
 
+/// Changes under a watched directory, streamed.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<crate::types::WatchEvent>> + Send>>;
+
 /// Entries of a walk, streamed.
 pub type FileInfoStream = Pin<Box<dyn Stream<Item = Result<FileInfo>> + Send>>;

@@ -24,5 +24,7 @@ mod tcp;
 mod terminal;
 
 pub use exec::{CancelOutcome, ExecStream};
-pub use link::{AgentClient, ByteStream, ClientOptions, FileInfoStream, LinkGuard, LinkStream, WRITE_CHUNK};
+pub use link::{
+    AgentClient, ByteStream, ClientOptions, FileInfoStream, LinkGuard, LinkStream, WatchStream, WRITE_CHUNK,
+};
 pub use terminal::Terminal;

@@ -7,7 +7,7 @@ use std::path::Path;
 use bytes::Bytes;
 use tokio::io::AsyncRead;
 
-use crate::client::{AgentClient, ByteStream, FileInfoStream};
+use crate::client::{AgentClient, ByteStream, FileInfoStream, WatchStream};
 use crate::error::Result;
 use crate::types::{ByteRange, FileData, FileInfo, WalkOptions, WriteOptions};
 
@@ -74,6 +74,14 @@ impl<'a> Files<'a> {
     /// `opts.max_entries`.
     pub async fn walk(self, root: impl AsRef<Path>, opts: WalkOptions) -> Result<FileInfoStream> {
         self.agent.walk_files(root.as_ref(), opts).await
+    }
+
+    /// Changes under the directory `path` (and beneath it, when
+    /// `recursive`) from now on, until the stream is dropped: creates,
+    /// writes, removes, renames and attribute changes, each named relative
+    /// to `path`.
+    pub async fn watch(self, path: impl AsRef<Path>, recursive: bool) -> Result<WatchStream> {
+        self.agent.watch_dir(path.as_ref(), recursive).await
     }
 
     /// What is at `path` (a symlink itself, not its target).

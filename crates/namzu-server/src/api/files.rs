@@ -12,7 +12,10 @@ use axum::response::{IntoResponse, Response};
 use futures::{StreamExt, TryStreamExt};
 use namzu::{ByteRange, FileKind, WalkOptions, WriteOptions};
 
-use super::model::{FileView, MkdirBody, PathQuery, RemoveQuery, RenameBody, UploadQuery, WalkQuery, Written};
+use super::model::{
+    FileView, MkdirBody, PathQuery, RemoveQuery, RenameBody, UploadQuery, WalkQuery, WatchEventView, WatchQuery,
+    Written,
+};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::{check_id, AppState, Json, Owner, Query};
 
@@ -242,6 +245,61 @@ pub async fn walk(
     }
     let entries: Vec<namzu::FileInfo> = sb.files().walk(&q.path, opts).await?.try_collect().await?;
     Ok(axum::Json(entries.iter().map(FileView::from).collect()))
+}
+
+/// The name of a watch event's kind on the API.
+pub fn watch_kind(k: namzu::WatchKind) -> &'static str {
+    match k {
+        namzu::WatchKind::Create => "create",
+        namzu::WatchKind::Write => "write",
+        namzu::WatchKind::Remove => "remove",
+        namzu::WatchKind::Rename => "rename",
+        namzu::WatchKind::Chmod => "chmod",
+        namzu::WatchKind::Overflow => "overflow",
+    }
+}
+
+/// Changes under a directory as they happen, one NDJSON line each (the
+/// first, `started`, once the watches are in place), until the client
+/// goes away.
+#[utoipa::path(get, operation_id = "watchDirectory", path = "/v1/sandboxes/{id}/files/watch", tag = "files", params(("id" = String, Path), WatchQuery),
+    responses((status = 200, description = "the events, one per line", content((WatchEventView = "application/x-ndjson"))),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn watch(
+    State(st): State<AppState>,
+    Owner(owner): Owner,
+    Path(id): Path<String>,
+    Query(q): Query<WatchQuery>,
+) -> ApiResult<Response> {
+    check_id("id", &id)?;
+    let (_, sb) = st.registry.sandbox(&owner, &id).await?;
+    let slot = st.stream_slot(&owner)?;
+    let events = sb.files().watch(&q.path, q.recursive).await?;
+    let line = |v: &WatchEventView| bytes::Bytes::from(serde_json::to_string(v).unwrap_or_default() + "\n");
+    let started = line(&WatchEventView {
+        kind: "started".into(),
+        name: String::new(),
+        is_dir: true,
+    });
+    let shutdown = st.shutdown.clone();
+    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(started) })
+        .chain(events.map(move |r| {
+            let _hold = &slot;
+            match r {
+                Ok(e) => Ok(line(&WatchEventView {
+                    kind: watch_kind(e.kind).into(),
+                    name: e.name.to_string_lossy().into_owned(),
+                    is_dir: e.is_dir,
+                })),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            }
+        }))
+        .take_until(async move { shutdown.cancelled().await });
+    Ok((
+        [(http::header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response())
 }
 
 /// What is at a path (a symlink itself, not its target).

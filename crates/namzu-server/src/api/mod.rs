@@ -30,7 +30,7 @@ use crate::state::AppState;
         health,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::extend, sandboxes::destroy,
         commands::start, commands::run, commands::attach, commands::list, commands::cancel,
-        files::download, files::upload, files::list, files::walk, files::stat, files::mkdir, files::remove, files::rename,
+        files::download, files::upload, files::list, files::walk, files::watch, files::stat, files::mkdir, files::remove, files::rename,
         live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush,
     ),
     components(schemas(ErrorBody, model::TerminalControl)),
@@ -225,6 +225,7 @@ pub fn router(st: AppState) -> Router {
         .route(&format!("{sb}/files"), axum::routing::delete(files::remove))
         .route(&format!("{sb}/files/list"), get(files::list))
         .route(&format!("{sb}/files/walk"), get(files::walk))
+        .route(&format!("{sb}/files/watch"), get(files::watch))
         .route(&format!("{sb}/files/stat"), get(files::stat))
         .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
         .route(&format!("{sb}/files/rename"), post(files::rename))

@@ -399,6 +399,32 @@ pub struct WalkQuery {
     pub include_hidden: bool,
 }
 
+/// Watch query.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The directory.
+    pub path: String,
+    /// Its subdirectories too.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// One line of a watch stream. The first is `started` (the watches are in
+/// place); then `create`, `write`, `remove`, `rename` (moved away),
+/// `chmod`, or `overflow` (events were lost).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WatchEventView {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The entry, relative to the watched directory.
+    pub name: String,
+    /// The entry is a directory.
+    pub is_dir: bool,
+}
+
 /// `POST …/files/mkdir`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,11 @@
 //! envd's `filesystem.Filesystem` (Stat, MakeDir, Move, ListDir, Remove)
 //! and its plain-HTTP `/files` (download; upload as multipart/form-data or
-//! octet-stream, streamed into namzu's atomic write). Watching is refused
-//! until the agent has its inotify feature.
+//! octet-stream, streamed into namzu's atomic write), and watching on the
+//! agent's inotify feature: WatchDir streams; CreateWatcher keeps a
+//! bounded buffer that GetWatcherEvents drains (the sync SDK polls).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{Multipart, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -62,8 +66,94 @@ fn permissions(f: &FileInfo) -> String {
     s
 }
 
+/// Events a polling watcher keeps between two GetWatcherEvents; past it
+/// the oldest are dropped.
+pub const WATCHER_BUFFER: usize = 10_000;
+
+/// One polling watcher.
+pub struct Watcher {
+    sandbox: String,
+    events: Arc<Mutex<std::collections::VecDeque<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Polling watchers by id.
+#[derive(Default)]
+pub struct Watchers(Mutex<HashMap<String, Watcher>>);
+
+fn fs_event(e: &namzu::WatchEvent) -> Option<Value> {
+    let ty = match e.kind {
+        namzu::WatchKind::Create => "EVENT_TYPE_CREATE",
+        namzu::WatchKind::Write => "EVENT_TYPE_WRITE",
+        namzu::WatchKind::Remove => "EVENT_TYPE_REMOVE",
+        namzu::WatchKind::Rename => "EVENT_TYPE_RENAME",
+        namzu::WatchKind::Chmod => "EVENT_TYPE_CHMOD",
+        namzu::WatchKind::Overflow => return None,
+    };
+    Some(json!({"name": e.name.to_string_lossy(), "type": ty}))
+}
+
+/// WatchDir: a server stream of `start`, then `filesystem` events (and
+/// keepalives when asked), until the client goes away.
+async fn watch_dir(st: AppState, t: EnvdTarget, headers: HeaderMap, body: Bytes) -> Result<Response, ConnectError> {
+    let req: PathReq = connect::request(&headers, &body)?;
+    let sb = sandbox(&st, &t).await?;
+    let mut events = sb.files().watch(&req.path, req.recursive).await?;
+    let every = headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_secs);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        // WatchDirResponse's oneof sits at its top level in proto3 JSON.
+        if tx.send(connect::envelope(0, &json!({"start": {}}))).await.is_err() {
+            return;
+        }
+        loop {
+            let tick = async {
+                match every {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let msg = tokio::select! {
+                _ = tx.closed() => return,
+                _ = st.shutdown.cancelled() => {
+                    let _ = tx.send(ConnectError::new("unavailable", "the server is shutting down").end_stream()).await;
+                    return;
+                }
+                _ = tick => json!({"keepalive": {}}),
+                ev = events.next() => match ev {
+                    None => { let _ = tx.send(connect::end_ok()).await; return; }
+                    Some(Err(e)) => { let _ = tx.send(ConnectError::from(e).end_stream()).await; return; }
+                    Some(Ok(e)) => match fs_event(&e) {
+                        Some(v) => json!({"filesystem": v}),
+                        None => continue,
+                    },
+                },
+            };
+            if tx.send(connect::envelope(0, &msg)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(connect::stream_response(rx))
+}
+
 #[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct PathReq {
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    watcher_id: String,
     #[serde(default)]
     path: String,
     #[serde(default)]
@@ -87,6 +177,11 @@ pub async fn call(
     body: Bytes,
 ) -> Response {
     let streaming = connect::is_streaming(&headers);
+    if method == "WatchDir" {
+        return watch_dir(st, t, headers, body)
+            .await
+            .unwrap_or_else(connect::stream_error);
+    }
     let r = async {
         let req: PathReq = connect::request(&headers, &body)?;
         let sb = sandbox(&st, &t).await?;
@@ -122,10 +217,51 @@ pub async fn call(
                 files.remove_all(&req.path).await?;
                 Ok(json!({}))
             }
-            "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(ConnectError::new(
-                "unimplemented",
-                "watching directories needs the agent's watch feature, not built yet",
-            )),
+            "CreateWatcher" => {
+                let mut events = files.watch(&req.path, req.recursive).await?;
+                let buf: Arc<Mutex<std::collections::VecDeque<Value>>> = Arc::default();
+                let sink = buf.clone();
+                let task = tokio::spawn(async move {
+                    while let Some(Ok(e)) = events.next().await {
+                        if let (Some(v), Ok(mut q)) = (fs_event(&e), sink.lock()) {
+                            if q.len() == WATCHER_BUFFER {
+                                q.pop_front();
+                            }
+                            q.push_back(v);
+                        }
+                    }
+                });
+                let id = super::new_token();
+                let w = Watcher {
+                    sandbox: t.0.id.clone(),
+                    events: buf,
+                    task,
+                };
+                st.e2b_watchers
+                    .0
+                    .lock()
+                    .map_err(|_| ConnectError::new("internal", "poisoned"))?
+                    .insert(id.clone(), w);
+                Ok(json!({"watcherId": id}))
+            }
+            "GetWatcherEvents" | "RemoveWatcher" => {
+                let mut map = st
+                    .e2b_watchers
+                    .0
+                    .lock()
+                    .map_err(|_| ConnectError::new("internal", "poisoned"))?;
+                let unknown = || ConnectError::new("not_found", format!("watcher {:?} not found", req.watcher_id));
+                if map.get(&req.watcher_id).is_none_or(|w| w.sandbox != t.0.id) {
+                    return Err(unknown());
+                }
+                if method == "RemoveWatcher" {
+                    map.remove(&req.watcher_id);
+                    return Ok(json!({}));
+                }
+                let w = map.get(&req.watcher_id).ok_or_else(unknown)?;
+                let events: Vec<Value> = w.events.lock().map(|mut q| q.drain(..).collect()).unwrap_or_default();
+                Ok(json!({"events": events}))
+            }
             other => Err(ConnectError::new(
                 "unimplemented",
                 format!("filesystem.Filesystem/{other}"),
