@@ -51,6 +51,9 @@ def test_a_docker_sandbox_through_the_api(fresh_server, image, runtime):
         sb = r.json()
         assert (sb["tier"], sb["runtime"], sb["image"]) == ("docker", runtime, image)
         p = f"/v1/sandboxes/{sb['id']}"
+        cid = subprocess.run(["docker", "ps", "-q", "--filter", f"label=io.namzu.sandbox={sb['id']}"], capture_output=True, text=True).stdout.strip()
+        used = subprocess.run(["docker", "inspect", "--format", "{{.HostConfig.Runtime}}", cid], capture_output=True, text=True).stdout.strip()
+        assert used == runtime, (cid, used)
         try:
             out = c.post(f"{p}/commands/run", json={"script": "echo in-$(uname -s); echo err >&2; exit 4"}).json()
             assert (out["stdout"], out["stderr"], out["status"]["code"]) == ("in-Linux\n", "err\n", 4)

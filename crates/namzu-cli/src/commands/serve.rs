@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// first tier's default root.
     #[arg(long = "e2b-template", value_name = "NAME=TIER[:IMAGE]")]
     e2b_templates: Vec<String>,
+    /// The docker runtime of E2B templates on the docker tier (runc, runsc).
+    #[arg(long = "e2b-docker-runtime", value_name = "RUNTIME")]
+    e2b_docker_runtime: Option<String>,
     /// shutdown_grace: on SIGTERM, seconds open streams may go on.
     #[arg(long, value_name = "SECS")]
     shutdown_grace: Option<f64>,
@@ -119,14 +122,13 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<ExitCode,
         if !a.tiers.contains(&tier) {
             return Err(Fail(format!("--e2b-template {t}: tier {tier} is not in --tiers")));
         }
-        templates.insert(
-            name.to_string(),
-            Template {
-                tier,
-                image,
-                runtime: None,
-            },
-        );
+        let runtime = (tier == Tier::Docker).then(|| a.e2b_docker_runtime.clone()).flatten();
+        templates.insert(name.to_string(), Template { tier, image, runtime });
+    }
+    if a.e2b_docker_runtime.is_some() && !templates.values().any(|t| t.tier == Tier::Docker) {
+        return Err(Fail(
+            "--e2b-docker-runtime applies to --e2b-template NAME=docker:IMAGE, and there is none".into(),
+        ));
     }
     let config = ServerConfig {
         listen: a.listen,

@@ -364,12 +364,13 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `POST /sandboxes/{id}/pause`: not built yet, said plainly.
+/// `POST /sandboxes/{id}/pause` and `…/resume`: not built yet, said
+/// plainly (501).
 pub async fn pause(o: Result<Owner, ApiError>) -> E2bResult<StatusCode> {
     owner(o)?;
     Err(E2bError(
         StatusCode::NOT_IMPLEMENTED,
-        "pause is not built in namzu yet (issue: pause/resume)".into(),
+        "pause and resume are not built in namzu yet".into(),
     ))
 }
 

@@ -197,10 +197,11 @@ fn envd_router(st: AppState) -> Router {
 pub fn control_routes() -> Router<AppState> {
     Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
-        .route("/sandboxes", post(control::create))
+        .route("/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes/:id", get(control::get).delete(control::kill))
         .route("/sandboxes/:id/timeout", post(control::set_timeout))
         .route("/v2/sandboxes/:id/connect", post(control::connect))
         .route("/sandboxes/:id/connect", post(control::connect))
         .route("/sandboxes/:id/pause", post(control::pause))
+        .route("/sandboxes/:id/resume", post(control::pause))
 }
