@@ -143,15 +143,45 @@ def test_list_info_timeout_and_kill(e2b_env):
 
 
 def test_async_sandbox(e2b_env):
+    from e2b import PtySize
+
     async def main():
         sb = await AsyncSandbox.create(metadata={"suite": "async"})
         try:
             r = await sb.commands.run("echo async-hello")
             assert r.stdout == "async-hello\n"
+            await sb.files.make_dir("/workspace/ad")
+            r = await sb.commands.run('echo "$X in $(pwd)"', envs={"X": "x"}, cwd="/workspace/ad")
+            assert r.stdout == "x in /workspace/ad\n"
+            with pytest.raises(e2b.CommandExitException) as e:
+                await sb.commands.run("echo no >&2; exit 4")
+            assert (e.value.exit_code, e.value.stderr) == (4, "no\n")
             await sb.files.write("/workspace/a.txt", "A")
             assert await sb.files.read("/workspace/a.txt") == "A"
+            assert await sb.files.exists("/workspace/a.txt")
+            await sb.files.rename("/workspace/a.txt", "/workspace/ad/b.txt")
+            assert {e.name for e in await sb.files.list("/workspace", depth=2)} == {"ad", "b.txt"}
+            await sb.files.remove("/workspace/ad")
+            assert not await sb.files.exists("/workspace/ad")
             h = await sb.commands.run("sleep 0.3; echo bg", background=True)
             assert (await h.wait()).stdout == "bg\n"
+            fed = await sb.commands.run("cat", background=True, stdin=True)
+            await sb.commands.send_stdin(fed.pid, "fed\n")
+            await sb.commands.close_stdin(fed.pid)
+            assert (await fed.wait()).stdout == "fed\n"
+            long = await sb.commands.run("sleep 60", background=True)
+            assert any(p.pid == long.pid for p in await sb.commands.list())
+            assert await sb.commands.kill(long.pid) is True
+            out = bytearray()
+            t = await sb.pty.create(PtySize(rows=24, cols=80), on_data=lambda d: out.extend(d))
+            await sb.pty.send_stdin(t.pid, b"echo tty-$((2+3)); exit 0\n")
+            await t.wait()
+            assert b"tty-5" in out, bytes(out)
+            await sb.set_timeout(120)
+            info = await sb.get_info()
+            assert info.metadata == {"suite": "async"}
+            listed = await AsyncSandbox.list(query=e2b.SandboxQuery(metadata={"suite": "async"})).next_items()
+            assert [x.sandbox_id for x in listed] == [sb.sandbox_id]
         finally:
             await sb.kill()
 
@@ -202,6 +232,65 @@ def serve(c):
 while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,)).start()
 '''
+
+
+WS_ECHO = r'''
+import base64, hashlib, socket, struct, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8082)); s.listen()
+def recv_exact(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d: raise EOFError
+        b += d
+    return b
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    key = [l.split(b": ", 1)[1] for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    try:
+        while True:
+            b0, b1 = recv_exact(c, 2)
+            n = b1 & 127
+            if n == 126: n = struct.unpack(">H", recv_exact(c, 2))[0]
+            elif n == 127: n = struct.unpack(">Q", recv_exact(c, 8))[0]
+            mask = recv_exact(c, 4)
+            data = bytes(x ^ mask[i % 4] for i, x in enumerate(recv_exact(c, n)))
+            if b0 & 15 == 8: break
+            reply = ("echo:" + data.decode()).encode()
+            c.sendall(bytes([0x81, len(reply)]) + reply)
+    except EOFError:
+        pass
+    c.close()
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,)).start()
+'''
+
+
+def test_a_websocket_inside_the_sandbox_through_the_server(server, sbx):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    sbx.files.write("/workspace/ws.py", WS_ECHO)
+    sbx.commands.run("python3 /workspace/ws.py", background=True)
+    hdr = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8082", "E2b-Traffic-Access-Token": sbx.traffic_access_token}
+    url = server.url.replace("http://", "ws://") + "/chat"
+    for _ in range(100):
+        try:
+            ws = connect(url, additional_headers=hdr)
+            break
+        except InvalidStatus as e:
+            assert e.response.status_code == 502
+            time.sleep(0.1)
+    with ws:
+        ws.send("hi")
+        assert ws.recv(timeout=10) == "echo:hi"
+        ws.send("again")
+        assert ws.recv(timeout=10) == "echo:again"
 
 
 def test_a_port_inside_the_sandbox_is_reached_through_the_server(server, sbx):

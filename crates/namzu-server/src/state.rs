@@ -31,9 +31,9 @@ pub struct Inner {
     pub metrics: Metrics,
     streams: Mutex<HashMap<String, Arc<Semaphore>>>,
     /// E2B processes this server started.
-    pub e2b: crate::e2b::Procs,
+    pub e2b: crate::e2b::shared::Procs,
     /// E2B polling watchers (CreateWatcher).
-    pub e2b_watchers: crate::e2b::filesystem::Watchers,
+    pub e2b_watchers: crate::e2b::shared::Watchers,
     /// Cancelled on shutdown: open streams end.
     pub shutdown: tokio_util::sync::CancellationToken,
 }

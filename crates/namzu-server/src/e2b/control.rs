@@ -15,7 +15,7 @@ use namzu::egress::{EgressConfig, EgressPolicy};
 use namzu::SandboxSpec;
 use serde::Deserialize;
 
-use super::ENVD_VERSION;
+use super::shared::{new_token, ENVD_VERSION};
 use crate::error::ApiError;
 use crate::metrics::TierLabel;
 use crate::registry::{now_ms, Record};
@@ -203,7 +203,7 @@ pub async fn create(
         expires_at_ms: now + timeout.as_millis() as u64,
         state: "running".into(),
         template: Some(req.template_id.clone()),
-        envd_token: Some(super::new_token()),
+        envd_token: Some(new_token()),
     };
     let label = TierLabel {
         tier: template.tier.name().into(),

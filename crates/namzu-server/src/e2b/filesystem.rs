@@ -4,7 +4,6 @@
 //! agent's inotify feature: WatchDir streams; CreateWatcher keeps a
 //! bounded buffer that GetWatcherEvents drains (the sync SDK polls).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Multipart, Path, Query, Request, State};
@@ -19,7 +18,7 @@ use serde_json::{json, Value};
 
 use super::connect::{self, ConnectError};
 use super::control::E2bError;
-use super::EnvdTarget;
+use super::shared::{new_token, EnvdTarget, Watcher, WATCHER_BUFFER};
 use crate::state::AppState;
 
 fn entry(f: &FileInfo) -> Value {
@@ -65,27 +64,6 @@ fn permissions(f: &FileInfo) -> String {
     }
     s
 }
-
-/// Events a polling watcher keeps between two GetWatcherEvents; past it
-/// the oldest are dropped.
-pub const WATCHER_BUFFER: usize = 10_000;
-
-/// One polling watcher.
-pub struct Watcher {
-    sandbox: String,
-    events: Arc<Mutex<std::collections::VecDeque<Value>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Polling watchers by id.
-#[derive(Default)]
-pub struct Watchers(Mutex<HashMap<String, Watcher>>);
 
 fn fs_event(e: &namzu::WatchEvent) -> Option<Value> {
     let ty = match e.kind {
@@ -231,7 +209,7 @@ pub async fn call(
                         }
                     }
                 });
-                let id = super::new_token();
+                let id = new_token();
                 let w = Watcher {
                     sandbox: t.0.id.clone(),
                     events: buf,

@@ -19,10 +19,8 @@ pub mod filesystem;
 pub mod process;
 pub mod proxy;
 pub mod pty;
+pub mod shared;
 pub mod signed;
-
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -30,50 +28,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
-use rand::RngCore;
 use subtle::ConstantTimeEq;
 use tower::ServiceExt;
 
-use crate::registry::Record;
 use crate::state::AppState;
 use connect::ConnectError;
-
-/// The envd version advertised: the SDK's features up to octet-stream
-/// uploads and `close_stdin` are served.
-pub const ENVD_VERSION: &str = "0.5.7";
-
-/// envd's port; any other `E2b-Sandbox-Port` is a port inside the sandbox.
-pub const ENVD_PORT: &str = "49983";
-
-/// A fresh envd access token.
-pub fn new_token() -> String {
-    let mut raw = [0u8; 24];
-    rand::thread_rng().fill_bytes(&mut raw);
-    raw.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What the server remembers of an E2B process it started: the config
-/// `List` reports, and the stdin it may still feed.
-pub struct Proc {
-    /// The detachable execution behind it.
-    pub execution_id: String,
-    /// The `ProcessConfig` as given, for `List`.
-    pub config: serde_json::Value,
-    /// Its tag, if given.
-    pub tag: Option<String>,
-    /// Open stdin (started with `stdin: true`, not closed since).
-    pub stdin: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
-    /// A PTY process: its terminal's task.
-    pub pty: Option<tokio::sync::mpsc::Sender<pty::PtyInput>>,
-}
-
-/// E2B processes by (sandbox id, pid).
-#[derive(Default)]
-pub struct Procs(pub Mutex<HashMap<(String, u32), Proc>>);
-
-/// The sandbox an envd call is for, once its token checked.
-#[derive(Clone)]
-pub struct EnvdTarget(pub Record);
+pub use shared::{new_token, EnvdTarget, Proc, Procs, ENVD_PORT, ENVD_VERSION};
 
 /// Routes E2B envd traffic (it names its sandbox in `E2b-Sandbox-Id`) to
 /// the envd router; everything else goes on to namzu's own routes and the

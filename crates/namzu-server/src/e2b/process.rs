@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::connect::{self, ConnectError};
-use super::{EnvdTarget, Proc};
+use super::shared::{end_event, EnvdTarget, Proc};
 use crate::state::AppState;
 
 type PtyTx = mpsc::Sender<super::pty::PtyInput>;
@@ -96,21 +96,6 @@ pub async fn call(
         (Err(e), true) => connect::stream_error(e),
         (Err(e), false) => e.into_response(),
     }
-}
-
-/// The `end` event of an exit.
-pub fn end_event(s: &namzu::ExitStatus) -> Value {
-    let (code, status) = match (s.code, s.signal) {
-        (Some(c), _) => (c, format!("exit status {c}")),
-        (None, Some(9)) => (-1, "signal: killed".to_string()),
-        (None, Some(sig)) => (-1, format!("signal: {sig}")),
-        _ => (-1, "unknown".to_string()),
-    };
-    let mut end = json!({"exitCode": code, "exited": s.code.is_some(), "status": status});
-    if s.timed_out {
-        end["error"] = json!("the process was killed at its timeout");
-    }
-    json!({"event": {"end": end}})
 }
 
 /// Streams an execution's events as envd `ProcessEvent`s, with keepalives

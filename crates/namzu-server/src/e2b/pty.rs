@@ -12,19 +12,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::connect::{self, ConnectError};
+pub use super::shared::PtyInput;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-/// What a call asks of a terminal's task.
-#[derive(Debug)]
-pub enum PtyInput {
-    /// Bytes typed.
-    Data(Bytes),
-    /// New size.
-    Resize(u16, u16),
-    /// Close it, killing what runs in it.
-    Kill,
-}
 
 /// `{"size": {"cols", "rows"}}`.
 pub fn size_of(pty: &Value) -> (u16, u16) {
@@ -85,7 +75,7 @@ pub async fn start(
                     Some(PtyInput::Resize(c, r)) => { let _ = term.resize(c, r).await; }
                     Some(PtyInput::Kill) | None => {
                         let end = match term.close().await {
-                            Ok(s) => super::process::end_event(&s),
+                            Ok(s) => super::shared::end_event(&s),
                             Err(e) => json!({"event": {"end": {"exitCode": -1, "exited": false, "status": "signal: killed", "error": e.to_string()}}}),
                         };
                         send(&mut reader, connect::envelope(0, &end));
@@ -103,7 +93,7 @@ pub async fn start(
                         }
                     }
                     Some(Ok(TerminalEvent::Exit(s))) => {
-                        send(&mut reader, connect::envelope(0, &super::process::end_event(&s)));
+                        send(&mut reader, connect::envelope(0, &super::shared::end_event(&s)));
                         send(&mut reader, connect::end_ok());
                         return;
                     }
