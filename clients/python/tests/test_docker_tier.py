@@ -19,12 +19,18 @@ def docker_up() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
 
 
-@pytest.fixture(scope="module")
-def image():
+def require_docker() -> None:
+    """Fails where the run requires dockerd and it is down; skips, saying
+    why, where it does not."""
     if not docker_up():
         if os.environ.get("NAMZU_REQUIRE_DOCKER"):
             pytest.fail("dockerd is not up and NAMZU_REQUIRE_DOCKER is set")
         pytest.skip("dockerd is not up (scripts/docker-up.sh starts it)")
+
+
+@pytest.fixture(scope="module")
+def image():
+    require_docker()
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         # FROM scratch: Debian's static busybox as /bin/sh and its applets.
         buf = io.BytesIO()

@@ -15,7 +15,7 @@ import pytest
 import e2b  # noqa: E402  (the test command installs e2b==2.63.0)
 from e2b import Sandbox  # noqa: E402
 
-from test_docker_tier import docker_up
+from test_docker_tier import require_docker
 
 IMAGE = "namzu-api-test/bash:1"
 
@@ -31,10 +31,7 @@ def libs_of(binary: str):
 
 @pytest.fixture(scope="module")
 def bash_image():
-    if not docker_up():
-        if os.environ.get("NAMZU_REQUIRE_DOCKER"):
-            pytest.fail("dockerd is not up and NAMZU_REQUIRE_DOCKER is set")
-        pytest.skip("dockerd is not up (scripts/docker-up.sh starts it)")
+    require_docker()
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as t:

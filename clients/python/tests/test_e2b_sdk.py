@@ -412,3 +412,11 @@ def test_watch_dir_async_streaming(e2b_env):
             await sb.kill()
 
     asyncio.run(main())
+
+
+def test_users_the_sdk_names_and_others_refused(sbx):
+    assert sbx.commands.run("id -u", user="root").stdout == "0\n"
+    assert sbx.commands.run("id -u", user="user").stdout == "0\n", "one identity: uid 0 in the sandbox's namespace"
+    with pytest.raises(e2b.InvalidArgumentException) as e:
+        sbx.commands.run("id -u", user="alice")
+    assert "alice" in str(e.value)

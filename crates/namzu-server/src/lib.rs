@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod registry;
 pub mod server;
 pub mod state;
+pub mod urlenc;
 
 pub use config::{Limits, ServerConfig, Template, TlsFiles};
 pub use error::{ApiError, ErrorBody};

@@ -60,6 +60,34 @@ impl AppState {
         })))
     }
 
+    /// Creates through the registry and counts it by tier: a success and
+    /// its latency, or a failure.
+    pub async fn create_counted(
+        &self,
+        pending: crate::registry::Pending<'_>,
+        spec: namzu::SandboxSpec,
+        record: crate::registry::Record,
+    ) -> Result<crate::registry::Record, ApiError> {
+        let label = crate::metrics::TierLabel {
+            tier: record.tier.name().into(),
+        };
+        let started = std::time::Instant::now();
+        let r = self.registry.create(pending, spec, record).await;
+        match &r {
+            Ok(_) => {
+                self.metrics.creates.get_or_create(&label).inc();
+                self.metrics
+                    .create_seconds
+                    .get_or_create(&label)
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                self.metrics.create_failures.get_or_create(&label).inc();
+            }
+        }
+        r
+    }
+
     /// One of `owner`'s `max_streams_per_key` slots, held for a stream's
     /// life; 429 when all are taken.
     pub fn stream_slot(&self, owner: &str) -> Result<OwnedSemaphorePermit, ApiError> {

@@ -1,6 +1,6 @@
 //! Sandboxes: create, list, get, extend, destroy; and the expiry reaper.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
@@ -10,7 +10,7 @@ use namzu::{Resources, SandboxSpec, Tier};
 
 use super::model::{CreateSandbox, ListQuery, NetworkBody, SandboxPage, SandboxView, SetTimeout};
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::metrics::{DestroyLabels, TierLabel};
+use crate::metrics::DestroyLabels;
 use crate::registry::{now_ms, Record};
 use crate::state::{check_id, AppState, Json, Owner};
 
@@ -189,25 +189,9 @@ pub async fn create(
         template: None,
         envd_token: None,
     };
-    let started = Instant::now();
-    let label = TierLabel {
-        tier: tier.name().into(),
-    };
-    match st.registry.create(pending, spec, record).await {
-        Ok(r) => {
-            st.metrics.creates.get_or_create(&label).inc();
-            st.metrics
-                .create_seconds
-                .get_or_create(&label)
-                .observe(started.elapsed().as_secs_f64());
-            tracing::info!(id = %r.id, tier = %tier, owner = %r.owner, "sandbox created");
-            Ok((StatusCode::CREATED, axum::Json(SandboxView::from(&r))))
-        }
-        Err(e) => {
-            st.metrics.create_failures.get_or_create(&label).inc();
-            Err(e)
-        }
-    }
+    let r = st.create_counted(pending, spec, record).await?;
+    tracing::info!(id = %r.id, tier = %tier, owner = %r.owner, "sandbox created");
+    Ok((StatusCode::CREATED, axum::Json(SandboxView::from(&r))))
 }
 
 /// List the caller's sandboxes, sorted by id, paged; every
@@ -219,7 +203,8 @@ pub async fn list(
     Owner(owner): Owner,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<axum::Json<SandboxPage>> {
-    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(raw.as_deref().unwrap_or(""))?;
+    let pairs = crate::urlenc::pairs(raw.as_deref().unwrap_or(""))
+        .ok_or_else(|| ApiError::invalid("query", "bad percent-encoding in the query"))?;
     let mut q = ListQuery::default();
     let mut labels = Vec::new();
     for (k, v) in pairs {
@@ -251,38 +236,6 @@ pub async fn list(
         sandboxes: page.iter().map(SandboxView::from).collect(),
         next_cursor,
     }))
-}
-
-/// A query string's pairs, percent-decoded.
-fn serde_urlencoded_pairs(raw: &str) -> ApiResult<Vec<(String, String)>> {
-    raw.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            let dec = |s: &str| {
-                percent_decode(&s.replace('+', " "))
-                    .ok_or_else(|| ApiError::invalid("query", "bad percent-encoding in the query"))
-            };
-            Ok((dec(k)?, dec(v)?))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// One of the caller's sandboxes.

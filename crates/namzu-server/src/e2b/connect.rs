@@ -104,6 +104,25 @@ pub fn end_ok() -> Bytes {
     envelope(0x02, &serde_json::json!({}))
 }
 
+/// The keepalive interval the SDK asked for (`Keepalive-Ping-Interval`,
+/// seconds), if any.
+pub fn keepalive(headers: &HeaderMap) -> Option<std::time::Duration> {
+    headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(std::time::Duration::from_secs)
+}
+
+/// Resolves after `every`, or never when no keepalive was asked for.
+pub async fn tick(every: Option<std::time::Duration>) {
+    match every {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Whether the call is a streaming one.
 pub fn is_streaming(headers: &HeaderMap) -> bool {
     headers

@@ -6,7 +6,7 @@
 //! the SDK's generated parsers accept.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -17,7 +17,6 @@ use serde::Deserialize;
 
 use super::shared::{new_token, ENVD_VERSION};
 use crate::error::ApiError;
-use crate::metrics::TierLabel;
 use crate::registry::{now_ms, Record};
 use crate::state::{check_id, AppState, Owner};
 
@@ -205,24 +204,8 @@ pub async fn create(
         template: Some(req.template_id.clone()),
         envd_token: Some(new_token()),
     };
-    let label = TierLabel {
-        tier: template.tier.name().into(),
-    };
-    let started = Instant::now();
-    match st.registry.create(pending, spec, record).await {
-        Ok(r) => {
-            st.metrics.creates.get_or_create(&label).inc();
-            st.metrics
-                .create_seconds
-                .get_or_create(&label)
-                .observe(started.elapsed().as_secs_f64());
-            Ok((StatusCode::CREATED, axum::Json(sandbox_json(&r))).into_response())
-        }
-        Err(e) => {
-            st.metrics.create_failures.get_or_create(&label).inc();
-            Err(e.into())
-        }
-    }
+    let r = st.create_counted(pending, spec, record).await?;
+    Ok((StatusCode::CREATED, axum::Json(sandbox_json(&r))).into_response())
 }
 
 /// `GET /sandboxes/{id}` (200 + SandboxDetail).
@@ -320,16 +303,10 @@ pub async fn list(
             return Ok((axum::Json(Vec::<serde_json::Value>::new())).into_response());
         }
     }
-    let labels: Vec<(String, String)> = match &q.metadata {
+    let labels = match &q.metadata {
         None => Vec::new(),
-        Some(m) => m
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (decode(k), decode(v))
-            })
-            .collect(),
+        Some(m) => crate::urlenc::pairs(m)
+            .ok_or_else(|| E2bError(StatusCode::BAD_REQUEST, "metadata: bad percent-encoding".into()))?,
     };
     let max = st.config.limits.max_page_size;
     let limit = q.limit.unwrap_or(100).clamp(1, max);
@@ -342,26 +319,6 @@ pub async fn list(
     }
     let body: Vec<serde_json::Value> = page.iter().map(detail_json).collect();
     Ok((headers, axum::Json(body)).into_response())
-}
-
-fn decode(s: &str) -> String {
-    let s = s.replace('+', " ");
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match (b[i], s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `POST /sandboxes/{id}/pause` and `…/resume`: not built yet, said
@@ -381,10 +338,5 @@ mod tests {
         assert_eq!(super::iso(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(super::iso(1_796_071_792_740), "2026-11-30T20:49:52.740Z");
         assert_eq!(super::iso(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    }
-
-    #[test]
-    fn metadata_is_url_decoded() {
-        assert_eq!(super::decode("a%20b+c%3D"), "a b c=");
     }
 }

@@ -83,11 +83,7 @@ async fn watch_dir(st: AppState, t: EnvdTarget, headers: HeaderMap, body: Bytes)
     let req: PathReq = connect::request(&headers, &body)?;
     let sb = sandbox(&st, &t).await?;
     let mut events = sb.files().watch(&req.path, req.recursive).await?;
-    let every = headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(std::time::Duration::from_secs);
+    let every = connect::keepalive(&headers);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         // WatchDirResponse's oneof sits at its top level in proto3 JSON.
@@ -95,12 +91,7 @@ async fn watch_dir(st: AppState, t: EnvdTarget, headers: HeaderMap, body: Bytes)
             return;
         }
         loop {
-            let tick = async {
-                match every {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let tick = connect::tick(every);
             let msg = tokio::select! {
                 _ = tx.closed() => return,
                 _ = st.shutdown.cancelled() => {

@@ -133,11 +133,42 @@ pub async fn dispatch(
             .into_response(),
         };
     }
+    if let Some(user) = envd_user(&req).filter(|u| !KNOWN_USERS.contains(&u.as_str())) {
+        return ConnectError::new(
+            "invalid_argument",
+            format!("user {user:?}: namzu runs every command as the sandbox's one identity; only \"user\" and \"root\" name it"),
+        )
+        .into_response();
+    }
     req.extensions_mut().insert(EnvdTarget(rec));
     match envd_router(st).oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},
     }
+}
+
+/// The user names E2B's SDKs send; both stand for the sandbox's one
+/// identity (uid 0 in its namespace, no capabilities).
+const KNOWN_USERS: [&str; 3] = ["", "user", "root"];
+
+/// The OS user an envd call asks for: `Authorization: Basic
+/// base64("<user>:")`, or `username=` on `/files`.
+fn envd_user(req: &Request) -> Option<String> {
+    use base64::Engine;
+    let from_header = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .and_then(|raw| String::from_utf8(raw).ok())
+        .map(|s| s.split(':').next().unwrap_or_default().to_string());
+    let from_query = req
+        .uri()
+        .query()
+        .and_then(crate::urlenc::pairs)
+        .and_then(|ps| ps.into_iter().find(|(k, _)| k == "username").map(|(_, v)| v));
+    from_query.or(from_header)
 }
 
 fn envd_router(st: AppState) -> Router {

@@ -102,11 +102,7 @@ pub async fn call(
 /// when the SDK asked for them; the client going away stops the reading,
 /// never the process.
 fn pump(st: AppState, headers: &HeaderMap, pid: u32, mut s: namzu::client::ExecStream) -> Response {
-    let every = headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_secs);
+    let every = connect::keepalive(headers);
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         if tx
@@ -117,12 +113,7 @@ fn pump(st: AppState, headers: &HeaderMap, pid: u32, mut s: namzu::client::ExecS
             return;
         }
         loop {
-            let tick = async {
-                match every {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let tick = connect::tick(every);
             let item = tokio::select! {
                 _ = st.shutdown.cancelled() => {
                     let _ = tx.send(ConnectError::new("unavailable", "the server is shutting down; the process goes on: Connect to it again").end_stream()).await;

@@ -27,31 +27,8 @@ pub fn sign(path: &str, op: &str, user: &str, token: &str, expiration: Option<u6
 fn param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|p| {
         let (k, v) = p.split_once('=')?;
-        (k == name).then(|| percent_decode(v))
+        (k == name).then(|| crate::urlenc::decode(v)).flatten()
     })
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match (b[i], s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The sandbox a signed `/files` request is for.
