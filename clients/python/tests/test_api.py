@@ -546,3 +546,20 @@ def test_watch_a_directory(alice, sandbox):
     assert kinds == [("create", "a.txt"), ("rename", "a.txt")], kinds
     err(alice.get(f"{p}/watch", params={"path": "nope"}), 404, "file_not_found", "path")
     err(alice.get(f"{p}/watch", params={"path": "../.."}), 400, "path_escape", "path")
+
+
+def test_connections_past_max_connections_wait_their_turn(fresh_server):
+    s = fresh_server("--max-connections", "1")
+    host, port = s.url.split("://")[1].rsplit(":", 1)
+    first = socket.create_connection((host, int(port)))
+    first.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert first.recv(4096).startswith(b"HTTP/1.1 200"), "the first connection is served (and kept alive)"
+    second = socket.create_connection((host, int(port)))  # the kernel's backlog accepts it
+    second.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    second.settimeout(1.0)
+    with pytest.raises(socket.timeout):
+        second.recv(4096)
+    first.close()  # its slot frees: the second is served now
+    second.settimeout(10)
+    assert second.recv(4096).startswith(b"HTTP/1.1 200")
+    second.close()

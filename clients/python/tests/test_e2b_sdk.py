@@ -420,3 +420,11 @@ def test_users_the_sdk_names_and_others_refused(sbx):
     with pytest.raises(e2b.InvalidArgumentException) as e:
         sbx.commands.run("id -u", user="alice")
     assert "alice" in str(e.value)
+
+
+def test_large_bytes_go_through_multipart(sbx):
+    data = os.urandom(3 << 20)  # bytes: the SDK sends multipart/form-data
+    sbx.files.write("/workspace/m.bin", data)
+    assert bytes(sbx.files.read("/workspace/m.bin", format="bytes")) == data
+    sbx.files.write_files([{"path": "/workspace/one.txt", "data": "1"}, {"path": "/workspace/two.txt", "data": b"2"}])
+    assert (sbx.files.read("/workspace/one.txt"), sbx.files.read("/workspace/two.txt")) == ("1", "2")

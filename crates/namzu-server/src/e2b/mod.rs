@@ -174,7 +174,14 @@ fn envd_user(req: &Request) -> Option<String> {
 fn envd_router(st: AppState) -> Router {
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
-        .route("/files", get(filesystem::download).post(filesystem::upload))
+        // Uploads are bounded by max_upload_bytes while streaming, not by
+        // the JSON body limit (multipart goes through axum's extractor).
+        .route(
+            "/files",
+            get(filesystem::download)
+                .post(filesystem::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/process.Process/StreamInput", post(process::stream_input))
         .route("/process.Process/:method", post(process::call))
         .route("/filesystem.Filesystem/:method", post(filesystem::call))
