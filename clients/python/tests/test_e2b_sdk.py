@@ -428,3 +428,19 @@ def test_large_bytes_go_through_multipart(sbx):
     assert bytes(sbx.files.read("/workspace/m.bin", format="bytes")) == data
     sbx.files.write_files([{"path": "/workspace/one.txt", "data": "1"}, {"path": "/workspace/two.txt", "data": b"2"}])
     assert (sbx.files.read("/workspace/one.txt"), sbx.files.read("/workspace/two.txt")) == ("1", "2")
+
+
+def test_options_namzu_cannot_honour_are_refused_by_name(server, e2b_env):
+    base = {"templateID": "base"}
+    for extra, name in (
+        ({"autoPause": True}, "autoPause"),
+        ({"autoResume": {"enabled": True}}, "autoResume"),
+        ({"iam": {"roles": ["x"]}}, "iam"),
+        ({"volumeMounts": [{"name": "v", "path": "/data"}]}, "volumeMounts"),
+        ({"mcp": {"x": {}}}, "mcp"),
+    ):
+        r = httpx.post(f"{server.url}/v2/sandboxes", json={**base, **extra}, headers={"X-API-KEY": server.keys["alice"]})
+        assert r.status_code == 400 and name in r.json()["message"], (name, r.status_code, r.text)
+    with pytest.raises(e2b.SandboxException) as e:
+        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    assert "autoPause" in str(e.value) or "autoResume" in str(e.value), str(e.value)

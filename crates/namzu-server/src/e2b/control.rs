@@ -70,6 +70,8 @@ pub struct NewSandbox {
     volume_mounts: Vec<serde_json::Value>,
     mcp: Option<serde_json::Value>,
     network: Option<serde_json::Value>,
+    auto_resume: Option<serde_json::Value>,
+    iam: Option<serde_json::Value>,
 }
 
 fn iso(ms: u64) -> String {
@@ -150,6 +152,18 @@ pub async fn create(
     }
     if req.mcp.is_some() {
         return Err(refuse("mcp", "no MCP gateway"));
+    }
+    if req
+        .auto_resume
+        .as_ref()
+        .and_then(|v| v.get("enabled"))
+        .and_then(|e| e.as_bool())
+        == Some(true)
+    {
+        return Err(refuse("autoResume", "pause and resume are not built yet"));
+    }
+    if req.iam.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(refuse("iam", "namzu issues no cloud identities"));
     }
     if req.network.is_some() {
         return Err(refuse(
