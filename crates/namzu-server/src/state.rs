@@ -88,6 +88,12 @@ impl AppState {
         r
     }
 
+    /// The live handle of the sandbox an envd call is for (its token
+    /// already checked), on behalf of the sandbox's owner.
+    pub async fn envd_sandbox(&self, t: &crate::e2b::shared::EnvdTarget) -> Result<namzu::Sandbox, ApiError> {
+        Ok(self.registry.sandbox(&t.0.owner, &t.0.id).await?.1)
+    }
+
     /// One of `owner`'s `max_streams_per_key` slots, held for a stream's
     /// life; 429 when all are taken.
     pub fn stream_slot(&self, owner: &str) -> Result<OwnedSemaphorePermit, ApiError> {

@@ -134,7 +134,7 @@ struct PathReq {
 }
 
 async fn sandbox(st: &AppState, t: &EnvdTarget) -> Result<Sandbox, ConnectError> {
-    Ok(st.registry.sandbox(&t.0.owner, &t.0.id).await?.1)
+    Ok(st.envd_sandbox(t).await?)
 }
 
 /// Every `filesystem.Filesystem` method.
@@ -266,12 +266,7 @@ pub async fn download(
     let path = q
         .path
         .ok_or_else(|| E2bError(StatusCode::BAD_REQUEST, "path is required".into()))?;
-    let sb = st
-        .registry
-        .sandbox(&t.0.owner, &t.0.id)
-        .await
-        .map_err(E2bError::from)?
-        .1;
+    let sb = st.envd_sandbox(&t).await.map_err(E2bError::from)?;
     let info = sb.files().stat(&path).await.map_err(plain)?;
     if info.kind == FileKind::Dir {
         return Err(E2bError(StatusCode::BAD_REQUEST, format!("{path} is a directory")));
@@ -328,12 +323,7 @@ pub async fn upload(
     Query(q): Query<FilesQuery>,
     req: Request,
 ) -> Result<Response, E2bError> {
-    let sb = st
-        .registry
-        .sandbox(&t.0.owner, &t.0.id)
-        .await
-        .map_err(E2bError::from)?
-        .1;
+    let sb = st.envd_sandbox(&t).await.map_err(E2bError::from)?;
     let slot = st.stream_slot(&t.0.owner).map_err(E2bError::from)?;
     let ct = req
         .headers()

@@ -65,7 +65,7 @@ struct WithProcess {
 }
 
 async fn sandbox(st: &AppState, t: &EnvdTarget) -> Result<Sandbox, ConnectError> {
-    Ok(st.registry.sandbox(&t.0.owner, &t.0.id).await?.1)
+    Ok(st.envd_sandbox(t).await?)
 }
 
 /// Every `process.Process` method.
