@@ -7,5 +7,6 @@
 #   bench/k8s.sh [--iters 10] [--latency-ms 5] [--concurrent 50]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/images.sh
 cargo build --release --locked --bins
 exec ./target/x86_64-unknown-linux-gnu/release/namzu-bench-k8s "$@"

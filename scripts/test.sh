@@ -26,6 +26,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export NAMZU_REQUIRE_NET=1
 fi
 
+# The kubernetes tier's simulated pods run a real distribution image
+# (Debian bookworm, debootstrapped once into target/images/).
+./scripts/images.sh
+
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
 cargo build --workspace --bins --locked
 # The escape suite's layer-removal test: a test build of the agent that can

@@ -16,8 +16,13 @@ struct Args {
     #[arg(long, conflicts_with = "listen")]
     launch: Option<PathBuf>,
     /// unix:PATH, tcp:ADDR:PORT, or fd:N (an inherited connected socket).
-    #[arg(long, required_unless_present_any = ["launch", "relay"])]
+    #[arg(long, required_unless_present_any = ["launch", "relay", "install"])]
     listen: Option<Listen>,
+    /// Copy this (static) agent to PATH and exit: how a pod's init
+    /// container puts the agent into an `emptyDir` the workload container
+    /// (any image, no shell needed) then runs it from.
+    #[arg(long, conflicts_with_all = ["launch", "listen", "relay"])]
+    install: Option<PathBuf>,
     /// Join stdin and stdout to the agent listening on unix:PATH, and serve
     /// nothing (a host link through `docker exec`; see `namzu_agent::relay`).
     #[arg(long, conflicts_with_all = ["launch", "listen"])]
@@ -82,6 +87,38 @@ fn seal_inherited_fds(close: bool) {
     }
 }
 
+/// Copies the running agent to `dest`: written beside it under a temporary
+/// name, synced, made read-and-execute only, then renamed into place, so
+/// the workload never sees half a binary.
+fn install(dest: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = dest
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file path"))?;
+    let tmp = dir.join(format!(".{}.namzu-tmp-{}", name.to_string_lossy(), std::process::id()));
+    let bytes = std::fs::read("/proc/self/exe")?;
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .open(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+        std::fs::rename(&tmp, dest)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 fn parse_report(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -110,6 +147,9 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args = Args::parse();
+    if let Some(dest) = &args.install {
+        return install(dest).map_err(|e| format!("install to {}: {e}", dest.display()));
+    }
     if let Some(spec) = &args.launch {
         // Before any thread exists: the launcher forks.
         let code = namzu_agent::sandbox::launch(spec).map_err(|e| e.to_string())?;

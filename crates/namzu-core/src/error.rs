@@ -139,10 +139,14 @@ pub enum Error {
     },
     /// A kill could not be confirmed: the sandbox is retired and the command
     /// must not be retried automatically.
-    #[error("cancellation of execution {execution_id} could not be confirmed; the sandbox is retired and the command must not be retried automatically")]
+    #[error("cancellation of execution {execution_id} could not be confirmed; the sandbox is retired{}, and the command must not be retried automatically",
+        retirement.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
     RemoteCancellationUnknown {
         /// The execution's id.
         execution_id: String,
+        /// What the tier did with the retired sandbox, where it did more
+        /// than fence its agent (the kubernetes tier releases its claim).
+        retirement: Option<String>,
     },
     /// The agent is retiring after an unconfirmed kill and serves nothing but health.
     #[error("{op}: the agent is retiring after an unconfirmed kill and serves nothing but health")]
@@ -540,6 +544,7 @@ impl Error {
             },
             Kind::Retiring if !e.execution_id.is_empty() => Error::RemoteCancellationUnknown {
                 execution_id: e.execution_id,
+                retirement: None,
             },
             Kind::Retiring => Error::AgentRetiring { op },
             Kind::UnknownExec => Error::UnknownExecution {

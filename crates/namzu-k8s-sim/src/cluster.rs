@@ -1,7 +1,12 @@
 //! A ready-made simulated cluster for tests and benchmarks: the simulator,
 //! its controller running pods as real `local` sandboxes, and the task
 //! SandboxTemplate, the SandboxWarmPool and the NetworkPolicy closing the
-//! agent port that namzu ships in `deploy/k8s/`, applied as shipped.
+//! agent port that namzu ships in `deploy/k8s/`, applied as shipped — but
+//! for ONE substitution: the template's workload image, `python:3.12-slim`,
+//! is not in the simulated node's cache (no registry is reachable here), so
+//! the workload runs the real Debian bookworm image of [`crate::images`]
+//! instead ([`WORKLOAD_IMAGE`]). The init container and the agent image are
+//! as shipped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +19,8 @@ use crate::server::Simulator;
 
 /// The namespace of the shipped manifests.
 pub const NAMESPACE: &str = "sandboxes";
+/// The workload image the simulated cluster's template runs.
+pub const WORKLOAD_IMAGE: &str = crate::images::DISTRO_IMAGE;
 /// The shipped template's and pool's names.
 pub const TEMPLATE: &str = "namzu-task";
 pub const POOL: &str = "namzu-pool";
@@ -35,20 +42,27 @@ impl Cluster {
     /// the shipped template, and the shipped pool scaled to `replicas`
     /// (none at all if `None`).
     pub async fn start(replicas: Option<i64>) -> std::io::Result<Self> {
+        Self::start_with(replicas, |_| {}).await
+    }
+
+    /// [`Cluster::start`] with the controller configured by `configure`
+    /// (its label allowlist, its label delay …).
+    pub async fn start_with(
+        replicas: Option<i64>,
+        configure: impl FnOnce(&mut ControllerConfig),
+    ) -> std::io::Result<Self> {
         let state = tempfile::Builder::new().prefix("namzu-k8s-sim.").tempdir()?;
         let agent_bin = namzu::backend::find_agent_binary().map_err(std::io::Error::other)?;
         let sim = Simulator::new();
         let url = sim.serve().await?;
-        let ctl = Controller::start(
-            &sim,
-            ControllerConfig {
-                state_dir: state.path().to_path_buf(),
-                agent_bin,
-                tick: Duration::from_millis(10),
-            },
-        );
+        crate::images::link_cache(state.path(), &agent_bin)?;
+        let mut cfg = ControllerConfig::new(state.path().to_path_buf(), agent_bin);
+        configure(&mut cfg);
+        let ctl = Controller::start(&sim, cfg);
         let parse = |y: &str| serde_yaml::from_str::<Value>(y).map_err(std::io::Error::other);
-        sim.put(TEMPLATES, parse(TEMPLATE_YAML)?);
+        let mut template = parse(TEMPLATE_YAML)?;
+        template["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = WORKLOAD_IMAGE.into();
+        sim.put(TEMPLATES, template);
         sim.put(crate::controller::NETWORK_POLICIES, parse(AGENT_PORT_POLICY_YAML)?);
         let c = Self {
             sim,
@@ -123,6 +137,11 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         false
+    }
+
+    /// The node's state directory (pods' sandboxes, volumes, images).
+    pub fn state_dir(&self) -> &std::path::Path {
+        self._state.path()
     }
 
     /// Stops every pod's sandbox.

@@ -29,6 +29,7 @@
 
 pub mod cluster;
 pub mod controller;
+pub mod images;
 pub mod podnet;
 pub mod schema;
 pub mod selector;

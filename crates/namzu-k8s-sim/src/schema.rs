@@ -209,6 +209,64 @@ fn is_rfc3339(s: &str) -> bool {
     }
 }
 
+/// Fills in what the schema defaults, as the API server does on every
+/// write: a property the object lacks takes its `default`, recursively
+/// through present objects and array items (so a claim's
+/// `lifecycle.shutdownPolicy` becomes `Retain` and a pool's `replicas` 1).
+pub fn apply_defaults(s: &Value, v: &mut Value) {
+    if let (Some(props), Some(obj)) = (s.get("properties").and_then(Value::as_object), v.as_object_mut()) {
+        for (k, ps) in props {
+            match obj.get_mut(k) {
+                Some(child) if !child.is_null() => apply_defaults(ps, child),
+                _ => {
+                    if let Some(d) = ps.get("default") {
+                        let mut d = d.clone();
+                        apply_defaults(ps, &mut d);
+                        obj.insert(k.clone(), d);
+                    }
+                }
+            }
+        }
+    }
+    if let (Some(items), Some(arr)) = (s.get("items"), v.as_array_mut()) {
+        for child in arr {
+            apply_defaults(items, child);
+        }
+    }
+}
+
+/// Why `name` is not a DNS subdomain (RFC 1123: at most 253 characters,
+/// lowercase alphanumerics, `-` and `.`, alphanumeric at both ends), the
+/// rule for the name of every object the simulator stores.
+pub fn dns_subdomain(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    (!ok).then(|| {
+        format!("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (at most 253 characters); got {name:?}")
+    })
+}
+
+/// Why `name` is not a DNS label (RFC 1035: at most 63 characters,
+/// lowercase alphanumerics and `-`, a letter first): the rule for a
+/// Service's name.
+pub fn dns_label(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().next().is_some_and(|b| b.is_ascii_lowercase())
+        && !name.ends_with('-');
+    (!ok).then(|| format!("a DNS-1035 label must be at most 63 lowercase alphanumerics or '-', start with a letter and end with an alphanumeric; got {name:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,6 +113,21 @@ impl Simulator {
                 status_subresource: true,
             },
         );
+        // Core objects the controller makes or reads, stored as sent.
+        for (plural, kind) in [
+            ("services", "Service"),
+            ("configmaps", "ConfigMap"),
+            ("events", "Event"),
+        ] {
+            types.insert(
+                (String::new(), "v1".into(), plural.into()),
+                ResourceType {
+                    kind: kind.into(),
+                    schema: None,
+                    status_subresource: false,
+                },
+            );
+        }
         // Policy objects, stored as sent (no schema): what the backend's
         // egress and ingress checks read.
         for (group, version, plural, kind) in [
@@ -253,6 +268,13 @@ impl Simulator {
     /// Stores `obj` as the controller writes it: a new object gets its uid
     /// and creation time; every write a new resourceVersion.
     pub fn put(&self, (g, v, p): Gvr, mut obj: Value) -> Value {
+        if let Some(s) = self
+            .types
+            .get(&(g.to_owned(), v.to_owned(), p.to_owned()))
+            .and_then(|t| t.schema.as_ref())
+        {
+            schema::apply_defaults(s, &mut obj);
+        }
         let mut store = self.lock();
         store.revision += 1;
         let meta = &mut obj["metadata"];
@@ -271,6 +293,28 @@ impl Simulator {
         );
         store.objects.insert(key, obj.clone());
         obj
+    }
+
+    /// Changes the object as stored NOW (not a copy read earlier), under
+    /// the store's lock: how the controller writes status or one field
+    /// without overwriting a host's concurrent patch. `None`: it is gone.
+    pub fn update(&self, (g, v, p): Gvr, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<Value> {
+        let mut store = self.lock();
+        let key = (g.to_owned(), v.to_owned(), p.to_owned(), ns.to_owned(), name.to_owned());
+        let current = store.objects.get(&key)?.clone();
+        let mut next = current.clone();
+        f(&mut next);
+        if next == current {
+            return Some(current);
+        }
+        store.revision += 1;
+        next["metadata"]["resourceVersion"] = json!(store.revision.to_string());
+        if next["spec"] != current["spec"] {
+            let g = current["metadata"]["generation"].as_i64().unwrap_or(1);
+            next["metadata"]["generation"] = json!(g + 1);
+        }
+        store.objects.insert(key, next.clone());
+        Some(next)
     }
 
     /// Removes an object; what was stored, if anything.
@@ -565,7 +609,23 @@ fn handle(
                     )
                 }
             };
+            let bad_name = if t.plural == "services" {
+                schema::dns_label(&name)
+            } else {
+                schema::dns_subdomain(&name)
+            };
+            if let Some(problem) = bad_name {
+                return invalid(
+                    &rt.kind,
+                    &name,
+                    &[schema::Violation {
+                        path: ".metadata.name".into(),
+                        problem,
+                    }],
+                );
+            }
             if let Some(s) = &rt.schema {
+                schema::apply_defaults(s, &mut obj);
                 let v = schema::validate(s, &obj);
                 if !v.is_empty() {
                     return invalid(&rt.kind, &name, &v);
@@ -666,6 +726,7 @@ fn handle(
                 }
             }
             if let Some(s) = &rt.schema {
+                schema::apply_defaults(s, &mut next);
                 let v = schema::validate(s, &next);
                 if !v.is_empty() {
                     return invalid(&rt.kind, name, &v);

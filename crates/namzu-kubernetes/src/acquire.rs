@@ -39,6 +39,9 @@ use namzu_core::error::{Error, Result};
 /// The annotation agent-sandbox writes on a Sandbox whose pod is named
 /// otherwise (one adopted from a warm pool).
 pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
+/// namzu's record, on its claim, of the Sandbox the claim was bound to
+/// when the sandbox was handed out: a reconnect that finds another refuses.
+pub const BOUND_SANDBOX_ANNOTATION: &str = "io.namzu/bound-sandbox-uid";
 
 /// The claim (or Sandbox) behind namzu sandbox `id`: deterministic, so a
 /// POST whose answer was lost can be found again, and a restarted host can
@@ -88,6 +91,8 @@ struct Budget {
     total: Duration,
     interval: Duration,
     last: Option<AcquireError>,
+    /// The claim's `ReconcilerError` (reason, message) while it stands.
+    reconciler: Option<(String, String)>,
 }
 
 impl Budget {
@@ -97,7 +102,17 @@ impl Budget {
             total: opts.ready_timeout,
             interval: opts.poll_interval,
             last: None,
+            reconciler: None,
         }
+    }
+
+    /// What the last reads said, once the budget is spent: a claim the
+    /// controller kept failing on says so; else the last API failure.
+    fn last_failure(&mut self) -> Option<AcquireError> {
+        self.reconciler
+            .take()
+            .map(|(r, m)| ae::controller_error(&r, &m))
+            .or_else(|| self.last.take())
     }
 
     /// One read inside the budget: `Some` is the answer; `None` is a
@@ -163,11 +178,9 @@ fn is_ready(v: &Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
-/// Whether an object was made for sandbox `id` (its pod labels say so).
+/// Whether an object was made for sandbox `id` (its own labels say so).
 fn made_for(v: &Value, id: &str) -> bool {
-    let label = build::SANDBOX_LABEL;
-    v["spec"]["additionalPodMetadata"]["labels"][label] == id
-        || v["spec"]["podTemplate"]["metadata"]["labels"][label] == id
+    v["metadata"]["labels"][build::SANDBOX_LABEL] == id
 }
 
 /// POSTs `body` once. A lost answer or a 409 is settled by one read of
@@ -248,8 +261,11 @@ pub async fn acquire(
     };
     let mut pod_hint = None;
     let failure = match wait_bound(api, opts, &mut b, (owner, &name, id), &mut pod_hint).await {
-        Ok(bound) => match after_bind(api, opts, &bound, verifier).await {
-            Ok(()) => return Ok(bound),
+        Ok(mut bound) => match after_bind(api, opts, &mut b, &mut bound, verifier).await {
+            Ok(()) => {
+                record_binding(api, opts, &bound).await;
+                return Ok(bound);
+            }
             Err(e) => e,
         },
         Err(Stop::Fail(e)) => e,
@@ -263,7 +279,7 @@ pub async fn acquire(
                     .and_then(|pod| ae::diagnose_pod(&pod)),
                 None => None,
             };
-            ae::at_deadline(diagnosis, b.last.take(), b.total).into()
+            ae::at_deadline(diagnosis, b.last_failure(), b.total).into()
         }
     };
     if let Err(e) = release(api, opts, owner, &name).await {
@@ -274,13 +290,16 @@ pub async fn acquire(
 
 /// After the bind: the owner must have a uid where a per-sandbox policy
 /// will be owned by it; the bound pod must carry the labels policies
-/// select it by (else whatever policy does select it would govern it);
-/// and, for a claim, the cluster's policies must close its agent port and
-/// bound its egress as configured.
+/// select it by (else whatever policy does select it would govern it) —
+/// waited for inside the budget, since the controller patches them onto an
+/// adopted warm pod AFTER the claim reads Ready; and, for a claim, the
+/// cluster's policies must close its agent port and bound its egress as
+/// configured.
 async fn after_bind(
     api: &Api,
     opts: &KubernetesOptions,
-    bound: &Bound,
+    b: &mut Budget,
+    bound: &mut Bound,
     verifier: &super::policy::verify::PolicyVerifier,
 ) -> Result<()> {
     let per_sandbox = opts.egress.as_ref().is_some_and(|e| e.per_sandbox.is_some());
@@ -296,15 +315,31 @@ async fn after_bind(
         let own = c.per_sandbox.as_ref().map(|p| p.label_key.clone());
         profile.into_iter().chain(own)
     });
-    for key in selecting {
-        let value = wanted.get(&key).cloned().unwrap_or_default();
-        if bound.pod.labels.get(&key) != Some(&value) {
-            return Err(KubernetesError::PodLabelMissing {
-                pod: bound.pod.name.clone(),
-                key,
-                value,
+    let selecting: Vec<String> = selecting.collect();
+    let missing = |pod: &BoundPod| {
+        selecting.iter().find_map(|key| {
+            let value = wanted.get(key).cloned().unwrap_or_default();
+            (pod.labels.get(key) != Some(&value)).then(|| (key.clone(), value))
+        })
+    };
+    while let Some((key, value)) = missing(&bound.pod) {
+        let uid = bound.pod.uid.clone();
+        let reread = match b.wait().await {
+            Ok(()) => read_pod(api, opts, b, &bound.pod.name, None).await,
+            Err(stop) => Err(stop),
+        };
+        match reread {
+            // The same pod, read again; a replaced one is not this bind's.
+            Ok(p) if p.uid == uid => bound.pod = p,
+            Ok(_) | Err(Stop::Deadline) => {
+                return Err(KubernetesError::PodLabelMissing {
+                    pod: bound.pod.name.clone(),
+                    key,
+                    value,
+                }
+                .into())
             }
-            .into());
+            Err(Stop::Fail(e)) => return Err(e),
         }
     }
     // A direct Sandbox was verified before its POST.
@@ -312,6 +347,19 @@ async fn after_bind(
         return Ok(());
     }
     verifier.verify(api, opts, &bound.pod.labels).await
+}
+
+/// Writes the bound Sandbox's uid on the claim (one PATCH; a failure only
+/// leaves a later reconnect unable to tell a re-bound claim, and is logged).
+async fn record_binding(api: &Api, opts: &KubernetesOptions, bound: &Bound) {
+    let (Leased::Claim, Some(uid)) = (bound.owner, &bound.sandbox_uid) else {
+        return;
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": {BOUND_SANDBOX_ANNOTATION: uid}}});
+    let claims = Resource::of::<SandboxClaim>(&opts.namespace);
+    if let Err(e) = api.merge_patch(&claims, &bound.owner_name, &patch).await {
+        tracing::warn!(claim = %bound.owner_name, error = %e, "could not record the bound Sandbox on the claim");
+    }
 }
 
 fn serialize(e: serde_json::Error) -> Error {
@@ -359,6 +407,22 @@ async fn wait_bound(
                     if let Some(refusal) = ae::claim_refusal(&claim) {
                         return Err(Stop::Fail(refusal.into()));
                     }
+                    let condition = ae::claim_condition(&claim);
+                    if condition.as_ref().is_some_and(|(r, _)| r == "ClaimExpired") {
+                        // Its shutdown time passed before it was ready: the
+                        // controller deletes it (or its Sandbox) next.
+                        return Err(Stop::Fail(
+                            AcquireError::new(
+                                AcquireReason::NotReady,
+                                format!(
+                                    "the claim expired before it was ready: claim_ttl ({:?}) is shorter than the time to ready",
+                                    opts.claim_ttl
+                                ),
+                            )
+                            .into(),
+                        ));
+                    }
+                    b.reconciler = condition.filter(|(r, _)| r == "ReconcilerError");
                     owner_uid = claim["metadata"]["uid"]
                         .as_str()
                         .filter(|u| !u.is_empty())
@@ -400,7 +464,9 @@ async fn wait_bound(
     }
     let pod_name = pod_hint.clone().unwrap_or_else(|| sandbox_name.clone());
     let pod = read_pod(api, opts, b, &pod_name, None).await?;
+    let sandbox_uid = sandbox["metadata"]["uid"].as_str().map(String::from);
     Ok(Bound {
+        sandbox_uid,
         id: id.into(),
         owner,
         owner_name: name.into(),
@@ -564,6 +630,26 @@ pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound
     let name = object_name(id);
     let mut hint = None;
     match wait_bound(api, opts, &mut b, (owner_kind(opts), &name, id), &mut hint).await {
+        Ok(bound) if bound.owner == Leased::Claim => {
+            // The claim as it stands: bound to the Sandbox it was handed
+            // out with, or — its Sandbox gone — to a new, empty one.
+            let claim = api
+                .get(&Resource::of::<SandboxClaim>(&opts.namespace), &name)
+                .await
+                .map_err(api_failure)?;
+            let recorded = claim["metadata"]["annotations"][BOUND_SANDBOX_ANNOTATION].as_str();
+            match (recorded, &bound.sandbox_uid) {
+                (Some(was), Some(now)) if was != now => Err(KubernetesError::Rebound {
+                    id: id.into(),
+                    claim: name,
+                    recorded_sandbox_uid: was.into(),
+                    sandbox: bound.sandbox.clone(),
+                    sandbox_uid: now.clone(),
+                }
+                .into()),
+                _ => Ok(bound),
+            }
+        }
         Ok(bound) => Ok(bound),
         Err(Stop::Fail(e))
             if matches!(
@@ -574,6 +660,6 @@ pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound
             Err(Error::SandboxNotFound { id: id.into() })
         }
         Err(Stop::Fail(e)) => Err(e),
-        Err(Stop::Deadline) => Err(ae::at_deadline(None, b.last.take(), b.total).into()),
+        Err(Stop::Deadline) => Err(ae::at_deadline(None, b.last_failure(), b.total).into()),
     }
 }

@@ -5,6 +5,7 @@
 //! honestly name (a 400 from admission, a malformed template) is not filed
 //! under the least wrong reason: it travels as its own error.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -13,11 +14,33 @@ use super::api::ApiError;
 
 /// Claim `Ready` reasons that mean decided, not not-yet: meeting one ends
 /// the acquire on the first read.
-pub const TERMINAL_CLAIM_REASONS: [&str; 4] = [
+pub const TERMINAL_CLAIM_REASONS: [&str; 5] = [
     "WarmPoolNotFound",
     "TemplateNotFound",
     "InvalidMetadata",
     "EnvVarsInjectionRejected",
+    "VolumeClaimTemplatesError",
+];
+
+/// What a `ReconcilerError` says when the claim itself is at fault: the
+/// controller retries it with backoff, but it cannot pass until the claim
+/// (or its template) changes — an env name the template sets under policy
+/// `Allowed`, an unknown container, a pod label the template sets
+/// otherwise.
+const CLAIM_FAULTS: [&str; 3] = [
+    "environment variable override is not allowed",
+    "not found in template for environment variable",
+    "metadata override conflict",
+];
+
+/// Container waiting reasons that mean the container cannot start as the
+/// template has it (a command the image lacks, an init container that
+/// fails).
+const CONTAINER_REASONS: [&str; 4] = [
+    "CrashLoopBackOff",
+    "RunContainerError",
+    "CreateContainerError",
+    "CreateContainerConfigError",
 ];
 
 /// Container waiting reasons that mean the image cannot be had.
@@ -43,6 +66,12 @@ pub enum AcquireReason {
     Capacity,
     /// The pod's image could not be pulled.
     ImagePull,
+    /// A container of the pod cannot start (its command is missing from
+    /// its image, an init container fails …): the template's to fix.
+    ContainerError,
+    /// The controller kept failing to reconcile the claim
+    /// (`ReconcilerError`) for a reason namzu cannot name.
+    ControllerError,
     /// The budget ran out with nothing more specific to say.
     NotReady,
 }
@@ -52,7 +81,7 @@ impl AcquireReason {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            Self::ApiUnreachable | Self::ApiTimeout | Self::Capacity | Self::NotReady
+            Self::ApiUnreachable | Self::ApiTimeout | Self::Capacity | Self::NotReady | Self::ControllerError
         )
     }
 }
@@ -72,6 +101,23 @@ pub struct AcquireError {
     pub controller_reason: Option<String>,
     /// The controller's own message, when its status carried one.
     pub controller_message: Option<String>,
+    /// What in the claim was refused, where namzu can tell.
+    pub rejection: Option<ClaimRejection>,
+}
+
+/// What in a refused claim the controller objected to, and what moves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimRejection {
+    /// `InvalidMetadata`: the pod labels namzu asked for are outside the
+    /// controller's `allowed-label-domains`.
+    PodLabelsRejected {
+        /// The pod labels the claim sent.
+        labels: BTreeMap<String, String>,
+        /// The option that moves them (its domain must be allowed by the
+        /// controller's `agent-sandbox-config` ConfigMap).
+        option: &'static str,
+    },
 }
 
 impl AcquireError {
@@ -83,6 +129,7 @@ impl AcquireError {
             cause: cause.into(),
             controller_reason: None,
             controller_message: None,
+            rejection: None,
         }
     }
 }
@@ -99,25 +146,73 @@ pub fn from_api(e: &ApiError) -> Option<AcquireError> {
     Some(AcquireError::new(reason, e.to_string()))
 }
 
-/// The claim's `Ready` condition, if it carries a terminal reason.
-pub fn claim_refusal(claim: &Value) -> Option<AcquireError> {
+/// The claim's `Ready` condition when it is `False`: (reason, message).
+pub fn claim_condition(claim: &Value) -> Option<(String, String)> {
     let ready = claim["status"]["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == "Ready")?;
-    let reason = ready["reason"].as_str()?;
-    if ready["status"] == "True" || !TERMINAL_CLAIM_REASONS.contains(&reason) {
+    if ready["status"] == "True" {
         return None;
     }
-    let message = ready["message"].as_str().unwrap_or_default().to_owned();
+    Some((
+        ready["reason"].as_str()?.to_owned(),
+        ready["message"].as_str().unwrap_or_default().to_owned(),
+    ))
+}
+
+/// The claim's `Ready` condition, if it carries a terminal reason — or a
+/// `ReconcilerError` whose message shows the claim itself at fault.
+pub fn claim_refusal(claim: &Value) -> Option<AcquireError> {
+    let (reason, message) = claim_condition(claim)?;
+    let claim_fault = reason == "ReconcilerError" && CLAIM_FAULTS.iter().any(|f| message.contains(f));
+    if !TERMINAL_CLAIM_REASONS.contains(&reason.as_str()) && !claim_fault {
+        return None;
+    }
+    let sent: BTreeMap<String, String> = claim["spec"]["additionalPodMetadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rejection = (reason == "InvalidMetadata" && message.contains("label") && !sent.is_empty()).then(|| {
+        ClaimRejection::PodLabelsRejected {
+            labels: sent.clone(),
+            option: "egress.pod_label_domain",
+        }
+    });
+    let hint = if rejection.is_some() {
+        format!(
+            "; namzu sent pod labels {:?}: allow their domain in the controller's agent-sandbox-config ConfigMap (allowed-label-domains), or move them with KubeEgressConfig::with_pod_label_domain",
+            sent.keys().collect::<Vec<_>>()
+        )
+    } else {
+        String::new()
+    };
     Some(AcquireError {
-        controller_reason: Some(reason.to_owned()),
+        controller_reason: Some(reason.clone()),
         controller_message: Some(message.clone()),
+        rejection,
         ..AcquireError::new(
             AcquireReason::ClaimRejected,
-            format!("the controller refused the claim: {reason}: {message}"),
+            format!("the controller refused the claim: {reason}: {message}{hint}"),
         )
     })
+}
+
+/// What a claim that was still failing to reconcile when the budget ran
+/// out says: never a bare not-ready.
+pub fn controller_error(reason: &str, message: &str) -> AcquireError {
+    AcquireError {
+        controller_reason: Some(reason.to_owned()),
+        controller_message: Some(message.to_owned()),
+        ..AcquireError::new(
+            AcquireReason::ControllerError,
+            format!("the controller kept failing to reconcile the claim: {reason}: {message}"),
+        )
+    }
 }
 
 /// What one pod read says about a pod that never became ready.
@@ -137,20 +232,31 @@ pub fn diagnose_pod(pod: &Value) -> Option<AcquireError> {
         ));
     }
     let statuses = ["initContainerStatuses", "containerStatuses"];
-    for s in statuses {
-        for cs in pod["status"][s].as_array().into_iter().flatten() {
-            let waiting = &cs["state"]["waiting"];
-            if let Some(r) = waiting["reason"].as_str().filter(|r| IMAGE_PULL_REASONS.contains(r)) {
-                return Some(AcquireError::new(
-                    AcquireReason::ImagePull,
-                    format!(
-                        "container {} cannot get its image: {r}: {}",
-                        cs["name"].as_str().unwrap_or_default(),
-                        waiting["message"].as_str().unwrap_or_default()
-                    ),
-                ));
-            }
-        }
+    let waiting = || {
+        statuses
+            .iter()
+            .flat_map(|s| pod["status"][*s].as_array().cloned().unwrap_or_default())
+            .filter_map(|cs| {
+                let w = &cs["state"]["waiting"];
+                let reason = w["reason"].as_str()?.to_owned();
+                Some((
+                    cs["name"].as_str().unwrap_or_default().to_owned(),
+                    reason,
+                    w["message"].as_str().unwrap_or_default().to_owned(),
+                ))
+            })
+    };
+    if let Some((name, r, m)) = waiting().find(|(_, r, _)| IMAGE_PULL_REASONS.contains(&r.as_str())) {
+        return Some(AcquireError::new(
+            AcquireReason::ImagePull,
+            format!("container {name} cannot get its image: {r}: {m}"),
+        ));
+    }
+    if let Some((name, r, m)) = waiting().find(|(_, r, _)| CONTAINER_REASONS.contains(&r.as_str())) {
+        return Some(AcquireError::new(
+            AcquireReason::ContainerError,
+            format!("container {name} cannot start: {r}: {m}"),
+        ));
     }
     None
 }
@@ -195,6 +301,43 @@ mod tests {
         assert_eq!(claim_refusal(&claim("False", "SandboxNotReady")), None);
         assert_eq!(claim_refusal(&claim("True", "WarmPoolNotFound")), None);
         assert_eq!(claim_refusal(&json!({})), None);
+    }
+
+    #[test]
+    fn reconciler_errors_are_refusals_only_where_the_claim_is_at_fault() {
+        let claim = |reason: &str, message: &str| {
+            json!({"spec": {"additionalPodMetadata": {"labels": {"namzu.sandbox.users.io/egress-profile": "b"}}},
+                "status": {"conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": message}]}})
+        };
+        let clash = claim(
+            "ReconcilerError",
+            "Error seen: environment variable override is not allowed by the template policy for variable \"X\"",
+        );
+        let e = claim_refusal(&clash).unwrap();
+        assert_eq!((e.reason, e.retryable), (AcquireReason::ClaimRejected, false));
+        assert_eq!(e.controller_reason.as_deref(), Some("ReconcilerError"));
+        // A conflict the controller will get past is waited out …
+        let transient = claim("ReconcilerError", "Error seen: the object has been modified");
+        assert_eq!(claim_refusal(&transient), None);
+        // … and named as the controller's if the budget runs out on it.
+        let (r, m) = claim_condition(&transient).unwrap();
+        let d = controller_error(&r, &m);
+        assert_eq!((d.reason, d.retryable), (AcquireReason::ControllerError, true));
+        assert!(d.to_string().contains("the object has been modified"), "{d}");
+        // InvalidMetadata on labels namzu sent: typed, with what moves them.
+        let refused = claim(
+            "InvalidMetadata",
+            "invalid additionalPodMetadata: failed to validate label \"namzu.sandbox.users.io/egress-profile\": label domain \"namzu.sandbox.users.io\" is not in the allowlist",
+        );
+        let e = claim_refusal(&refused).unwrap();
+        match &e.rejection {
+            Some(ClaimRejection::PodLabelsRejected { labels, option }) => {
+                assert_eq!(labels.len(), 1);
+                assert_eq!(*option, "egress.pod_label_domain");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.cause.contains("allowed-label-domains"), "{e}");
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct Bound {
     pub owner_uid: Option<String>,
     /// The bound Sandbox's name.
     pub sandbox: String,
+    /// The bound Sandbox's uid: a claim whose Sandbox vanished binds a NEW
+    /// one (an empty pod) under the same claim, told apart by this.
+    pub sandbox_uid: Option<String>,
     /// The Sandbox's Service name, when it has one.
     pub fqdn: Option<String>,
     /// The pod it runs in.

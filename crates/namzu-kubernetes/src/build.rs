@@ -1,8 +1,9 @@
 //! The objects the backend sends, built from its options: a claim on a warm
-//! pool, or a Sandbox from a template. Both carry the pod labels the backend
-//! finds its pods by, a shutdown time `claim_ttl` ahead (the lease the
-//! handle renews), and `Delete` at that time, so an abandoned sandbox goes
-//! away on its own.
+//! pool, or a Sandbox from a template. Both carry the metadata labels the
+//! backend finds them by (never policed), the pod labels an egress policy
+//! selects by (only those, under the one pod-label domain), a shutdown time
+//! `claim_ttl` ahead (the lease the handle renews), and `Delete` at that
+//! time, so an abandoned sandbox goes away on its own.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -15,7 +16,7 @@ use super::{AddressMode, KubernetesOptions};
 #[allow(unused_imports)]
 pub use crate::clock::{rfc3339, rfc3339_ceil, until};
 #[allow(unused_imports)]
-pub use crate::labels::{check_label, MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_LABEL};
+pub use crate::labels::{check_label, key_in_domain, DEFAULT_POD_LABEL_DOMAIN, MANAGED_BY, MANAGED_BY_LABEL, SANDBOX_LABEL};
 
 /// The agent container's environment variable holding its bind token: the
 /// pod's own uid, through the downward API.
@@ -23,19 +24,21 @@ pub const TOKEN_ENV: &str = "NAMZU_AGENT_TOKEN";
 /// The agent's container port name.
 pub const AGENT_PORT_NAME: &str = "namzu-agent";
 
-/// The labels the backend puts on the pod of sandbox `id`.
-pub fn pod_labels(id: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (SANDBOX_LABEL.to_owned(), id.to_owned()),
-        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-    ])
+/// The metadata labels of the claim (or Sandbox) of sandbox `id`: the
+/// caller's `claim_labels`, and namzu's own, which find it again.
+pub fn object_labels(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, String> {
+    let mut l = opts.claim_labels.clone();
+    l.insert(SANDBOX_LABEL.to_owned(), id.to_owned());
+    l.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
+    l
 }
 
-/// The labels the backend asks for on sandbox `id`'s pod under `opts`: its
-/// own, the egress profile's when one is configured, and the per-sandbox
-/// policy's selector label when that is.
+/// The labels the backend asks for on sandbox `id`'s pod under `opts`:
+/// the egress profile's when one is configured, and the per-sandbox
+/// policy's selector label when that is — nothing else, so a claim without
+/// them carries no pod label the controller could refuse.
 pub fn pod_labels_for(opts: &KubernetesOptions, id: &str) -> BTreeMap<String, String> {
-    let mut l = pod_labels(id);
+    let mut l = BTreeMap::new();
     if let Some(e) = &opts.egress {
         if let Some(p) = &e.profile {
             l.insert(e.profile_label_key.clone(), p.clone());
@@ -57,16 +60,17 @@ pub fn shutdown_time(opts: &KubernetesOptions, now: SystemTime) -> String {
 /// `spec.additionalPodMetadata`.
 pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) -> SandboxClaim {
     let mut c = SandboxClaim::named(&opts.namespace, name);
-    if !opts.claim_labels.is_empty() {
-        c.metadata.labels = Some(opts.claim_labels.clone());
-    }
+    c.metadata.labels = Some(object_labels(opts, id));
     c.spec.warm_pool_ref = NameRef {
         name: opts.warm_pool_name.clone().unwrap_or_default(),
     };
-    c.spec.additional_pod_metadata = Some(PodMetadata {
-        labels: pod_labels_for(opts, id),
-        annotations: BTreeMap::new(),
-    });
+    let labels = pod_labels_for(opts, id);
+    if !labels.is_empty() {
+        c.spec.additional_pod_metadata = Some(PodMetadata {
+            labels,
+            annotations: BTreeMap::new(),
+        });
+    }
     c.spec.lifecycle = Some(Lifecycle {
         shutdown_policy: Some("Delete".into()),
         shutdown_time: Some(shutdown_time(opts, now)),
@@ -80,9 +84,7 @@ pub fn claim(opts: &KubernetesOptions, name: &str, id: &str, now: SystemTime) ->
 /// (the pod uid) and given its port.
 pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str, id: &str, now: SystemTime) -> Sandbox {
     let mut s = Sandbox::named(&opts.namespace, name);
-    if !opts.claim_labels.is_empty() {
-        s.metadata.labels = Some(opts.claim_labels.clone());
-    }
+    s.metadata.labels = Some(object_labels(opts, id));
     let mut pod = template.spec.pod_template.clone();
     let meta = pod.metadata.get_or_insert_with(Default::default);
     meta.labels

@@ -47,6 +47,22 @@ pub enum KubernetesError {
         /// The value that exceeded it.
         value: String,
     },
+    /// The claim was bound to another Sandbox than the one it was handed
+    /// out with: its Sandbox vanished and the controller bound a new, empty
+    /// one. Reconnecting would hand back a stranger as this sandbox.
+    #[error("sandbox {id}: claim {claim} is now bound to Sandbox {sandbox} (uid {sandbox_uid}), not the one it was handed out with (uid {recorded_sandbox_uid}); that one is gone with everything in it. Destroy this sandbox and create another")]
+    Rebound {
+        /// The sandbox's id.
+        id: String,
+        /// The claim's name.
+        claim: String,
+        /// The Sandbox uid recorded when the sandbox was handed out.
+        recorded_sandbox_uid: String,
+        /// The Sandbox the claim is bound to now.
+        sandbox: String,
+        /// Its uid.
+        sandbox_uid: String,
+    },
     /// The agent's in-cluster name does not resolve from this host.
     #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
     AgentAddressUnresolvable {

@@ -1,11 +1,30 @@
-//! The pod labels namzu writes and finds its pods by, and the check every
-//! label key and value passes before it is sent (the API server's own
-//! rules).
+//! The labels namzu writes, and the check every label key and value passes
+//! before it is sent (the API server's own rules).
+//!
+//! Two places, two rules. namzu finds its OWN objects (claims, Sandboxes,
+//! per-sandbox policies) by their metadata labels, which no controller
+//! polices. Labels on PODS pass the agent-sandbox controller's allowlist
+//! (`allowed-label-domains`, built-in `sandbox.users.io`): namzu asks for
+//! pod labels only when an egress policy must select the pod, all under
+//! one domain ([`DEFAULT_POD_LABEL_DOMAIN`] unless configured).
 
-/// The label naming the namzu sandbox id on a pod (and so its Service).
+/// The label naming the namzu sandbox id on its claim or Sandbox.
 pub const SANDBOX_LABEL: &str = "io.namzu/sandbox";
-/// The label marking pods namzu acquired.
+/// The label marking objects namzu made (and, from the shipped template,
+/// its pods).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The domain of every pod label namzu asks the controller for: a
+/// subdomain of the controller's built-in allowlist entry, so an operator
+/// who kept the default allowlist configures nothing; one who set
+/// `allowed-label-domains` must list it (or the domain namzu is given).
+pub const DEFAULT_POD_LABEL_DOMAIN: &str = "namzu.sandbox.users.io";
+
+/// Whether label `key`'s domain prefix is `domain` or a subdomain of it
+/// (the controller's own test).
+pub fn key_in_domain(key: &str, domain: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(d, _)| d == domain || d.ends_with(&format!(".{domain}")))
+}
 /// The `app.kubernetes.io/managed-by` value on objects namzu makes.
 pub const MANAGED_BY: &str = "namzu";
 /// A label key and value as Kubernetes accepts them: an optional DNS

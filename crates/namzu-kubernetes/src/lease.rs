@@ -52,6 +52,40 @@ pub fn backoff(ttl: Duration) -> impl Iterator<Item = Duration> {
 pub struct Lease {
     gone: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
+    release: Arc<Release>,
+}
+
+/// What giving the object back needs, from the link's guard.
+struct Release {
+    api: Api,
+    resource: Resource,
+    name: String,
+    gone: Arc<AtomicBool>,
+    renewal: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Release {
+    /// Stops the renewal and deletes the object (in the background: the
+    /// caller is inside a failing op). Every later op meets `SandboxGone`.
+    fn now(&self) -> String {
+        if let Some(h) = self.renewal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            h.abort();
+        }
+        self.gone.store(true, Ordering::SeqCst);
+        let (api, resource, name) = (self.api.clone(), self.resource.clone(), self.name.clone());
+        tokio::spawn(async move {
+            match api.delete(&resource, &name).await {
+                Ok(_) | Err(ApiError::AlreadyGone { .. }) => {
+                    tracing::info!(%name, "released after an unconfirmed cancel");
+                }
+                Err(e) => tracing::warn!(%name, error = %e, "could not release after an unconfirmed cancel"),
+            }
+        });
+        format!(
+            "nobody can vouch for what still runs in it, so its {} {} was released and the controller deletes its pod; the lease is no longer renewed",
+            self.resource.plural, self.name
+        )
+    }
 }
 
 impl Lease {
@@ -66,6 +100,13 @@ impl Lease {
     ) -> Self {
         let gone = Arc::new(AtomicBool::new(false));
         let flag = gone.clone();
+        let release = Arc::new(Release {
+            api: api.clone(),
+            resource: resource.clone(),
+            name: name.clone(),
+            gone: gone.clone(),
+            renewal: std::sync::Mutex::new(None),
+        });
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(ttl / 2).await;
@@ -90,13 +131,15 @@ impl Lease {
                 }
             }
         });
-        Self { gone, task }
+        *release.renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        Self { gone, task, release }
     }
 
     /// A guard for the sandbox's link: once a renewal finds the object
-    /// gone, every operation fails with `SandboxGone`.
+    /// gone, every operation fails with `SandboxGone`; an unconfirmed
+    /// cancel releases the object.
     pub fn link_guard(&self) -> Arc<dyn namzu_core::client::LinkGuard> {
-        Arc::new(Gone(self.gone.clone()))
+        Arc::new(Gone(self.gone.clone(), self.release.clone()))
     }
 
     /// `Err(SandboxGone)` once a renewal found the object gone.
@@ -108,8 +151,9 @@ impl Lease {
     }
 }
 
-/// The flag a renewal sets, as a [`namzu_core::client::LinkGuard`].
-struct Gone(Arc<AtomicBool>);
+/// The flag a renewal sets, as a [`namzu_core::client::LinkGuard`], and
+/// the release an unconfirmed cancel calls for.
+struct Gone(Arc<AtomicBool>, Arc<Release>);
 
 impl namzu_core::client::LinkGuard for Gone {
     fn check(&self, id: &str) -> namzu_core::Result<()> {
@@ -117,6 +161,10 @@ impl namzu_core::client::LinkGuard for Gone {
             return Err(namzu_core::Error::SandboxGone { id: id.into() });
         }
         Ok(())
+    }
+
+    fn retire(&self, _id: &str) -> Option<String> {
+        Some(self.1.now())
     }
 }
 

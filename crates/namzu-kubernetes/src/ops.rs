@@ -85,15 +85,43 @@ pub async fn read_task_capacity(api: &Api, opts: &KubernetesOptions) -> Result<T
             .filter(|c| c["spec"]["warmPoolRef"]["name"].as_str() == Some(pool.as_str()))
             .count();
     }
+    // namzu's pods carry no label of namzu's own (the controller polices
+    // pod labels): they are the pods of the Sandboxes namzu's claims (or
+    // namzu's Sandboxes) are bound to.
     let selector = format!("{}={}", build::MANAGED_BY_LABEL, build::MANAGED_BY);
+    let owner = crate::acquire::owner_resource(crate::acquire::owner_kind(opts), &opts.namespace);
+    let ours = api.list(&owner, Some(&selector)).await.map_err(api_err)?;
+    let sandboxes: std::collections::HashSet<String> = ours["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| {
+            o["status"]["sandbox"]["name"]
+                .as_str()
+                .or_else(|| {
+                    o["spec"]["podTemplate"]
+                        .is_object()
+                        .then(|| o["metadata"]["name"].as_str())
+                        .flatten()
+                })
+                .map(String::from)
+        })
+        .collect();
     let pods = api
-        .list(&Resource::core("pods", &opts.namespace), Some(&selector))
+        .list(&Resource::core("pods", &opts.namespace), None)
         .await
         .map_err(api_err)?;
     cap.pending_pods = pods["items"]
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|p| {
+            p["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["kind"] == "Sandbox" && r["name"].as_str().is_some_and(|n| sandboxes.contains(n)))
+        })
         .filter(|p| p["status"]["phase"].as_str().is_none_or(|ph| ph == "Pending"))
         .count();
     Ok(cap)

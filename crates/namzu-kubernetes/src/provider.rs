@@ -159,7 +159,7 @@ impl Provider for KubernetesProvider {
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|o| info(o, self.owner()))
+            .filter_map(info)
             .collect())
     }
 
@@ -169,13 +169,9 @@ impl Provider for KubernetesProvider {
 }
 
 /// A namzu sandbox summary of a claim (or Sandbox) namzu made.
-fn info(o: &Value, owner: Leased) -> Option<SandboxInfo> {
+fn info(o: &Value) -> Option<SandboxInfo> {
     let id = o["metadata"]["name"].as_str()?.strip_prefix("namzu-")?;
-    let labels = match owner {
-        Leased::Claim => &o["spec"]["additionalPodMetadata"]["labels"],
-        Leased::Sandbox => &o["spec"]["podTemplate"]["metadata"]["labels"],
-    };
-    if labels[super::build::SANDBOX_LABEL] != id {
+    if o["metadata"]["labels"][super::build::SANDBOX_LABEL] != id {
         return None;
     }
     let created_unix = o["metadata"]["creationTimestamp"]

@@ -72,8 +72,9 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
     let p = provider(&c, opts);
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     assert!(echo(&sb).await.starts_with("hello from"));
-    // POST the claim, poll it, read the Sandbox once, the pod once, and
-    // list the policies that must close its agent port (ingress check).
+    // POST the claim, poll it, read the Sandbox once, the pod once, list
+    // the policies that must close its agent port (ingress check), and
+    // record the bound Sandbox on the claim.
     assert_eq!(
         folded(&p),
         [
@@ -82,17 +83,27 @@ async fn a_claim_on_the_warm_pool_issues_the_minimal_sequence() {
             call("sandboxes", Verb::Get),
             call("pods", Verb::Get),
             call("networkpolicies", Verb::List),
+            call("sandboxclaims", Verb::Patch),
         ]
     );
     let all = calls(&p);
     assert_eq!(all.iter().filter(|c| c.0 == "sandboxes").count(), 1, "{all:?}");
     assert_eq!(all.iter().filter(|c| c.0 == "pods").count(), 1, "{all:?}");
-    // claim_labels on the claim only; the pod carries the sandbox's labels.
+    // claim_labels and namzu's own on the claim only; an unprofiled claim
+    // asks for NO pod label (none the controller's allowlist could refuse).
     let name = object_name(sb.id());
     let claim = c.get(CLAIMS, &name).unwrap();
-    assert_eq!(claim["metadata"]["labels"], serde_json::json!({"team": "agents"}));
+    assert_eq!(
+        claim["metadata"]["labels"],
+        serde_json::json!({"team": "agents", build::SANDBOX_LABEL: sb.id(), build::MANAGED_BY_LABEL: build::MANAGED_BY})
+    );
+    assert!(claim["spec"]["additionalPodMetadata"].is_null(), "{claim}");
+    assert_eq!(
+        claim["metadata"]["annotations"][namzu_kubernetes::acquire::BOUND_SANDBOX_ANNOTATION],
+        k8s(&sb).bound().sandbox_uid.as_deref().unwrap()
+    );
     let pod = c.get(PODS, &k8s(&sb).bound().pod.name).unwrap();
-    assert_eq!(pod["metadata"]["labels"][build::SANDBOX_LABEL], sb.id());
+    assert_eq!(pod["metadata"]["labels"].get(build::SANDBOX_LABEL), None);
     assert_eq!(pod["metadata"]["labels"].get("team"), None);
     assert_eq!(pod["metadata"]["uid"], k8s(&sb).bound().pod.uid.as_str());
     // Destroy gives the claim back, and the pod goes with it; the pool
@@ -164,7 +175,13 @@ fn acquire_error(e: Error) -> namzu_kubernetes::acquire_error::AcquireError {
     }
 }
 
-fn no_objects_left(c: &Cluster) {
+/// Nothing namzu made is left once the garbage collector (asynchronous,
+/// as a cluster's is) has followed the owner references.
+async fn no_objects_left(c: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while [CLAIMS, SANDBOXES].iter().any(|g| c.sandbox_objects(*g) > 0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for gvr in [CLAIMS, SANDBOXES] {
         assert_eq!(c.sandbox_objects(gvr), 0, "left behind in {}", gvr.2);
     }
@@ -185,7 +202,7 @@ async fn a_terminal_claim_reason_ends_the_acquire_and_releases_the_claim() {
     // Decided, not waited out: far inside the 60 s budget.
     assert!(t.elapsed() < budget / 4, "took {:?}", t.elapsed());
     assert_eq!(calls(&p).last(), Some(&call("sandboxclaims", Verb::Delete)));
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -207,7 +224,7 @@ async fn an_unschedulable_pod_is_capacity_read_before_the_cleanup_delete() {
     );
     // The one pod read came after the budget: none before it.
     assert_eq!(all.iter().filter(|c| c.0 == "pods").count(), 1, "{all:?}");
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -218,13 +235,15 @@ async fn an_image_that_cannot_be_pulled_is_image_pull_on_the_claim_path_too() {
     // The pool is made after the fault: its pods cannot pull either.
     c2.add_pool(1).unwrap();
     let mut opts = c2.options(true);
-    opts.ready_timeout = Duration::from_secs(1);
+    // No warm candidate ever gets a pod IP: the claim cold-starts after
+    // the controller's 2 s grace, and that pod cannot pull either.
+    opts.ready_timeout = Duration::from_secs(4);
     let p = provider(&c2, opts);
     let e = acquire_error(p.create(SandboxSpec::default()).await.err().unwrap());
     assert_eq!((e.reason, e.retryable), (AcquireReason::ImagePull, false), "{e}");
     assert!(e.cause.contains("ImagePullBackOff"), "{e}");
     assert_eq!(calls(&p).last(), Some(&call("sandboxclaims", Verb::Delete)));
-    no_objects_left(&c2);
+    no_objects_left(&c2).await;
     c2.stop().await;
 }
 
@@ -268,7 +287,7 @@ async fn refused_credentials_end_the_acquire_at_once_as_forbidden() {
     let e = acquire_error(p.create(SandboxSpec::default()).await.err().unwrap());
     assert_eq!((e.reason, e.retryable), (AcquireReason::Forbidden, false), "{e}");
     assert_eq!(calls(&p).last(), Some(&call("sandboxes", Verb::Delete)));
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     // A 403 on the create itself: nothing was made, nothing to release.
     c.sim.inject(fault(Method::POST, "sandboxes", 403, None, 1));
     let p = provider(&c, c.options(false));
@@ -295,7 +314,7 @@ async fn a_server_that_never_answers_is_api_timeout_within_the_budget() {
     assert_eq!((e.reason, e.retryable), (AcquireReason::ApiTimeout, true), "{e}");
     // The timeout names the verb, the path and the bound — never a token.
     assert!(e.cause.contains("get") && e.cause.contains("/sandboxes/"), "{e}");
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -397,7 +416,7 @@ async fn pod_ip_mode_without_a_replacement_keeps_the_connect_failure() {
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
     assert_eq!(calls(&p).iter().filter(|c| c.0 == "pods").count(), 2);
     assert_eq!(calls(&p).last(), Some(&call("sandboxes", Verb::Delete)));
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -419,7 +438,7 @@ async fn a_service_name_that_does_not_resolve_is_typed_and_points_at_pod_ip() {
         .tier_error::<namzu_kubernetes::KubernetesError>()
         .map(ToString::to_string);
     assert!(shown.as_deref().is_some_and(|s| s.contains("pod-ip")), "{shown:?}");
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -433,7 +452,7 @@ async fn an_unconfined_pod_is_refused_by_the_privilege_probe_and_released() {
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(matches!(e, Error::PrivilegeProbe { .. }), "{e:?}");
     assert_eq!(calls(&p).last(), Some(&call("sandboxes", Verb::Delete)));
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -515,13 +534,29 @@ async fn env_reaches_commands_only_where_the_template_allows_it() {
         env: vec![(build::TOKEN_ENV.into(), "chosen".into())],
         ..Default::default()
     };
+    // The real controller calls this clash a ReconcilerError (retried, not
+    // terminal); its message shows the claim at fault, so it ends the
+    // acquire at once as a refusal.
     let e = acquire_error(p.create(token.clone()).await.err().unwrap());
-    assert_eq!(e.controller_reason.as_deref(), Some("EnvVarsInjectionRejected"), "{e}");
+    assert_eq!(e.controller_reason.as_deref(), Some("ReconcilerError"), "{e}");
+    assert_eq!(e.reason, AcquireReason::ClaimRejected, "{e}");
+    assert!(e.cause.contains(build::TOKEN_ENV), "{e}");
     let direct = provider(&c, c.options(false));
     match direct.create(token).await.err().unwrap() {
         Error::OptionRefused { option, .. } => assert_eq!(option, "env"),
         other => panic!("{other:?}"),
     }
+    // Env aimed at a container the template does not have: a
+    // ReconcilerError too, the claim at fault.
+    let mut aimed = c.options(true);
+    aimed.agent_container = Some("sidecar".into());
+    let e = acquire_error(provider(&c, aimed).create(spec.clone()).await.err().unwrap());
+    assert_eq!(
+        (e.reason, e.controller_reason.as_deref()),
+        (AcquireReason::ClaimRejected, Some("ReconcilerError")),
+        "{e}"
+    );
+    assert!(e.cause.contains("\"sidecar\" not found in template"), "{e}");
     // A template that disallows injection refuses the claim for good.
     let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
     t["spec"]["envVarsInjectionPolicy"] = "Disallowed".into();
@@ -532,7 +567,7 @@ async fn env_reaches_commands_only_where_the_template_allows_it() {
     // Without env the same template serves claims.
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     sb.destroy().await.unwrap();
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -546,7 +581,7 @@ async fn a_pool_whose_template_is_missing_refuses_claims_for_good() {
     let e = acquire_error(p.create(SandboxSpec::default()).await.err().unwrap());
     assert_eq!((e.reason, e.retryable), (AcquireReason::ClaimRejected, false));
     assert_eq!(e.controller_reason.as_deref(), Some("TemplateNotFound"), "{e}");
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     c.stop().await;
 }
 
@@ -673,8 +708,23 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
     use namzu_kubernetes::policy::ingress::{IngressRefusal, IngressVerification};
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
-    // The operator never applied deploy/k8s/networkpolicy.yaml.
+    // The operator never applied deploy/k8s/networkpolicy.yaml, and runs
+    // the template Unmanaged: the controller deletes the policy it made
+    // from the template's networkPolicy.
     c.sim.remove(NETWORK_POLICIES, NAMESPACE, "namzu-agent-port");
+    let tpl = namzu_k8s_sim::cluster::TEMPLATE;
+    c.sim.update(namzu_k8s_sim::controller::TEMPLATES, NAMESPACE, tpl, |t| {
+        t["spec"]["networkPolicyManagement"] = "Unmanaged".into();
+    });
+    let managed = format!("{tpl}-network-policy");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exists(&c, NETWORK_POLICIES, &managed) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !exists(&c, NETWORK_POLICIES, &managed),
+        "an Unmanaged template's policy stayed"
+    );
     let p = provider(&c, c.options(true));
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     let Ok(namzu_kubernetes::KubernetesError::Ingress(e)) = e.into_tier_error::<namzu_kubernetes::KubernetesError>()
@@ -682,9 +732,10 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
         panic!("not a kubernetes Ingress error")
     };
     assert_eq!((e.refusal, e.port), (IngressRefusal::NoCoveringPolicy, 1024));
-    assert_eq!(e.pod_labels[build::SANDBOX_LABEL].len(), "sb-".len() + 12);
+    // The pod as the check saw it: the template's labels.
+    assert_eq!(e.pod_labels[build::MANAGED_BY_LABEL], build::MANAGED_BY);
     assert_eq!(calls(&p).last(), Some(&call("sandboxclaims", Verb::Delete)));
-    no_objects_left(&c);
+    no_objects_left(&c).await;
     // Unverified, on purpose: no policy is read at all.
     let mut opts = c.options(true);
     opts.ingress = IngressVerification::Unverified;
@@ -698,4 +749,218 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
 /// The Kubernetes backend behind a handle.
 fn k8s(sb: &namzu::Sandbox) -> &namzu_kubernetes::KubernetesSandbox {
     sb.backend().expect("a kubernetes sandbox")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_cancel_releases_the_claim_and_says_so() {
+    use namzu::{ExecEvent, ExecRequest};
+    use tokio_stream::StreamExt;
+    use tokio_util::sync::CancellationToken;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    let p = provider(&c, c.options(true));
+    let spec = SandboxSpec {
+        limits: vec![("cancel_confirm_ms".into(), 400)],
+        ..Default::default()
+    };
+    let sb = p.create_task(spec).await.unwrap();
+    let claim = object_name(sb.id());
+    // A zombie kept in the group: the agent cannot confirm the kill.
+    let token = CancellationToken::new();
+    let mut s = sb
+        .commands()
+        .stream(ExecRequest::shell("(sleep 30 & exec setsid sleep 30) & echo ready; wait").cancel_token(token.clone()))
+        .await
+        .unwrap();
+    let mut last = None;
+    while let Some(ev) = s.next().await {
+        match ev {
+            Ok(ExecEvent::Stdout { data, .. }) if data.starts_with(b"ready") => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                token.cancel();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                last = Some(e);
+                break;
+            }
+        }
+    }
+    let Some(Error::RemoteCancellationUnknown {
+        retirement: Some(note), ..
+    }) = &last
+    else {
+        panic!("{last:?}")
+    };
+    assert!(note.contains(&claim) && note.contains("released"), "{note}");
+    // The claim is deleted (and its Sandbox and pod with it); the handle
+    // refuses every op from now on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exists(&c, CLAIMS, &claim) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!exists(&c, CLAIMS, &claim), "the claim outlived an unconfirmed cancel");
+    let r = sb.commands().run("true").await;
+    assert!(matches!(r, Err(Error::SandboxGone { .. })), "{r:?}");
+    no_objects_left(&c).await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_refuses_a_claim_rebound_to_a_new_empty_sandbox() {
+    let c = Cluster::start(Some(1)).await.unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    let p = provider(&c, c.options(true));
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    sb.files()
+        .write(std::path::Path::new("/workspace/state"), &b"mine"[..])
+        .await
+        .unwrap();
+    // A reconnect while nothing changed binds the same sandbox.
+    let again = p.connect(sb.id()).await.unwrap();
+    assert_eq!(
+        &again
+            .files()
+            .read(std::path::Path::new("/workspace/state"))
+            .await
+            .unwrap()[..],
+        b"mine"
+    );
+    drop(again);
+    // The Sandbox vanishes (deleted by someone, or by a node's loss): the
+    // controller binds the claim to a new one, whose pod holds nothing.
+    let was = k8s(&sb).bound().clone();
+    c.sim.remove(SANDBOXES, NAMESPACE, &was.sandbox);
+    let rebound = {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let cl = c.get(CLAIMS, &was.owner_name).unwrap();
+            let now = cl["status"]["sandbox"]["name"].as_str().map(String::from);
+            let ready = cl["status"]["conditions"][0]["status"] == "True";
+            match now.and_then(|n| c.get(SANDBOXES, &n)) {
+                Some(s) if ready && s["metadata"]["uid"].as_str() != was.sandbox_uid.as_deref() => break s,
+                _ if Instant::now() > deadline => panic!("never rebound: {cl}"),
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    };
+    let e = p.connect(sb.id()).await.err().unwrap();
+    match e.tier_error::<namzu_kubernetes::KubernetesError>() {
+        Some(namzu_kubernetes::KubernetesError::Rebound {
+            recorded_sandbox_uid,
+            sandbox_uid,
+            ..
+        }) => {
+            assert_eq!(Some(recorded_sandbox_uid.as_str()), was.sandbox_uid.as_deref());
+            assert_eq!(Some(sandbox_uid.as_str()), rebound["metadata"]["uid"].as_str());
+        }
+        other => panic!("{other:?} ({e})"),
+    }
+    sb.destroy().await.unwrap();
+    no_objects_left(&c).await;
+    c.stop().await;
+}
+
+/// The shipped template under `name`, its pod spec changed by `edit`.
+fn template_variant(c: &Cluster, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    use namzu_k8s_sim::cluster::TEMPLATE;
+    use namzu_k8s_sim::controller::TEMPLATES;
+    let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
+    t["metadata"] = serde_json::json!({"name": name, "namespace": NAMESPACE});
+    t.as_object_mut().unwrap().remove("status");
+    edit(&mut t["spec"]["podTemplate"]["spec"]);
+    c.sim.put(TEMPLATES, t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_their_workload_image_with_the_agent_their_init_container_installed() {
+    use namzu_k8s_sim::images::AGENT_IMAGE;
+    let c = Cluster::start(Some(1)).await.unwrap();
+    let p = provider(&c, c.options(true));
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    // Commands run in the workload image (Debian bookworm, minbase): not
+    // the host's filesystem, which has a compiler this image lacks.
+    let out = sb
+        .commands()
+        .run("cat /etc/debian_version; test -e /usr/bin/gcc && echo has-gcc || echo no-gcc")
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.starts_with("12."), "{text}");
+    if std::path::Path::new("/usr/bin/gcc").exists() {
+        assert!(text.contains("no-gcc"), "the pod sees the host's /usr: {text}");
+    }
+    // The agent it runs is the copy the init container put in the pod's
+    // emptyDir.
+    let pod = c.get(PODS, &k8s(&sb).bound().pod.name).unwrap();
+    let installed = c
+        .state_dir()
+        .join("sim-pods")
+        .join(pod["metadata"]["uid"].as_str().unwrap())
+        .join("volumes/namzu/namzu-agent");
+    assert!(installed.is_file(), "{}", installed.display());
+    sb.destroy().await.unwrap();
+
+    // The template shape that shipped before: the FROM-scratch agent image
+    // as the workload. The pod runs — and a shell command cannot.
+    template_variant(&c, "agent-only", |spec| {
+        spec.as_object_mut().unwrap().remove("initContainers");
+        let ctr = &mut spec["containers"][0];
+        ctr["image"] = AGENT_IMAGE.into();
+        ctr["command"] = serde_json::json!(["/namzu-agent"]);
+    });
+    let direct = |template: &str, budget: u64| {
+        provider(
+            &c,
+            KubernetesOptions {
+                template_name: Some(template.into()),
+                warm_pool_name: None,
+                ready_timeout: Duration::from_secs(budget),
+                ..c.options(false)
+            },
+        )
+    };
+    let bare = direct("agent-only", 60)
+        .create_task(SandboxSpec::default())
+        .await
+        .unwrap();
+    let r = bare.commands().run("echo hi").await;
+    let e = r.expect_err("a shell ran in an image without one");
+    assert!(e.to_string().contains("sh"), "{e}");
+    let plain = bare
+        .commands()
+        .run(ExecRequest::new("/namzu-agent").arg("--version"))
+        .await
+        .unwrap();
+    assert!(plain.status.success(), "{plain:?}");
+    bare.destroy().await.unwrap();
+
+    // No init container to install the agent where the command says: the
+    // container cannot start, and the acquire says so.
+    template_variant(&c, "no-install", |spec| {
+        spec.as_object_mut().unwrap().remove("initContainers");
+    });
+    let e = acquire_error(
+        direct("no-install", 3)
+            .create(SandboxSpec::default())
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!((e.reason, e.retryable), (AcquireReason::ContainerError, false), "{e}");
+    assert!(e.cause.contains("/namzu/namzu-agent"), "{e}");
+    // A workload image the node does not have: ImagePull, the image named.
+    template_variant(&c, "unpulled", |spec| {
+        spec["containers"][0]["image"] = "python:3.12-slim".into();
+    });
+    let e = acquire_error(
+        direct("unpulled", 3)
+            .create(SandboxSpec::default())
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(e.reason, AcquireReason::ImagePull, "{e}");
+    assert!(e.cause.contains("python:3.12-slim"), "{e}");
+    no_objects_left(&c).await;
+    c.stop().await;
 }

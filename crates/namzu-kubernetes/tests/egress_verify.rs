@@ -10,6 +10,7 @@ use std::time::Duration;
 use namzu::SandboxSpec;
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, TEMPLATE};
 use namzu_k8s_sim::controller::{CLAIMS, NETWORK_POLICIES, SANDBOXES};
+use namzu_kubernetes::acquire_error::AcquireReason;
 use namzu_kubernetes::api::Verb;
 use namzu_kubernetes::policy::union::{UnionRefusal, Verdict};
 use namzu_kubernetes::policy::{translate, EgressPolicyError, KubeEgressConfig, KubeEgressPolicy, Verification};
@@ -153,10 +154,12 @@ async fn no_enforcing_policy_and_unreadable_collections_are_told_apart() {
     use namzu_k8s_sim::controller::TEMPLATES;
     use namzu_k8s_sim::Fault;
     let c = Cluster::start(None).await.unwrap();
-    // A template whose pods carry no label of namzu's, and a controller
-    // that drops the claim's: the named policy selects nothing of ours.
+    // A template whose pods carry no label of namzu's and that leaves no
+    // policy of its own (Unmanaged), and a controller that drops the
+    // claim's labels: the named policy selects nothing of ours.
     let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
     t["spec"]["podTemplate"]["metadata"]["labels"] = json!({"app": "bare"});
+    t["spec"]["networkPolicyManagement"] = json!("Unmanaged");
     c.sim.put(TEMPLATES, t);
     c.ctl.drop_claim_pod_labels(true);
     c.add_pool(1).unwrap();
@@ -232,17 +235,94 @@ async fn a_bound_pod_without_the_profile_label_is_refused_and_released() {
     let p = KubernetesProvider::new(c.client(), opts).unwrap();
     // The profile label reaches the pod: the policy selects it.
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    assert_eq!(k8s(&sb).bound().pod.labels["io.namzu/egress-profile"], "builders");
+    assert_eq!(
+        k8s(&sb).bound().pod.labels["namzu.sandbox.users.io/egress-profile"],
+        "builders"
+    );
     sb.destroy().await.unwrap();
     // A controller that drops the claim's pod labels binds a pod the
-    // profile's policy does not select.
+    // profile's policy does not select: waited for (the real controller
+    // patches them on late) until the budget runs out, then refused.
     c.ctl.drop_claim_pod_labels(true);
+    let p = KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            ready_timeout: Duration::from_secs(3),
+            ..p.options().clone()
+        },
+    )
+    .unwrap();
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
-        matches!(e.tier_error::<namzu_kubernetes::KubernetesError>(), Some(namzu_kubernetes::KubernetesError::PodLabelMissing { key, value, .. }) if key == "io.namzu/egress-profile" && value == "builders"),
+        matches!(e.tier_error::<namzu_kubernetes::KubernetesError>(), Some(namzu_kubernetes::KubernetesError::PodLabelMissing { key, value, .. }) if key == "namzu.sandbox.users.io/egress-profile" && value == "builders"),
         "{e:?}"
     );
     assert_eq!(ours(&c, CLAIMS), 0);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_labels_outside_the_allowlist_are_refused_by_name_and_move_with_the_domain() {
+    use namzu_kubernetes::acquire_error::ClaimRejection;
+    // An operator whose agent-sandbox-config allows only example.com (and
+    // a controller that patches a warm pod's labels a second after the
+    // claim reads Ready, as the real one may).
+    let c = Cluster::start_with(Some(1), |cfg| {
+        cfg.allowed_label_domains = Some("example.com,\nteam.example.org".into());
+        cfg.label_delay = Duration::from_secs(1);
+    })
+    .await
+    .unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    let mut cfg = KubeEgressConfig::new(TEMPLATE, KubeEgressPolicy::DenyAll);
+    cfg.profile = Some("builders".into());
+    let opts = KubernetesOptions {
+        egress: Some(cfg.clone()),
+        ..c.options(true)
+    };
+    let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
+    let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
+    let Some(namzu_kubernetes::KubernetesError::Acquire(e)) = e.tier_error::<namzu_kubernetes::KubernetesError>()
+    else {
+        panic!("not an acquire error: {e:?}")
+    };
+    assert_eq!((e.reason, e.retryable), (AcquireReason::ClaimRejected, false), "{e}");
+    assert_eq!(e.controller_reason.as_deref(), Some("InvalidMetadata"));
+    assert!(
+        e.controller_message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("\"namzu.sandbox.users.io\" is not in the allowlist"),
+        "{e}"
+    );
+    let Some(ClaimRejection::PodLabelsRejected { labels, option }) = &e.rejection else {
+        panic!("no typed rejection: {e:?}")
+    };
+    assert_eq!(
+        labels.get("namzu.sandbox.users.io/egress-profile").map(String::as_str),
+        Some("builders")
+    );
+    assert_eq!(*option, "egress.pod_label_domain");
+    assert_eq!(ours(&c, CLAIMS), 0, "the refused claim was given back");
+    // The same profile under an allowed domain (a subdomain counts):
+    // claimed, the labels waited for, the policy verified.
+    let moved = cfg.with_pod_label_domain("agents.team.example.org");
+    assert_eq!(moved.profile_label_key, "agents.team.example.org/egress-profile");
+    c.sim.put(NETWORK_POLICIES, translate(&moved, NAMESPACE));
+    let p = KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            egress: Some(moved),
+            ..opts
+        },
+    )
+    .unwrap();
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    assert_eq!(
+        k8s(&sb).bound().pod.labels["agents.team.example.org/egress-profile"],
+        "builders"
+    );
+    sb.destroy().await.unwrap();
     c.stop().await;
 }
 

@@ -82,12 +82,35 @@ fn a_claim_passes_the_sandboxclaim_schema() {
     let now = SystemTime::now();
     let c = build::claim(&options(), "namzu-sb-0123", "sb-0123", now);
     assert_eq!(violations(&c), vec![]);
-    // Claim labels on the claim only; pod labels in additionalPodMetadata.
+    // Claim labels and namzu's own on the claim only; no pod label at all
+    // without an egress profile (nothing the controller's allowlist could
+    // refuse).
     let v = serde_json::to_value(&c).unwrap();
-    assert_eq!(v["metadata"]["labels"], serde_json::json!({"team": "agents"}));
     assert_eq!(
-        v["spec"]["additionalPodMetadata"]["labels"][build::SANDBOX_LABEL],
-        "sb-0123"
+        v["metadata"]["labels"],
+        serde_json::json!({"team": "agents", build::SANDBOX_LABEL: "sb-0123", build::MANAGED_BY_LABEL: build::MANAGED_BY})
+    );
+    assert!(v["spec"]["additionalPodMetadata"].is_null(), "{v}");
+    // With a profile: its label, under the one pod-label domain.
+    let mut profiled = options();
+    let mut egress = namzu_kubernetes::policy::KubeEgressConfig::new(
+        "namzu-task",
+        namzu_kubernetes::policy::KubeEgressPolicy::DenyAll,
+    );
+    egress.profile = Some("builders".into());
+    profiled.egress = Some(egress);
+    let p = serde_json::to_value(build::claim(&profiled, "namzu-sb-0123", "sb-0123", now)).unwrap();
+    assert_eq!(
+        p["spec"]["additionalPodMetadata"]["labels"],
+        serde_json::json!({"namzu.sandbox.users.io/egress-profile": "builders"})
+    );
+    assert!(
+        p["spec"]["additionalPodMetadata"]["labels"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| build::key_in_domain(k, build::DEFAULT_POD_LABEL_DOMAIN)),
+        "{p}"
     );
     assert_eq!(v["spec"]["warmPoolRef"]["name"], "namzu-pool");
     assert_eq!(v["apiVersion"], "extensions.agents.x-k8s.io/v1beta1");
@@ -120,10 +143,10 @@ fn a_sandbox_from_the_template_passes_the_sandbox_schema() {
             .unwrap();
         assert_eq!(token["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
         assert_eq!(agent["ports"][0]["containerPort"], 1024);
-        assert_eq!(
-            v["spec"]["podTemplate"]["metadata"]["labels"][build::SANDBOX_LABEL],
-            "sb-0456"
-        );
+        assert_eq!(v["metadata"]["labels"][build::SANDBOX_LABEL], "sb-0456");
+        assert!(v["spec"]["podTemplate"]["metadata"]["labels"]
+            .get(build::SANDBOX_LABEL)
+            .is_none());
         assert_eq!(v["spec"]["service"], mode == AddressMode::Service);
         assert_eq!(v["spec"]["shutdownPolicy"], "Delete");
     }

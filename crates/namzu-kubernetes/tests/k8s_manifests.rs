@@ -179,3 +179,42 @@ fn the_admission_fence_bounds_per_sandbox_policies_and_is_readable_by_name_only(
         );
     }
 }
+
+#[test]
+fn the_shipped_controller_config_admits_the_pod_labels_namzu_sends_by_default() {
+    use namzu_k8s_sim::controller::claims::validate_metadata;
+    use namzu_k8s_sim::controller::ControllerConfig;
+    use namzu_kubernetes::policy::per_sandbox::PerSandboxEgress;
+    use namzu_kubernetes::policy::{Engine, KubeEgressConfig, KubeEgressPolicy};
+    use namzu_kubernetes::{build, KubernetesOptions};
+    let cm = manifest("agent-sandbox-config.yaml");
+    assert_eq!(
+        (cm["kind"].as_str(), cm["metadata"]["name"].as_str()),
+        (Some("ConfigMap"), Some("agent-sandbox-config"))
+    );
+    let allowed = ControllerConfig {
+        allowed_label_domains: cm["data"]["allowed-label-domains"].as_str().map(String::from),
+        ..ControllerConfig::new("/x".into(), "/x".into())
+    }
+    .label_domains();
+    // Every pod label namzu can ask for by default: a profile and a
+    // per-sandbox selector.
+    let mut egress = KubeEgressConfig::new("namzu-task", KubeEgressPolicy::DenyAll);
+    egress.engine = Engine::Cilium;
+    egress.profile = Some("builders".into());
+    egress.per_sandbox = Some(PerSandboxEgress::default());
+    let opts = KubernetesOptions {
+        warm_pool_name: Some("namzu-pool".into()),
+        egress: Some(egress),
+        ..Default::default()
+    };
+    let claim = serde_json::to_value(build::claim(&opts, "namzu-sb-1", "sb-1", std::time::SystemTime::now())).unwrap();
+    let md = &claim["spec"]["additionalPodMetadata"];
+    assert_eq!(md["labels"].as_object().unwrap().len(), 2, "{md}");
+    assert_eq!(validate_metadata(md, &allowed), Ok(()));
+    // … and the same under the controller's built-in default.
+    assert_eq!(validate_metadata(md, &["sandbox.users.io".to_owned()]), Ok(()));
+    // The labels namzu used to send are exactly what it refuses.
+    let old = serde_json::json!({"labels": {"io.namzu/sandbox": "sb-1", "app.kubernetes.io/managed-by": "namzu"}});
+    assert!(validate_metadata(&old, &allowed).is_err());
+}

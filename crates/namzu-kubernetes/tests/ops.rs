@@ -114,7 +114,7 @@ async fn capacity_reads_the_pool_its_claims_and_pending_pods() {
         .await
         .unwrap();
     let claims = Resource::of::<SandboxClaim>("ns");
-    for (name, p) in [("c1", "pool"), ("c2", "pool"), ("c3", "other")] {
+    for (name, p, bound) in [("c1", "pool", "s1"), ("c2", "pool", "s2"), ("c3", "other", "s3")] {
         let o = KubernetesOptions {
             warm_pool_name: Some(p.into()),
             ..options()
@@ -125,18 +125,23 @@ async fn capacity_reads_the_pool_its_claims_and_pending_pods() {
         )
         .await
         .unwrap();
+        a.merge_patch_status(&claims, name, &json!({"status": {"sandbox": {"name": bound}}}))
+            .await
+            .unwrap();
     }
+    // namzu's pods carry no label of namzu's: they are found as the pods
+    // of the Sandboxes its claims are bound to.
     let pods = Resource::core("pods", "ns");
-    for (name, managed, phase) in [
-        ("p1", true, Some("Pending")),
-        ("p2", true, Some("Running")),
-        ("p3", true, None),
-        ("p4", false, Some("Pending")),
+    for (name, owner, phase) in [
+        ("p1", "s1", Some("Pending")),
+        ("p2", "s2", Some("Running")),
+        ("p3", "s1", None),
+        ("p4", "someone-else", Some("Pending")),
     ] {
-        let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [{"name": "agent"}]}});
-        if managed {
-            pod["metadata"]["labels"] = json!({build::MANAGED_BY_LABEL: build::MANAGED_BY});
-        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1",
+                "kind": "Sandbox", "name": owner, "uid": "u", "controller": true}]},
+            "spec": {"containers": [{"name": "agent"}]}});
         a.create(&pods, &pod).await.unwrap();
         if let Some(ph) = phase {
             a.merge_patch_status(&pods, name, &json!({"status": {"phase": ph}}))

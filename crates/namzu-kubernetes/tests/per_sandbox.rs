@@ -144,10 +144,13 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
     assert_eq!(got["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     assert_eq!(
         got["spec"]["endpointSelector"],
-        json!({"matchLabels": {"io.namzu/egress-sandbox": sb.id()}})
+        json!({"matchLabels": {"namzu.sandbox.users.io/egress-sandbox": sb.id()}})
     );
     // The label it selects is on the pod: the acquire confirmed it.
-    assert_eq!(k8s(&sb).bound().pod.labels["io.namzu/egress-sandbox"], sb.id());
+    assert_eq!(
+        k8s(&sb).bound().pod.labels["namzu.sandbox.users.io/egress-sandbox"],
+        sb.id()
+    );
     assert_eq!(
         got["spec"]["egress"][1],
         json!({"toFQDNs": [{"matchName": "api.example.com"}, {"matchName": "pkg.dev"}, {"matchPattern": "*.pkg.dev"}]})
@@ -197,7 +200,7 @@ async fn a_rewritten_policy_does_not_resolve_and_bad_input_writes_nothing() {
     // Something on the cluster widens what was written.
     c.sim.rewrite_on_write(
         "ciliumnetworkpolicies/namzu-sbx-",
-        json!({"spec": {"endpointSelector": {"matchLabels": {"io.namzu/egress-sandbox": null, "app.kubernetes.io/managed-by": "namzu"}}}}),
+        json!({"spec": {"endpointSelector": {"matchLabels": {"namzu.sandbox.users.io/egress-sandbox": null, "app.kubernetes.io/managed-by": "namzu"}}}}),
     );
     let e = per_sandbox_error(sb.network().set_policy(allow(&["api.example.com"])).await.unwrap_err());
     let PerSandboxError::ReadBackMismatch { path, .. } = &e else {
@@ -301,12 +304,20 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
     // the Sandbox asked: the per-sandbox label never reaches the pod.
     c.sim.rewrite_on_write(
         "sandboxes/",
-        json!({"spec": {"podTemplate": {"metadata": {"labels": {"io.namzu/egress-sandbox": null}}}}}),
+        json!({"spec": {"podTemplate": {"metadata": {"labels": {"namzu.sandbox.users.io/egress-sandbox": null}}}}}),
     );
-    let p = with_per_sandbox(&c, false);
+    // (The label is waited for within the budget: a short one.)
+    let p = KubernetesProvider::new(
+        c.client(),
+        KubernetesOptions {
+            ready_timeout: Duration::from_secs(3),
+            ..with_per_sandbox(&c, false).options().clone()
+        },
+    )
+    .unwrap();
     let e = p.create_task(SandboxSpec::default()).await.err().unwrap();
     assert!(
-        matches!(e.tier_error::<namzu_kubernetes::KubernetesError>(), Some(namzu_kubernetes::KubernetesError::PodLabelMissing { key, .. }) if key == "io.namzu/egress-sandbox"),
+        matches!(e.tier_error::<namzu_kubernetes::KubernetesError>(), Some(namzu_kubernetes::KubernetesError::PodLabelMissing { key, .. }) if key == "namzu.sandbox.users.io/egress-sandbox"),
         "{e:?}"
     );
     let left = c.sandbox_objects(SANDBOXES);

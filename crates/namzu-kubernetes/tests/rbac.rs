@@ -78,7 +78,10 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
     // A failed acquire: the pod diagnosed, the claim given back.
     c.ctl.set_pod_fault(Some(PodFault::Unschedulable));
     let mut slow = opts.clone();
-    slow.ready_timeout = Duration::from_millis(500);
+    // Past the controller's 2 s wait for a warm candidate with pod IPs:
+    // the claim cold-starts, and that pod is what gets diagnosed.
+    slow.ready_timeout = Duration::from_secs(4);
+    slow.claim_ttl = Duration::from_secs(60);
     slow.warm_pool_name = Some("namzu-pool".into());
     let failing = KubernetesProvider::new(c.client(), slow).unwrap();
     // The pool's ready pod would be claimed at once; empty it first.

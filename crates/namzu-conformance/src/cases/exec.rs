@@ -332,11 +332,34 @@ pub(super) async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcom
                 }
             }
         }
-        match last {
-            Some(Error::RemoteCancellationUnknown { execution_id: id }) => {
-                ensure!(id == execution_id, "id {id} != {execution_id}")
+        let released = match last {
+            Some(Error::RemoteCancellationUnknown {
+                execution_id: id,
+                retirement,
+            }) => {
+                ensure!(id == execution_id, "id {id} != {execution_id}");
+                retirement
             }
             other => return Err(format!("expected RemoteCancellationUnknown, got {other:?}")),
+        };
+        // A tier that gives the sandbox back (a cluster's claim) says so in
+        // the error, and from then on the sandbox is gone for every op.
+        if let Some(note) = released {
+            ensure!(
+                note.contains("released"),
+                "the retirement note names no release: {note}"
+            );
+            for r in [
+                sb.commands().run(ExecRequest::new("true")).await.map(drop),
+                sb.files().list(Path::new("/workspace")).await.map(drop),
+                sb.agent().health().await.map(drop),
+            ] {
+                ensure!(
+                    matches!(r, Err(Error::SandboxGone { .. })),
+                    "a released sandbox still answered: {r:?}"
+                );
+            }
+            return Ok(());
         }
         match sb.commands().run(ExecRequest::new("true")).await {
             Err(Error::AgentRetiring { .. }) => {}

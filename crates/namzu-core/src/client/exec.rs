@@ -302,12 +302,10 @@ impl AgentClient {
         self.open(OP)?;
         match self.cancel_rpc(OP, execution_id).await? {
             Some(outcome) => Ok(outcome),
-            None => {
-                self.inner.retired.store(true, Ordering::SeqCst);
-                Err(Error::RemoteCancellationUnknown {
-                    execution_id: execution_id.into(),
-                })
-            }
+            None => Err(self.retire(Error::RemoteCancellationUnknown {
+                execution_id: execution_id.into(),
+                retirement: None,
+            })),
         }
     }
 }

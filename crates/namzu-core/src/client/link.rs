@@ -73,6 +73,9 @@ pub(super) struct Inner {
     pub(super) features: HashSet<String>,
     pub(super) closed: AtomicBool,
     pub(super) retired: AtomicBool,
+    /// What the guard's tier did after this link's first unconfirmed
+    /// cancel (told once; every such error carries it).
+    pub(super) released: std::sync::OnceLock<Option<String>>,
     pub(super) sandbox_id: String,
     /// Upload chunk: [`WRITE_CHUNK`], or less if the agent's message limit
     /// is smaller.
@@ -91,6 +94,14 @@ pub trait LinkGuard: Send + Sync {
     /// `Ok` while the sandbox may be reached; else the error every
     /// operation fails with (e.g. [`Error::SandboxGone`]).
     fn check(&self, sandbox_id: &str) -> Result<()>;
+
+    /// Called once, when the link retires after an unconfirmed kill: what
+    /// the tier does beyond the agent's own fence (a cluster gives the
+    /// sandbox back, since nobody can vouch for what still runs in it),
+    /// told to the caller in the error. `None`: nothing more.
+    fn retire(&self, _sandbox_id: &str) -> Option<String> {
+        None
+    }
 }
 
 /// A cheap-to-clone handle on one agent link.
@@ -278,6 +289,7 @@ impl AgentClient {
                 channel,
                 features: info.features.iter().cloned().collect(),
                 retired: AtomicBool::new(info.retiring),
+                released: std::sync::OnceLock::new(),
                 info,
                 closed: AtomicBool::new(false),
                 sandbox_id: sandbox_id.into(),
@@ -393,7 +405,23 @@ impl AgentClient {
     pub(super) fn status(&self, op: &str, s: tonic::Status) -> Error {
         let e = Error::from_status(op, s);
         if matches!(e, Error::RemoteCancellationUnknown { .. } | Error::AgentRetiring { .. }) {
-            self.inner.retired.store(true, Ordering::SeqCst);
+            return self.retire(e);
+        }
+        e
+    }
+
+    /// Retires the link (the agent fenced itself, or will). An unconfirmed
+    /// cancel on this link also tells the guard's tier — once, however
+    /// many paths (the cancel, the output stream) report it — and carries
+    /// what it did; an agent found already fenced is only refused.
+    pub(super) fn retire(&self, mut e: Error) -> Error {
+        self.inner.retired.store(true, Ordering::SeqCst);
+        if let Error::RemoteCancellationUnknown { retirement, .. } = &mut e {
+            *retirement = self
+                .inner
+                .released
+                .get_or_init(|| self.inner.guard.get().and_then(|g| g.retire(&self.inner.sandbox_id)))
+                .clone();
         }
         e
     }

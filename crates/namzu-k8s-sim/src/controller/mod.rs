@@ -1,30 +1,46 @@
-//! The simulator's agent-sandbox controller and kubelet, following the
-//! upstream controller's documented behaviour for the parts namzu relies
-//! on — and running REAL sandboxes as pods:
+//! The simulator's agent-sandbox controller and kubelet, modelled on the
+//! upstream controller (kubernetes-sigs/agent-sandbox, API v1beta1; see
+//! `shared/reference/agent-sandbox-controller.md` for the source files each
+//! point comes from) — and running REAL sandboxes as pods:
 //!
-//! * a SandboxWarmPool keeps `replicas` unclaimed Sandboxes from its
-//!   template (owned by the pool), and reports `replicas`/`readyReplicas`;
-//! * a SandboxClaim on a pool is refused for good (`Ready=False`,
-//!   `WarmPoolNotFound` / `TemplateNotFound`) or bound: it adopts one of the
-//!   pool's Sandboxes (a cold one is made when none is left), whose pod gets
-//!   the claim's `additionalPodMetadata`; the claim's `status.sandbox.name`
-//!   names it and its `Ready` mirrors the Sandbox's;
-//! * a Sandbox gets a pod of its own name from its `podTemplate`, a
-//!   headless Service FQDN (`<name>.<namespace>.svc.cluster.local`, served
-//!   by [`Controller::resolution`]) and `Ready` when its pod is;
-//! * `shutdownTime` with policy `Delete` deletes a claim or Sandbox once it
-//!   passes, and owner references cascade: claim → Sandbox → pod;
-//! * every pod is a real `local`-tier sandbox (user, mount, pid, net
-//!   namespaces, seccomp) running the real agent, started with the bind
+//! * [`claims`]: a SandboxClaim's `additionalPodMetadata` is checked first
+//!   (label domains against the `allowed-label-domains` allowlist, built-in
+//!   `sandbox.users.io`; `InvalidMetadata`); then its pool and template
+//!   (`WarmPoolNotFound`, `TemplateNotFound`), its `env` against the
+//!   template's policy (`EnvVarsInjectionRejected`, or `ReconcilerError`
+//!   for a clash or an unknown container), and it binds: a warm Sandbox
+//!   that has pod IPs (Ready first, oldest first), else — after a 2 s grace
+//!   — a cold one named after the claim. Its Ready is forwarded from the
+//!   Sandbox in the same pass; the adopted pod gets the claim's labels
+//!   LATER ([`ControllerConfig::label_delay`]). Expiry marks `ClaimExpired`
+//!   first, then deletes per `shutdownPolicy` (CRD default `Retain`: the
+//!   Sandbox goes, the claim stays). A claim whose Sandbox vanished binds a
+//!   new one.
+//! * [`sandboxes`]: a Sandbox gets a pod (named after it or its
+//!   `pod-name` annotation, labelled with its name hash), a headless
+//!   Service and `serviceFQDN` ONLY with `service: true`, `Ready` when the
+//!   pod runs with an IP (and the Service exists where required); an
+//!   evicted pod (`Failed`) is left, not replaced (`PodFailed`,
+//!   `Finished`); a deleted pod is replaced (same name, new uid); expiry
+//!   marks `SandboxExpired`, then deletes per policy; `Suspended` deletes
+//!   the pod and keeps the rest.
+//! * [`pools`]: warm pools (`generateName`, hash labels, surplus trimmed,
+//!   status), and templates (the ref-hash label and the managed
+//!   NetworkPolicy `<template>-network-policy`: the secure default, the
+//!   template's own `networkPolicy`, or none when `Unmanaged`).
+//! * Status is written only as the status subresource would: onto the
+//!   object as stored at that moment ([`Simulator::update`]), so a host's
+//!   concurrent patch is never overwritten. Owner references cascade as the
+//!   garbage collector does.
+//! * [`pods`]: every pod is a real `local`-tier sandbox (user, mount, pid,
+//!   net namespaces, seccomp) running the real agent, started with the bind
 //!   token its container's `NAMZU_AGENT_TOKEN` names through the downward
-//!   API (the pod's uid). The pod network is simulated: the pod's IP is a
-//!   loopback address of its own (127.0.x.y), whose port relays to the
-//!   sandbox's agent socket.
+//!   API (the pod's uid). The pod network is simulated ([`podnet`]).
 //!
 //! Pod faults ([`PodFault`]) make new pods unschedulable, unable to pull
 //! their image, or run the agent with no confinement at all (the host tier:
-//! what a pod without the restricted security context amounts to), and a
-//! pod can be replaced (new uid, new IP) right after it is read.
+//! what a pod without the restricted security context amounts to); a pod
+//! can be replaced (new uid, new IP) right after it is read, or evicted.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -39,8 +55,11 @@ use namzu_kubernetes::build::until;
 use namzu_kubernetes::NameResolution;
 use serde_json::{json, Value};
 
-mod claims;
+pub mod claims;
+mod kubelet;
 mod pods;
+pub mod pools;
+pub mod sandboxes;
 
 use crate::podnet::{self, PodNet};
 use crate::server::{new_uid, now_rfc3339, Gvr, PodReadHook, Simulator};
@@ -51,6 +70,7 @@ pub const CLAIMS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims
 pub const TEMPLATES: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates");
 pub const POOLS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools");
 pub const NETWORK_POLICIES: Gvr = ("networking.k8s.io", "v1", "networkpolicies");
+pub const SERVICES: Gvr = ("", "v1", "services");
 pub const CILIUM_POLICIES: Gvr = ("cilium.io", "v2", "ciliumnetworkpolicies");
 pub const ADMISSION_POLICIES: Gvr = ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies");
 pub const ADMISSION_BINDINGS: Gvr = (
@@ -59,8 +79,32 @@ pub const ADMISSION_BINDINGS: Gvr = (
     "validatingadmissionpolicybindings",
 );
 
-/// The label a pool puts on the Sandboxes it holds.
-pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool";
+/// The label a pool puts on the Sandboxes it holds (the pool name's hash).
+pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool-sandbox";
+/// The template name's hash, on templates, Sandboxes and pods.
+pub const TEMPLATE_HASH_LABEL: &str = "agents.x-k8s.io/sandbox-template-ref-hash";
+/// The Sandbox name's hash, on its pod (the Sandbox's `status.selector`).
+pub const NAME_HASH_LABEL: &str = "agents.x-k8s.io/sandbox-name-hash";
+/// The claim's uid, on the Sandbox it binds and that Sandbox's pod.
+pub const CLAIM_UID_LABEL: &str = "agents.x-k8s.io/claim-uid";
+/// `warm` or `cold`: how a Sandbox came to its claim.
+pub const LAUNCH_TYPE_LABEL: &str = "agents.x-k8s.io/launch-type";
+/// On a claim: the Sandbox it is bound to.
+pub const SANDBOX_NAME_ANNOTATION: &str = "agents.x-k8s.io/sandbox-name";
+/// On a Sandbox: its pod's name.
+pub const POD_NAME_ANNOTATION: &str = "agents.x-k8s.io/pod-name";
+/// The controller's built-in label allowlist when the ConfigMap names none.
+pub const DEFAULT_LABEL_DOMAIN: &str = "sandbox.users.io";
+
+/// The controller's `NameHash`: FNV-1a (32 bit) of a name, as 8 hex digits.
+pub fn name_hash(name: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
 
 /// What goes wrong with pods created while the fault is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +125,45 @@ pub struct ControllerConfig {
     pub agent_bin: PathBuf,
     /// How often the controller reconciles.
     pub tick: Duration,
+    /// The `allowed-label-domains` key of the `agent-sandbox-config`
+    /// ConfigMap as the controller reads it at start (comma or newline
+    /// separated); `None` or empty: only `sandbox.users.io`.
+    pub allowed_label_domains: Option<String>,
+    /// How long after a warm adoption the claim's labels reach the running
+    /// pod (the real controller patches them asynchronously, after the
+    /// claim already reads Ready).
+    pub label_delay: Duration,
+}
+
+impl ControllerConfig {
+    /// Pods under `state_dir` running `agent_bin`, the controller's
+    /// defaults otherwise.
+    pub fn new(state_dir: PathBuf, agent_bin: PathBuf) -> Self {
+        Self {
+            state_dir,
+            agent_bin,
+            tick: Duration::from_millis(10),
+            allowed_label_domains: None,
+            label_delay: Duration::from_millis(300),
+        }
+    }
+
+    /// The label allowlist the claim controller enforces.
+    pub fn label_domains(&self) -> Vec<String> {
+        let v: Vec<String> = self
+            .allowed_label_domains
+            .as_deref()
+            .unwrap_or_default()
+            .split([',', '\n', '\r'])
+            .map(|d| d.trim().to_ascii_lowercase())
+            .filter(|d| !d.is_empty())
+            .collect();
+        if v.is_empty() {
+            vec![DEFAULT_LABEL_DOMAIN.to_owned()]
+        } else {
+            v
+        }
+    }
 }
 
 /// A running pod: its sandbox and its place on the pod network.
@@ -88,6 +171,8 @@ struct PodRuntime {
     uid: String,
     net: PodNet,
     sandbox: Sandbox,
+    /// The pod's volumes on the host (its `emptyDir`s).
+    volumes: PathBuf,
 }
 
 impl PodRuntime {
@@ -96,15 +181,17 @@ impl PodRuntime {
     async fn stop(self) {
         let _ = self.sandbox.destroy().await;
         self.net.detach().await;
+        let _ = tokio::fs::remove_dir_all(&self.volumes).await;
     }
 
     /// An evicted pod: off the network at once (its IP stops answering
     /// before anyone can dial it), its sandbox destroyed after.
     async fn evict(self) {
         self.net.detach().await;
-        let sb = self.sandbox;
+        let (sb, volumes) = (self.sandbox, self.volumes);
         tokio::spawn(async move {
             let _ = sb.destroy().await;
+            let _ = tokio::fs::remove_dir_all(&volumes).await;
         });
     }
 }
@@ -117,13 +204,16 @@ struct State {
     starting: HashSet<String>,
     /// How many of the next pod reads replace the pod they read.
     replace_on_read: usize,
+    /// Claim uid → when the controller first found no warm candidate.
+    claim_waiting: HashMap<String, std::time::Instant>,
+    /// `ns/pod` → when the adopting claim's labels may reach the pod.
+    label_sync: HashMap<String, std::time::Instant>,
 }
 
 /// The controller (see the module docs).
 pub struct Controller {
     sim: Weak<Simulator>,
     cfg: ControllerConfig,
-    local: LocalProvider,
     host: HostProvider,
     state: Mutex<State>,
     fault: Mutex<Option<PodFault>>,
@@ -160,7 +250,49 @@ fn owner_of(o: &Value, kind: &str) -> Option<(String, String)> {
 }
 
 fn owner_ref(api_version: &str, kind: &str, o: &Value) -> Value {
-    json!([{"apiVersion": api_version, "kind": kind, "name": meta(o, "name"), "uid": meta(o, "uid"), "controller": true}])
+    json!([{"apiVersion": api_version, "kind": kind, "name": meta(o, "name"), "uid": meta(o, "uid"), "controller": true,
+        "blockOwnerDeletion": true}])
+}
+
+/// The `Ready` condition's reason, if there is one.
+fn ready_reason(o: &Value) -> Option<&str> {
+    o["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["reason"]
+        .as_str()
+}
+
+/// Conditions as written: a condition whose status, reason and message
+/// did not change keeps its transition time, as `SetStatusCondition` does.
+fn keep_times(old: &Value, new: &mut Value) {
+    let Some(list) = new.as_array_mut() else { return };
+    for c in list {
+        let same = old.as_array().into_iter().flatten().find(|o| {
+            o["type"] == c["type"]
+                && o["status"] == c["status"]
+                && o["reason"] == c["reason"]
+                && o["message"] == c["message"]
+        });
+        if let Some(o) = same {
+            c["lastTransitionTime"] = o["lastTransitionTime"].clone();
+        }
+    }
+}
+
+/// Writes `status` onto `gvr` `ns/name` as stored now, if it changed.
+fn write_status(sim: &Simulator, gvr: Gvr, ns: &str, name: &str, mut status: Value) {
+    sim.update(gvr, ns, name, |o| {
+        if let Some(new) = status.get_mut("conditions") {
+            keep_times(&o["status"]["conditions"], new);
+        }
+        o["status"] = status;
+    });
+}
+
+/// Whether `time` (RFC 3339) has passed.
+fn passed(time: &Value, now: SystemTime) -> bool {
+    time.as_str().is_some_and(|t| until(t, now).is_none())
 }
 
 fn condition(kind: &str, ready: bool, reason: &str, message: &str) -> Value {
@@ -176,17 +308,11 @@ fn is_ready(o: &Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
-/// Whether a `shutdownTime` with policy `Delete` has passed.
-fn expired(time: &Value, policy: &Value, now: SystemTime) -> bool {
-    policy.as_str() != Some("Retain") && time.as_str().is_some_and(|t| until(t, now).is_none())
-}
-
 impl Controller {
     /// Starts the controller on `sim` (once; later calls return the first).
     pub fn start(sim: &Arc<Simulator>, cfg: ControllerConfig) -> Arc<Controller> {
         let ctl = Arc::new(Controller {
             sim: Arc::downgrade(sim),
-            local: LocalProvider::with_agent(&cfg.state_dir, &cfg.agent_bin),
             host: HostProvider::with_agent(&cfg.state_dir, &cfg.agent_bin),
             cfg,
             state: Mutex::default(),
@@ -270,6 +396,9 @@ impl Controller {
             let ctl = weak.upgrade()?;
             let (name, rest) = fqdn.split_once('.')?;
             let ns = rest.strip_suffix(".svc.cluster.local")?;
+            // Only a Service has a name in cluster DNS.
+            let sim = ctl.sim.upgrade()?;
+            Self::lookup(&sim, SERVICES, ns, name)?;
             let st = ctl.lock();
             let pod = st.running.get(&key(ns, name))?;
             Some(vec![IpAddr::V4(pod.net.ip)])
@@ -305,6 +434,20 @@ impl Controller {
         }
     }
 
+    /// Evicts pod `ns/name` as a kubelet under node pressure does: its
+    /// processes end and it is left `Failed` (reason `Evicted`). The
+    /// controller does NOT replace it: the Sandbox reads `PodFailed`.
+    pub async fn evict_pod(&self, sim: &Simulator, ns: &str, name: &str) {
+        sim.update(PODS, ns, name, |p| {
+            p["status"] = json!({"phase": "Failed", "reason": "Evicted",
+                "message": "The node was low on resource: memory.", "podIPs": []});
+        });
+        let old = self.lock().running.remove(&key(ns, name));
+        if let Some(rt) = old {
+            rt.evict().await;
+        }
+    }
+
     /// Stops reconciling and every pod's sandbox, those still starting
     /// included (test teardown).
     pub async fn shutdown(&self) {
@@ -322,24 +465,12 @@ impl Controller {
 
     /// One pass over the store.
     fn reconcile(self: &Arc<Self>, sim: &Arc<Simulator>) {
-        let now = SystemTime::now();
-        // Expiry.
-        for c in sim.all(CLAIMS) {
-            let l = &c["spec"]["lifecycle"];
-            if expired(&l["shutdownTime"], &l["shutdownPolicy"], now) {
-                sim.remove(CLAIMS, meta(&c, "namespace"), meta(&c, "name"));
-            }
-        }
-        for s in sim.all(SANDBOXES) {
-            if expired(&s["spec"]["shutdownTime"], &s["spec"]["shutdownPolicy"], now) {
-                sim.remove(SANDBOXES, meta(&s, "namespace"), meta(&s, "name"));
-            }
-        }
         // Owner references cascade, as the garbage collector does: an
         // object whose owner's uid is gone goes too (claim or pool →
-        // Sandbox → its pod and its per-sandbox policy).
-        for gvr in [SANDBOXES, PODS, CILIUM_POLICIES] {
-            let live: HashSet<String> = [CLAIMS, POOLS, SANDBOXES]
+        // Sandbox → its pod, Service and per-sandbox policy; template →
+        // its NetworkPolicy).
+        for gvr in [SANDBOXES, PODS, SERVICES, CILIUM_POLICIES, NETWORK_POLICIES] {
+            let live: HashSet<String> = [CLAIMS, POOLS, SANDBOXES, TEMPLATES]
                 .into_iter()
                 .flat_map(|g| sim.all(g))
                 .map(|o| meta(&o, "uid").to_owned())
@@ -354,6 +485,7 @@ impl Controller {
                 }
             }
         }
+        self.templates(sim);
         self.pools(sim);
         self.claims(sim);
         self.sandboxes(sim);
@@ -366,85 +498,10 @@ impl Controller {
             .find(|t| meta(t, "namespace") == ns && meta(t, "name") == name)
     }
 
-    /// A Sandbox from `template`, owned by `owner`.
-    fn sandbox_from(template: &Value, ns: &str, name: &str, labels: Value, owner: Value) -> Value {
-        json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1",
-            "kind": "Sandbox",
-            "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": owner},
-            "spec": {"podTemplate": template["spec"]["podTemplate"].clone(), "service": true},
-        })
-    }
-
-    fn pools(&self, sim: &Simulator) {
-        let sandboxes = sim.all(SANDBOXES);
-        for pool in sim.all(POOLS) {
-            let (ns, name) = (meta(&pool, "namespace"), meta(&pool, "name"));
-            let held: Vec<&Value> = sandboxes
-                .iter()
-                .filter(|s| owner_of(s, "SandboxWarmPool").is_some_and(|(_, u)| u == meta(&pool, "uid")))
-                .collect();
-            let want = usize::try_from(pool["spec"]["replicas"].as_i64().unwrap_or(0)).unwrap_or(0);
-            let tname = pool["spec"]["sandboxTemplateRef"]["name"].as_str().unwrap_or_default();
-            if let Some(t) = Self::template(sim, ns, tname) {
-                for _ in held.len()..want {
-                    let sname = format!("{name}-{:05x}", rand::random::<u32>() & 0xfffff);
-                    let owner = owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool", &pool);
-                    sim.put(
-                        SANDBOXES,
-                        Self::sandbox_from(&t, ns, &sname, json!({POOL_LABEL: name}), owner),
-                    );
-                }
-            }
-            let ready = held.iter().filter(|s| is_ready(s)).count();
-            let mut next = pool.clone();
-            next["status"] = json!({"replicas": held.len(), "readyReplicas": ready,
-                "observedGeneration": pool["metadata"]["generation"].clone()});
-            if next["status"] != pool["status"] {
-                sim.put(POOLS, next);
-            }
-        }
-    }
-
-    fn sandboxes(&self, sim: &Simulator) {
-        let pods = sim.all(PODS);
-        for sb in sim.all(SANDBOXES) {
-            let (ns, name) = (meta(&sb, "namespace"), meta(&sb, "name"));
-            let pod = pods
-                .iter()
-                .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name);
-            let Some(pod) = pod else {
-                let tpl = &sb["spec"]["podTemplate"];
-                sim.put(
-                    PODS,
-                    json!({
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {"name": name, "namespace": ns,
-                            "labels": tpl["metadata"]["labels"].clone(),
-                            "annotations": tpl["metadata"]["annotations"].clone(),
-                            "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", &sb)},
-                        "spec": tpl["spec"].clone(),
-                        "status": {"phase": "Pending"},
-                    }),
-                );
-                continue;
-            };
-            let ready = is_ready(pod);
-            let mut next = sb.clone();
-            next["status"] = json!({
-                "conditions": [condition("Ready", ready, if ready { "DependenciesReady" } else { "DependenciesNotReady" }, "")],
-                "service": name,
-                "serviceFQDN": format!("{name}.{ns}.svc.cluster.local"),
-                "podIPs": pod["status"]["podIPs"].as_array().map(|a| a.iter().map(|i| i["ip"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
-                "selector": format!("agents.x-k8s.io/sandbox-name={name}"),
-            });
-            let changed = next["status"]["conditions"][0]["status"] != sb["status"]["conditions"][0]["status"]
-                || next["status"]["podIPs"] != sb["status"]["podIPs"];
-            if changed {
-                sim.put(SANDBOXES, next);
-            }
-        }
+    fn lookup(sim: &Simulator, gvr: Gvr, ns: &str, name: &str) -> Option<Value> {
+        sim.all(gvr)
+            .into_iter()
+            .find(|o| meta(o, "namespace") == ns && meta(o, "name") == name)
     }
 }
 

@@ -17,7 +17,10 @@ impl Controller {
             let gone: Vec<String> = st
                 .running
                 .iter()
-                .filter(|(k, rt)| live.get(*k).is_none_or(|p| meta(p, "uid") != rt.uid))
+                .filter(|(k, rt)| {
+                    live.get(*k)
+                        .is_none_or(|p| meta(p, "uid") != rt.uid || p["status"]["phase"] == "Failed")
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             gone.iter().filter_map(|k| st.running.remove(k)).collect()
@@ -34,29 +37,36 @@ impl Controller {
                 continue;
             }
             let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
-            let mut next = pod.clone();
             match fault {
                 Some(PodFault::Unschedulable) => {
-                    next["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", false, "Unschedulable",
+                    let status = json!({"phase": "Pending", "conditions": [condition("PodScheduled", false, "Unschedulable",
                         "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.")]});
-                    sim.put(PODS, next);
+                    sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
+                        p["status"] = status
+                    });
                     continue;
                 }
                 Some(PodFault::ImagePull) => {
                     let c = pod["spec"]["containers"][0]["name"].clone();
-                    next["status"] = json!({"phase": "Pending",
+                    let status = json!({"phase": "Pending",
                         "conditions": [condition("PodScheduled", true, "", "")],
                         "containerStatuses": [{"name": c, "ready": false, "restartCount": 0, "image": pod["spec"]["containers"][0]["image"].clone(),
                             "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
                             "message": "Back-off pulling image: not found"}}}]});
-                    sim.put(PODS, next);
+                    sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
+                        p["status"] = status
+                    });
                     continue;
                 }
                 _ => {}
             }
             self.lock().starting.insert(k.clone());
-            next["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
-            let pod = sim.put(PODS, next);
+            let Some(pod) = sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
+                p["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
+            }) else {
+                self.lock().starting.remove(&k);
+                continue;
+            };
             let ctl = self.clone();
             let sim = sim.clone();
             tokio::spawn(async move {
@@ -74,7 +84,7 @@ impl Controller {
     }
 
     /// Writes a started pod's status (or its crash).
-    fn publish(&self, sim: &Simulator, pod: &Value, started: Result<PodRuntime, String>) {
+    fn publish(&self, sim: &Simulator, pod: &Value, started: Result<PodRuntime, kubelet::PodError>) {
         let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
         let current = sim
             .all(PODS)
@@ -82,22 +92,32 @@ impl Controller {
             .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name && meta(p, "uid") == meta(pod, "uid"));
         let container = pod["spec"]["containers"][0]["name"].clone();
         match (current, started) {
-            (Some(mut cur), Ok(rt)) => {
+            (Some(_), Ok(rt)) => {
                 let ip = rt.net.ip.to_string();
-                cur["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
+                let status = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
                     "conditions": [condition("PodScheduled", true, "", ""), condition("Initialized", true, "", ""),
                         condition("ContainersReady", true, "", ""), condition("Ready", true, "", "")],
                     "containerStatuses": [{"name": container, "ready": true, "restartCount": 0, "started": true,
                         "image": pod["spec"]["containers"][0]["image"].clone(), "imageID": "",
                         "state": {"running": {"startedAt": now_rfc3339()}}}]});
-                sim.put(PODS, cur);
+                sim.update(PODS, ns, name, |p| p["status"] = status);
                 self.lock().running.insert(key(ns, name), rt);
             }
-            (Some(mut cur), Err(why)) => {
-                cur["status"] = json!({"phase": "Pending", "conditions": [condition("PodScheduled", true, "", "")],
-                    "containerStatuses": [{"name": container, "ready": false, "restartCount": 1, "image": "", "imageID": "",
-                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": why}}}]});
-                sim.put(PODS, cur);
+            (Some(_), Err(why)) => {
+                let failed = if why.container.is_empty() {
+                    container
+                } else {
+                    json!(why.container)
+                };
+                let statuses = json!([{"name": failed, "ready": false, "restartCount": 1, "image": "", "imageID": "",
+                    "state": {"waiting": {"reason": why.reason, "message": why.message}}}]);
+                let mut status = json!({"phase": "Pending", "conditions": [condition("PodScheduled", true, "", "")]});
+                status[if why.init {
+                    "initContainerStatuses"
+                } else {
+                    "containerStatuses"
+                }] = statuses;
+                sim.update(PODS, ns, name, |p| p["status"] = status);
             }
             // The pod went away while it started.
             (None, Ok(rt)) => {
@@ -109,7 +129,14 @@ impl Controller {
 
     /// Runs `pod`: a sandbox whose agent takes the token the container's
     /// environment names, and a relay on a fresh pod IP at the agent port.
-    async fn run_pod(&self, pod: &Value, unconfined: bool) -> Result<PodRuntime, String> {
+    async fn run_pod(&self, pod: &Value, unconfined: bool) -> Result<PodRuntime, kubelet::PodError> {
+        let prepared = kubelet::prepare(pod, &self.cfg.state_dir).await?;
+        let crash = |message: String| kubelet::PodError {
+            reason: "CrashLoopBackOff",
+            message,
+            container: String::new(),
+            init: false,
+        };
         let c = &pod["spec"]["containers"][0];
         let token = c["env"]
             .as_array()
@@ -122,7 +149,7 @@ impl Controller {
                 Some(_) => None,
                 None => e["value"].as_str().map(String::from),
             })
-            .ok_or("no bind token: the container has no NAMZU_AGENT_TOKEN")?;
+            .ok_or_else(|| crash("no bind token: the container has no NAMZU_AGENT_TOKEN".into()))?;
         let port = c["args"]
             .as_array()
             .into_iter()
@@ -155,12 +182,18 @@ impl Controller {
                 .create_with_token(spec, Some(token.clone().into_bytes()))
                 .await
         } else {
+            // The workload's image is the sandbox's root; its agent is the
+            // one the pod's own volumes (or image) hold.
+            spec.image = Some(prepared.image.clone());
             let tcp = veth.then(|| format!("0.0.0.0:{port}"));
-            self.local
+            // The egress supervisor is the node's, beside the host's agent.
+            let egress = self.cfg.agent_bin.with_file_name(namzu::egress::supervisor::BINARY);
+            LocalProvider::with_agent(&self.cfg.state_dir, &prepared.agent)
+                .with_egress_bin(egress)
                 .create_with(spec, Some(token.clone().into_bytes()), tcp)
                 .await
         };
-        let sandbox: Sandbox = made.map_err(|e| e.to_string())?;
+        let sandbox: Sandbox = made.map_err(|e| crash(e.to_string()))?;
         let tier = if unconfined { "host" } else { "local" };
         let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
         let net = if veth {
@@ -172,13 +205,14 @@ impl Controller {
             Ok(n) => n,
             Err(e) => {
                 let _ = sandbox.destroy().await;
-                return Err(e);
+                return Err(crash(e));
             }
         };
         Ok(PodRuntime {
             uid: pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
             net,
             sandbox,
+            volumes: prepared.volumes,
         })
     }
 }

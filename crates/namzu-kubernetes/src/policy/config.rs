@@ -7,7 +7,7 @@ use namzu_core::egress::policy::HostPattern;
 use std::collections::BTreeMap;
 
 /// The label an egress profile is written under by default.
-pub const DEFAULT_PROFILE_LABEL_KEY: &str = "io.namzu/egress-profile";
+pub const DEFAULT_PROFILE_LABEL_KEY: &str = "namzu.sandbox.users.io/egress-profile";
 
 /// IPv4 ranges `public-internet` never reaches: private, CGNAT,
 /// link-local (instance metadata), loopback, and Azure's platform endpoint.
@@ -143,8 +143,14 @@ pub struct KubeEgressConfig {
     /// A profile: its label goes on the claim's pod metadata and into the
     /// policy's selector.
     pub profile: Option<String>,
-    /// The pod label key the profile is selected by.
+    /// The pod label key the profile is selected by; under
+    /// `pod_label_domain`.
     pub profile_label_key: String,
+    /// The ONE domain of the pod labels namzu asks the controller for (the
+    /// profile's and the per-sandbox policy's): it must be in the
+    /// controller's `allowed-label-domains`. Set it with
+    /// [`KubeEgressConfig::with_pod_label_domain`], which moves both keys.
+    pub pod_label_domain: String,
     /// Whether the applied policy is checked before a sandbox is handed out.
     pub verify: Verification,
     /// A CiliumNetworkPolicy per sandbox, written by
@@ -162,9 +168,22 @@ impl KubeEgressConfig {
             template: template.into(),
             profile: None,
             profile_label_key: DEFAULT_PROFILE_LABEL_KEY.into(),
+            pod_label_domain: crate::labels::DEFAULT_POD_LABEL_DOMAIN.into(),
             verify: Verification::Union,
             per_sandbox: None,
         }
+    }
+
+    /// This configuration with its pod labels under `domain`:
+    /// `<domain>/egress-profile` and `<domain>/egress-sandbox`.
+    #[must_use]
+    pub fn with_pod_label_domain(mut self, domain: &str) -> Self {
+        self.pod_label_domain = domain.into();
+        self.profile_label_key = format!("{domain}/egress-profile");
+        if let Some(ps) = &mut self.per_sandbox {
+            ps.label_key = format!("{domain}/egress-sandbox");
+        }
+        self
     }
 }
 
@@ -244,8 +263,47 @@ impl KubeEgressConfig {
                 reason: "the policy is named after its template; name it".into(),
             });
         }
+        label_ok("pod_label_domain", &format!("{}/x", self.pod_label_domain), "")?;
+        let in_domain = |field: &'static str, key: &str| {
+            if crate::labels::key_in_domain(key, &self.pod_label_domain) {
+                Ok(())
+            } else {
+                Err(EgressConfigError::BadField {
+                    field,
+                    reason: format!(
+                        "pod label {key:?} is outside pod_label_domain {:?}: the agent-sandbox controller refuses pod labels outside its allowed-label-domains; use with_pod_label_domain",
+                        self.pod_label_domain
+                    ),
+                })
+            }
+        };
+        // namzu's own keys name its objects; a profile under one of them
+        // would be read as an id or a marker.
+        let own = [crate::labels::SANDBOX_LABEL, crate::labels::MANAGED_BY_LABEL];
         if let Some(p) = &self.profile {
             label_ok("profile", &self.profile_label_key, p)?;
+            in_domain("profile_label_key", &self.profile_label_key)?;
+            let clash = own.contains(&self.profile_label_key.as_str())
+                || self
+                    .per_sandbox
+                    .as_ref()
+                    .is_some_and(|ps| ps.label_key == self.profile_label_key);
+            if clash {
+                return Err(EgressConfigError::BadField {
+                    field: "profile_label_key",
+                    reason: format!("{:?} is one of namzu's own label keys", self.profile_label_key),
+                });
+            }
+        }
+        let name = self.policy_name();
+        if name.len() > 253 {
+            return Err(EgressConfigError::BadField {
+                field: "template",
+                reason: format!(
+                    "the policy name {name:?} is {} characters; an object name is at most 253",
+                    name.len()
+                ),
+            });
         }
         if let Some(ps) = &self.per_sandbox {
             if self.engine != Engine::Cilium {
@@ -255,6 +313,13 @@ impl KubeEgressConfig {
                 });
             }
             label_ok("per_sandbox.label_key", &ps.label_key, "sb-0")?;
+            in_domain("per_sandbox.label_key", &ps.label_key)?;
+            if [crate::labels::SANDBOX_LABEL, crate::labels::MANAGED_BY_LABEL].contains(&ps.label_key.as_str()) {
+                return Err(EgressConfigError::BadField {
+                    field: "per_sandbox.label_key",
+                    reason: format!("{:?} is one of namzu's own label keys", ps.label_key),
+                });
+            }
             ps.validate()?;
         }
         match &self.policy {
@@ -401,7 +466,7 @@ pub(crate) fn parse_hosts(hosts: &[String]) -> Result<Vec<(String, HostPattern)>
 }
 
 /// The pod label a per-sandbox policy selects (its value: the sandbox id).
-pub const DEFAULT_LABEL_KEY: &str = "io.namzu/egress-sandbox";
+pub const DEFAULT_LABEL_KEY: &str = "namzu.sandbox.users.io/egress-sandbox";
 /// Every per-sandbox policy's name starts so (the fence checks it).
 pub const POLICY_NAME_PREFIX: &str = "namzu-sbx-";
 /// The shipped fence's policy and binding name.

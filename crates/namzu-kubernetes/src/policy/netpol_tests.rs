@@ -206,12 +206,76 @@ fn a_profile_names_the_policy_and_joins_its_selector() {
     assert_eq!(t["metadata"]["name"], "namzu-task-builders-egress");
     assert_eq!(
         t["spec"]["podSelector"]["matchLabels"],
-        json!({"app.kubernetes.io/managed-by": "namzu", "io.namzu/egress-profile": "builders"})
+        json!({"app.kubernetes.io/managed-by": "namzu", "namzu.sandbox.users.io/egress-profile": "builders"})
     );
     c.profile = Some("Not a label!".into());
     assert!(matches!(
         c.validate(),
         Err(EgressConfigError::BadField { field: "profile", .. })
+    ));
+}
+
+#[test]
+fn pod_label_keys_live_under_one_domain_and_never_collide() {
+    use crate::policy::per_sandbox::PerSandboxEgress;
+    let mut c = cfg(KubeEgressPolicy::DenyAll);
+    c.engine = Engine::Cilium;
+    c.profile = Some("builders".into());
+    c.per_sandbox = Some(PerSandboxEgress::default());
+    c.validate().unwrap();
+    // A key outside the domain: the controller would refuse the claim.
+    let mut outside = c.clone();
+    outside.profile_label_key = "io.namzu/egress-profile".into();
+    let e = outside.validate().unwrap_err();
+    assert!(
+        matches!(&e, EgressConfigError::BadField { field: "profile_label_key", reason } if reason.contains("allowed-label-domains")),
+        "{e}"
+    );
+    // Moving the domain moves both keys; a subdomain of it is inside.
+    let moved = c.clone().with_pod_label_domain("labels.example.com");
+    assert_eq!(moved.profile_label_key, "labels.example.com/egress-profile");
+    assert_eq!(
+        moved.per_sandbox.as_ref().unwrap().label_key,
+        "labels.example.com/egress-sandbox"
+    );
+    moved.validate().unwrap();
+    let mut sub = moved.clone();
+    sub.profile_label_key = "team.labels.example.com/profile".into();
+    sub.validate().unwrap();
+    // The profile's key may not be the per-sandbox one, nor namzu's own.
+    let mut clash = moved.clone();
+    clash.profile_label_key = "labels.example.com/egress-sandbox".into();
+    assert!(matches!(
+        clash.validate(),
+        Err(EgressConfigError::BadField {
+            field: "profile_label_key",
+            ..
+        })
+    ));
+    let mut own = c.clone().with_pod_label_domain("io.namzu");
+    own.profile_label_key = crate::labels::SANDBOX_LABEL.into();
+    assert!(matches!(
+        own.validate(),
+        Err(EgressConfigError::BadField {
+            field: "profile_label_key",
+            ..
+        })
+    ));
+    // A domain that is not a DNS subdomain is refused by its field.
+    let bad = c.clone().with_pod_label_domain("Not_A_Domain");
+    assert!(matches!(
+        bad.validate(),
+        Err(EgressConfigError::BadField {
+            field: "pod_label_domain",
+            ..
+        })
+    ));
+    // A policy name past 253 characters is no object name.
+    let mut long = c.clone();
+    long.template = "t".repeat(250);
+    assert!(matches!(
+        long.validate(),
+        Err(EgressConfigError::BadField { field: "template", .. })
     ));
 }
 

@@ -261,6 +261,7 @@ mod tests {
             owner_name: "namzu-sb-000000000001".into(),
             owner_uid: Some("u-1".into()),
             sandbox: "pool-abcde".into(),
+            sandbox_uid: None,
             fqdn: None,
             pod: BoundPod {
                 name: "pool-abcde".into(),

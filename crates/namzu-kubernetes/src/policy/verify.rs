@@ -34,8 +34,10 @@ pub struct PolicyVerifier {
 
 impl PolicyVerifier {
     fn key(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        // The per-sandbox label names one sandbox; a pass stands for
+        // every pod alike in the rest.
         let mut k = labels.clone();
-        k.remove(crate::build::SANDBOX_LABEL);
+        k.retain(|key, _| key != crate::policy::per_sandbox::DEFAULT_LABEL_KEY && !key.ends_with("/egress-sandbox"));
         k
     }
 

@@ -72,6 +72,8 @@ pub struct LocalProvider {
     state: StateDir,
     images: crate::image::ImageStore,
     agent_bin: PathBuf,
+    /// The egress supervisor, where it is not beside the agent.
+    egress_bin: Option<PathBuf>,
     client: ClientOptions,
     opts: LocalOptions,
 }
@@ -89,9 +91,19 @@ impl LocalProvider {
             images: crate::image::ImageStore::new(&state_dir),
             state: StateDir::new(state_dir, Tier::Local),
             agent_bin: agent_bin.into(),
+            egress_bin: None,
             client: ClientOptions::default(),
             opts: LocalOptions::default(),
         }
+    }
+
+    /// Uses this egress supervisor binary (`namzu-egress`) instead of the
+    /// one beside the agent: for an agent that lives apart from the host's
+    /// binaries (the simulated kubelet's pods run the agent their init
+    /// container installed).
+    pub fn with_egress_bin(mut self, egress_bin: impl Into<PathBuf>) -> Self {
+        self.egress_bin = Some(egress_bin.into());
+        self
     }
 
     /// Replaces the tier's options.
@@ -325,6 +337,7 @@ impl LocalProvider {
         if let Err(e) = self
             .state
             .supervisor(&id, &dir, &self.agent_bin)
+            .with_binary(self.egress_bin.clone())
             .start(&spec.egress)
             .await
         {
@@ -348,7 +361,11 @@ impl Provider for LocalProvider {
     async fn connect(&self, id: &str) -> Result<Sandbox> {
         let client = self.agent_link(id).await?;
         let dir = self.state.dir(id)?;
-        self.state.supervisor(id, &dir, &self.agent_bin).ensure().await?;
+        self.state
+            .supervisor(id, &dir, &self.agent_bin)
+            .with_binary(self.egress_bin.clone())
+            .ensure()
+            .await?;
         Ok(Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Local,

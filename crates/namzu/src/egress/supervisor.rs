@@ -279,8 +279,10 @@ pub struct Supervisor {
     state_root: PathBuf,
     /// The sandbox's own state directory.
     dir: PathBuf,
-    /// The supervisor binary is looked for next to the agent's.
+    /// The supervisor binary is looked for next to the agent's …
     agent_bin: PathBuf,
+    /// … unless it is named.
+    binary: Option<PathBuf>,
 }
 
 impl Supervisor {
@@ -299,7 +301,16 @@ impl Supervisor {
             state_root: state_root.into(),
             dir: dir.into(),
             agent_bin: agent_bin.into(),
+            binary: None,
         }
+    }
+
+    /// Starts `binary` as the supervisor (where the agent binary has none
+    /// beside it: one a pod installed into its own volume, say).
+    #[must_use]
+    pub fn with_binary(mut self, binary: Option<PathBuf>) -> Self {
+        self.binary = binary;
+        self
     }
 
     /// Writes the sandbox's egress configuration and starts its
@@ -336,12 +347,17 @@ impl Supervisor {
             &self.agent_bin,
         );
         let unavailable = |reason: String| Error::EgressUnavailable { id: id.into(), reason };
-        let bin = find_binary(agent_bin).ok_or_else(|| {
-            unavailable(format!(
-                "no {BINARY} next to {} (or in NAMZU_EGRESS_BIN)",
-                agent_bin.display()
-            ))
-        })?;
+        let bin = self
+            .binary
+            .clone()
+            .filter(|b| b.is_file())
+            .or_else(|| find_binary(agent_bin))
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "no {BINARY} next to {} (or in NAMZU_EGRESS_BIN)",
+                    agent_bin.display()
+                ))
+            })?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -1,0 +1,196 @@
+//! What the simulated kubelet does before a pod's workload runs, as a
+//! node would: every container's image must be in the node's cache
+//! ([`crate::images`]; else `ErrImageNeverPull`); `emptyDir` volumes are
+//! made; init containers run in order, from their images, with their
+//! volume mounts (the agent image's `--install` copies the agent into an
+//! `emptyDir`); and the workload's command must exist where the container
+//! sees it — in a mounted volume or in its image's root filesystem — else
+//! the container cannot start. The workload then runs from its image's
+//! root filesystem: a command the image lacks (`/bin/sh` in a FROM
+//! scratch image) fails there as it would on a cluster.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use namzu::image::ImageStore;
+use serde_json::Value;
+
+/// What the workload runs: the agent as its container sees it (the file
+/// on the host), and its image.
+pub(super) struct Prepared {
+    pub agent: PathBuf,
+    pub image: String,
+    /// The pod's volumes on the host, removed with the pod.
+    pub volumes: PathBuf,
+}
+
+/// Why a pod's containers cannot run, as its status says it.
+#[derive(Debug)]
+pub(super) struct PodError {
+    /// The waiting reason (`ErrImageNeverPull`, `CrashLoopBackOff`, …).
+    pub reason: &'static str,
+    pub message: String,
+    /// The container it happened to, and whether it is an init container.
+    pub container: String,
+    pub init: bool,
+}
+
+fn fail(reason: &'static str, c: &Value, init: bool, message: String) -> PodError {
+    PodError {
+        reason,
+        message,
+        container: c["name"].as_str().unwrap_or_default().to_owned(),
+        init,
+    }
+}
+
+/// Where `path` is, as container `c` sees it: under one of its volume
+/// mounts, or in its image's root filesystem.
+fn resolve(c: &Value, path: &str, volumes: &HashMap<String, PathBuf>, rootfs: &Path) -> PathBuf {
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
+        let (Some(mp), Some(name)) = (m["mountPath"].as_str(), m["name"].as_str()) else {
+            continue;
+        };
+        let mp = mp.trim_end_matches('/');
+        let rest = if path == mp {
+            Some("")
+        } else {
+            path.strip_prefix(&format!("{mp}/"))
+        };
+        if let (Some(rest), Some(dir)) = (rest, volumes.get(name)) {
+            return dir.join(rest);
+        }
+    }
+    rootfs.join(path.trim_start_matches('/'))
+}
+
+fn executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The command line a container runs: `command` then `args`.
+fn argv(c: &Value) -> Vec<String> {
+    ["command", "args"]
+        .iter()
+        .flat_map(|k| c[*k].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect()
+}
+
+/// Readies `pod` on the node under `state_dir`.
+pub(super) async fn prepare(pod: &Value, state_dir: &Path) -> Result<Prepared, PodError> {
+    let store = ImageStore::new(state_dir);
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or("pod");
+    let volumes_dir = state_dir.join("sim-pods").join(uid);
+    let mut volumes = HashMap::new();
+    for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+        let Some(name) = v["name"].as_str() else { continue };
+        if v.get("emptyDir").is_some() {
+            let dir = volumes_dir.join("volumes").join(name);
+            std::fs::create_dir_all(&dir).map_err(|e| PodError {
+                reason: "CreateContainerConfigError",
+                message: format!("emptyDir {name}: {e}"),
+                container: String::new(),
+                init: false,
+            })?;
+            volumes.insert(name.to_owned(), dir);
+        }
+    }
+    let image_of = |c: &Value, init: bool| -> Result<(String, PathBuf), PodError> {
+        let image = c["image"].as_str().unwrap_or_default().to_owned();
+        let rootfs = store.resolve(&image).map_err(|_| {
+            fail(
+                "ErrImageNeverPull",
+                c,
+                init,
+                format!("Container image {image:?} is not present with pull policy of Never (the simulated node's cache: crate::images)"),
+            )
+        })?;
+        Ok((image, rootfs))
+    };
+    for c in pod["spec"]["initContainers"].as_array().into_iter().flatten() {
+        let (_, rootfs) = image_of(c, true)?;
+        let argv = argv(c);
+        let Some(exe) = argv.first() else {
+            return Err(fail(
+                "CrashLoopBackOff",
+                c,
+                true,
+                "the init container has no command".into(),
+            ));
+        };
+        let exe_path = resolve(c, exe, &volumes, &rootfs);
+        if !executable(&exe_path) {
+            return Err(fail(
+                "CrashLoopBackOff",
+                c,
+                true,
+                format!("exec: {exe:?}: stat {exe}: no such file or directory"),
+            ));
+        }
+        // Paths in its arguments are the container's: mapped to where the
+        // node keeps them.
+        let args: Vec<PathBuf> = argv[1..]
+            .iter()
+            .map(|a| {
+                if a.starts_with('/') {
+                    resolve(c, a, &volumes, &rootfs)
+                } else {
+                    PathBuf::from(a)
+                }
+            })
+            .collect();
+        let run = tokio::process::Command::new(&exe_path).args(&args).env_clear().output();
+        match tokio::time::timeout(Duration::from_secs(60), run).await {
+            Ok(Ok(out)) if out.status.success() => {}
+            Ok(Ok(out)) => {
+                return Err(fail(
+                    "CrashLoopBackOff",
+                    c,
+                    true,
+                    format!(
+                        "init container exited {}: {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                ))
+            }
+            Ok(Err(e)) => return Err(fail("CrashLoopBackOff", c, true, format!("exec: {exe:?}: {e}"))),
+            Err(_) => return Err(fail("CrashLoopBackOff", c, true, "init container ran over 60 s".into())),
+        }
+    }
+    let c = &pod["spec"]["containers"][0];
+    let (image, rootfs) = image_of(c, false)?;
+    let Some(entry) = c["command"].as_array().and_then(|a| a.first()).and_then(Value::as_str) else {
+        return Err(fail(
+            "RunContainerError",
+            c,
+            false,
+            "the simulator runs a container's `command`; this one has none".into(),
+        ));
+    };
+    let agent = resolve(c, entry, &volumes, &rootfs);
+    if !executable(&agent) {
+        return Err(fail(
+            "CrashLoopBackOff",
+            c,
+            false,
+            format!("exec: {entry:?}: stat {entry}: no such file or directory: nothing put the agent there (an init container that installs it into a mounted emptyDir, or an image that carries it)"),
+        ));
+    }
+    if agent.file_name().and_then(|n| n.to_str()) != Some("namzu-agent") {
+        return Err(fail(
+            "RunContainerError",
+            c,
+            false,
+            format!("the simulator's pods run the namzu agent as their command, not {entry:?}"),
+        ));
+    }
+    Ok(Prepared {
+        agent,
+        image,
+        volumes: volumes_dir,
+    })
+}

@@ -1,0 +1,235 @@
+//! Sandboxes, as `controllers/sandbox_controller.go` keeps them: a pod
+//! (named after the Sandbox or its `pod-name` annotation, labelled with the
+//! name hash), a headless Service only when `service: true`, the claim's
+//! labels carried to a running pod once allowed, expiry, suspension, and a
+//! status computed from what stands.
+
+use serde_json::{json, Value};
+
+use super::*;
+
+/// The pod a Sandbox's pod template makes.
+fn pod_object(sb: &Value, name: &str) -> Value {
+    let tpl = &sb["spec"]["podTemplate"];
+    let mut labels = tpl["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels[NAME_HASH_LABEL] = json!(name_hash(meta(sb, "name")));
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta(sb, "namespace"), "labels": labels,
+            "annotations": tpl["metadata"]["annotations"].clone(),
+            "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", sb)},
+        "spec": tpl["spec"].clone(),
+        "status": {"phase": "Pending"},
+    })
+}
+
+/// The headless Service of a Sandbox: its pod by name hash, the
+/// containers' ports.
+fn service_object(sb: &Value) -> Value {
+    let ports: Vec<Value> = sb["spec"]["podTemplate"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| json!({"name": p["name"].clone(), "port": p["containerPort"].clone(), "protocol": "TCP"}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": meta(sb, "name"), "namespace": meta(sb, "namespace"),
+            "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", sb)},
+        "spec": {"clusterIP": "None", "selector": {NAME_HASH_LABEL: name_hash(meta(sb, "name"))}, "ports": ports},
+    })
+}
+
+/// The Sandbox's `Ready` condition from its pod and Service.
+fn ready_condition(sb: &Value, pod: Option<&Value>, has_service: bool) -> Value {
+    if let Some(p) = pod {
+        match p["status"]["phase"].as_str() {
+            Some("Succeeded") => return condition("Ready", false, "PodSucceeded", "Pod completed successfully"),
+            Some("Failed") => return condition("Ready", false, "PodFailed", "Pod failed"),
+            _ => {}
+        }
+    }
+    let (mut message, pod_ready) = match pod {
+        None => ("Pod does not exist".to_owned(), false),
+        Some(p) if p["status"]["phase"] == "Running" => {
+            if !is_ready(p) {
+                ("Pod is Running but not Ready".to_owned(), false)
+            } else if p["status"]["podIPs"].as_array().is_none_or(Vec::is_empty) {
+                ("Pod is Ready but has no podIPs yet".to_owned(), false)
+            } else {
+                ("Pod is Ready".to_owned(), true)
+            }
+        }
+        Some(p) => (
+            format!(
+                "Pod exists with phase: {}",
+                p["status"]["phase"].as_str().unwrap_or_default()
+            ),
+            false,
+        ),
+    };
+    let svc_ready = match sb["spec"]["service"].as_bool() {
+        Some(true) => {
+            message += if has_service {
+                "; Service Exists"
+            } else {
+                "; Service does not exist"
+            };
+            has_service
+        }
+        _ => true,
+    };
+    if pod_ready && svc_ready {
+        condition("Ready", true, "DependenciesReady", &message)
+    } else {
+        condition("Ready", false, "DependenciesNotReady", &message)
+    }
+}
+
+impl Controller {
+    pub(super) fn sandboxes(&self, sim: &Simulator) {
+        let now = SystemTime::now();
+        let pods = sim.all(PODS);
+        let services = sim.all(SERVICES);
+        for sb in sim.all(SANDBOXES) {
+            let (ns, name) = (meta(&sb, "namespace"), meta(&sb, "name"));
+            let pod_name = sb["metadata"]["annotations"][POD_NAME_ANNOTATION]
+                .as_str()
+                .unwrap_or(name)
+                .to_owned();
+            let owned_by_sb = |o: &&Value| owner_of(o, "Sandbox").is_some_and(|(_, u)| u == meta(&sb, "uid"));
+            let pod = pods
+                .iter()
+                .find(|p| meta(p, "namespace") == ns && meta(p, "name") == pod_name)
+                .filter(owned_by_sb);
+            let svc = services
+                .iter()
+                .find(|s| meta(s, "namespace") == ns && meta(s, "name") == name)
+                .filter(owned_by_sb);
+            // Expiry: the pod and Service go; the Sandbox too under Delete,
+            // else it stays, marked.
+            if passed(&sb["spec"]["shutdownTime"], now) {
+                if pod.is_some() {
+                    sim.remove(PODS, ns, &pod_name);
+                }
+                if svc.is_some() {
+                    sim.remove(SERVICES, ns, name);
+                }
+                if sb["spec"]["shutdownPolicy"] == "Delete" {
+                    sim.remove(SANDBOXES, ns, name);
+                } else {
+                    let mut conds = sb["status"]["conditions"].as_array().cloned().unwrap_or_default();
+                    conds.retain(|c| c["type"] != "Ready");
+                    conds.push(condition("Ready", false, "SandboxExpired", "Sandbox has expired"));
+                    write_status(sim, SANDBOXES, ns, name, json!({"conditions": conds}));
+                }
+                continue;
+            }
+            if sb["spec"]["operatingMode"] == "Suspended" {
+                if pod.is_some() {
+                    sim.remove(PODS, ns, &pod_name);
+                }
+                if !sb["metadata"]["annotations"][POD_NAME_ANNOTATION].is_null() {
+                    sim.update(SANDBOXES, ns, name, |o| {
+                        if let Some(a) = o["metadata"]["annotations"].as_object_mut() {
+                            a.remove(POD_NAME_ANNOTATION);
+                        }
+                    });
+                }
+                let msg = if pod.is_some() {
+                    "Sandbox is suspending"
+                } else {
+                    "Sandbox is suspended"
+                };
+                write_status(
+                    sim,
+                    SANDBOXES,
+                    ns,
+                    name,
+                    json!({"conditions": [condition("Ready", false, "SandboxSuspended", msg),
+                        condition("Suspended", pod.is_none(), if pod.is_none() { "PodTerminated" } else { "PodTerminating" }, "")],
+                        "selector": format!("{NAME_HASH_LABEL}={}", name_hash(name))}),
+                );
+                continue;
+            }
+            let Some(pod) = pod else {
+                // No pod (never made, or deleted): a new one of that name.
+                sim.put(PODS, pod_object(&sb, &pod_name));
+                continue;
+            };
+            let wants_service = sb["spec"]["service"] == true;
+            if wants_service && svc.is_none() {
+                // A Service's name is a DNS label: a Sandbox named longer
+                // than 63 characters cannot have one.
+                if let Some(why) = crate::schema::dns_label(name) {
+                    let msg = format!(
+                        "Error seen: failed to create service: Service {name:?} is invalid: metadata.name: {why}"
+                    );
+                    write_status(
+                        sim,
+                        SANDBOXES,
+                        ns,
+                        name,
+                        json!({"conditions": [condition("Ready", false, "ReconcilerError", &msg)]}),
+                    );
+                    continue;
+                }
+                sim.put(SERVICES, service_object(&sb));
+            }
+            self.sync_pod_labels(sim, &sb, pod);
+            let mut conditions = vec![ready_condition(&sb, Some(pod), svc.is_some())];
+            if let Some(phase @ ("Failed" | "Succeeded")) = pod["status"]["phase"].as_str() {
+                let reason = if phase == "Failed" { "PodFailed" } else { "PodSucceeded" };
+                conditions.push(condition("Finished", true, reason, ""));
+            }
+            let mut status = json!({
+                "conditions": conditions,
+                "podIPs": pod["status"]["podIPs"].as_array().map(|a| a.iter().map(|i| i["ip"].clone()).collect::<Vec<_>>()).unwrap_or_default(),
+                "selector": format!("{NAME_HASH_LABEL}={}", name_hash(name)),
+            });
+            if svc.is_some() {
+                status["service"] = json!(name);
+                status["serviceFQDN"] = json!(format!("{name}.{ns}.svc.cluster.local"));
+            }
+            write_status(sim, SANDBOXES, ns, name, status);
+        }
+    }
+
+    /// Carries the pod template's labels onto the running pod — for an
+    /// adopted warm pod, only once the adoption's delay has passed (the
+    /// real controller patches them after the claim reads Ready).
+    fn sync_pod_labels(&self, sim: &Simulator, sb: &Value, pod: &Value) {
+        let want = sb["spec"]["podTemplate"]["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let missing = want.iter().any(|(k, v)| pod["metadata"]["labels"][k] != *v);
+        if !missing {
+            return;
+        }
+        let k = key(meta(pod, "namespace"), meta(pod, "name"));
+        {
+            let mut st = self.lock();
+            match st.label_sync.get(&k) {
+                Some(at) if *at > std::time::Instant::now() => return,
+                _ => {
+                    st.label_sync.remove(&k);
+                }
+            }
+        }
+        sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
+            if !p["metadata"]["labels"].is_object() {
+                p["metadata"]["labels"] = json!({});
+            }
+            for (k, v) in &want {
+                p["metadata"]["labels"][k] = v.clone();
+            }
+        });
+    }
+}
