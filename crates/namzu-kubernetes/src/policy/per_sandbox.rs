@@ -138,8 +138,10 @@ pub fn policy_for(
             "name": policy_name(&uid),
             "namespace": namespace,
             "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            // No blockOwnerDeletion: setting it needs rights on the owner's
+            // finalizers, which the fence refuses a host should hold.
             "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": bound.owner_name,
-                "uid": uid, "controller": true, "blockOwnerDeletion": true}]
+                "uid": uid, "controller": true}]
         },
         "spec": {
             "endpointSelector": {"matchLabels": {cfg.label_key.clone(): bound.id}},

@@ -120,8 +120,9 @@ pub async fn dispatch(
         _ => false,
     };
     if !ok {
-        return ConnectError::new("unauthenticated", "missing or wrong X-Access-Token for this sandbox")
-            .into_response();
+        let refused =
+            ConnectError::new("unauthenticated", "missing or wrong X-Access-Token for this sandbox").into_response();
+        return after_body(&st, req, refused).await;
     }
     if port != ENVD_PORT {
         return match port.parse::<u16>() {
@@ -134,17 +135,28 @@ pub async fn dispatch(
         };
     }
     if let Some(user) = envd_user(&req).filter(|u| !KNOWN_USERS.contains(&u.as_str())) {
-        return ConnectError::new(
+        let refused = ConnectError::new(
             "invalid_argument",
             format!("user {user:?}: namzu runs every command as the sandbox's one identity; only \"user\" and \"root\" name it"),
         )
         .into_response();
+        return after_body(&st, req, refused).await;
     }
     req.extensions_mut().insert(EnvdTarget(rec));
     match envd_router(st).oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},
     }
+}
+
+/// Answers a refusal only after reading what is left of the request's body
+/// (up to the body limit): a client still writing it would otherwise meet
+/// a closed connection (EPIPE) instead of the answer, and an SDK reports
+/// that as the server being unavailable.
+async fn after_body(st: &AppState, req: Request, refused: Response) -> Response {
+    let limit = st.config.limits.max_body_bytes;
+    let _ = axum::body::to_bytes(req.into_body(), limit).await;
+    refused
 }
 
 /// The user names E2B's SDKs send; both stand for the sandbox's one
