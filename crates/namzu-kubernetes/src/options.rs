@@ -24,23 +24,34 @@ pub const DEFAULT_API_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default lifetime of a claim before the controller reclaims it (renewed by the lease).
 pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(3600);
 
-/// What the claim-only path needs, as (apiGroup, resource, verbs): claims
-/// made, read, renewed (patch), listed (crash recovery by label) and given
-/// back; the bound Sandbox read for readiness and its address; the pod read
-/// for its uid (the bind token), its IP and the diagnosis of one that never
-/// became ready; the namespace's NetworkPolicies listed for the ingress
-/// check, on by default. `deploy/k8s/rbac-claimant.yaml` must say exactly this
-/// (tested); the calls the backend records must stay inside it.
+/// What the claim path needs with everything it may turn on, as
+/// (apiGroup, resource, verbs): claims made, read, renewed and annotated
+/// (patch), listed (crash recovery, headroom) and given back; the pool read
+/// for headroom; the bound Sandbox read for readiness and its address; pods
+/// read for the uid (the bind token), the IP and the diagnosis, and listed
+/// for headroom; core and Cilium policies read (the named one) and listed
+/// (the ingress check, on by default, and the egress union). Nothing is
+/// written but claims: per-sandbox policy writes are a Role of their own
+/// (`deploy/k8s/rbac-policy-writer.yaml`, opt-in). `rbac-claimant.yaml`
+/// must say exactly this, and the claim path is recorded issuing exactly
+/// this (tested).
 pub const CLAIMANT_RBAC: &[(&str, &str, &[&str])] = &[
     (
         crd::EXTENSIONS_GROUP,
         "sandboxclaims",
         &["create", "get", "list", "patch", "delete"],
     ),
+    (crd::EXTENSIONS_GROUP, "sandboxwarmpools", &["get"]),
     (crd::AGENTS_GROUP, "sandboxes", &["get"]),
-    ("", "pods", &["get"]),
-    ("networking.k8s.io", "networkpolicies", &["list"]),
+    ("", "pods", &["get", "list"]),
+    ("networking.k8s.io", "networkpolicies", &["get", "list"]),
+    ("cilium.io", "ciliumnetworkpolicies", &["get", "list"]),
 ];
+
+/// The opt-in policy writes of per-sandbox egress
+/// (`deploy/k8s/rbac-policy-writer.yaml`), bounded by the admission fence.
+pub const POLICY_WRITER_RBAC: &[(&str, &str, &[&str])] =
+    &[("cilium.io", "ciliumnetworkpolicies", &["create", "patch", "delete"])];
 
 /// How the host reaches a pod's agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -13,8 +13,18 @@ use namzu_k8s_sim::schema::{crd_schema, validate};
 use namzu_kubernetes::CLAIMANT_RBAC;
 use serde_json::Value;
 
+/// Every document of a YAML file.
+fn documents(path: &Path) -> Vec<Value> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .collect()
+}
+
+/// A file's first document.
 fn yaml(path: &Path) -> Value {
-    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    documents(path).remove(0)
 }
 
 fn manifest(name: &str) -> Value {
@@ -169,10 +179,11 @@ fn the_admission_fence_bounds_per_sandbox_policies_and_is_readable_by_name_only(
     assert_eq!(r.as_array().unwrap().len(), 1);
     assert_eq!(r[0]["verbs"], serde_json::json!(["get"]));
     assert_eq!(r[0]["resourceNames"], serde_json::json!([DEFAULT_FENCE]));
-    let full = role_set(&manifest("rbac.yaml"));
-    for verb in ["get", "list", "create", "patch", "delete"] {
+    // The writes it fences are the opt-in writer Role's.
+    let writer = role_set(&manifest("rbac-policy-writer.yaml"));
+    for verb in ["create", "patch", "delete"] {
         assert!(
-            full.contains(&("cilium.io".into(), "ciliumnetworkpolicies".into(), verb.into())),
+            writer.contains(&("cilium.io".into(), "ciliumnetworkpolicies".into(), verb.into())),
             "{verb}"
         );
     }
@@ -215,4 +226,62 @@ fn the_shipped_controller_config_admits_the_pod_labels_namzu_sends_by_default() 
     // The labels namzu used to send are exactly what it refuses.
     let old = serde_json::json!({"labels": {"io.namzu/sandbox": "sb-1", "app.kubernetes.io/managed-by": "namzu"}});
     assert!(validate_metadata(&old, &allowed).is_err());
+}
+
+#[test]
+fn every_role_is_bound_to_the_one_service_account_the_fence_names() {
+    let sa = manifest("serviceaccount.yaml");
+    assert_eq!(sa["kind"], "ServiceAccount");
+    let (name, ns) = (
+        sa["metadata"]["name"].as_str().unwrap(),
+        sa["metadata"]["namespace"].as_str().unwrap(),
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/k8s");
+    for file in [
+        "rbac.yaml",
+        "rbac-claimant.yaml",
+        "rbac-policy-writer.yaml",
+        "rbac-fence-reader.yaml",
+    ] {
+        let docs = documents(&dir.join(file));
+        assert_eq!(docs.len(), 2, "{file}: a Role and its binding");
+        let (role, binding) = (&docs[0], &docs[1]);
+        let kind = role["kind"].as_str().unwrap();
+        assert_eq!(binding["kind"], format!("{kind}Binding"), "{file}");
+        assert_eq!(binding["roleRef"]["kind"], kind, "{file}");
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"], "{file}");
+        assert_eq!(
+            binding["metadata"]["namespace"], role["metadata"]["namespace"],
+            "{file}"
+        );
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": ns}]),
+            "{file}"
+        );
+    }
+    // The fence fences exactly that account.
+    let fence = manifest("admission-fence.yaml");
+    let cond = fence["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
+    assert!(cond.contains(&format!("'system:serviceaccount:{ns}:{name}'")), "{cond}");
+    // Policy writes live in the opt-in Role alone: neither default Role
+    // can write, or delete, a policy (the operator's baseline included).
+    let writes = ["create", "update", "patch", "delete", "deletecollection"];
+    for file in ["rbac.yaml", "rbac-claimant.yaml"] {
+        for (g, r, v) in role_set(&manifest(file)) {
+            let policy = r == "networkpolicies" || r == "ciliumnetworkpolicies";
+            assert!(
+                !(policy && writes.contains(&v.as_str())),
+                "{file} grants {v} on {g}/{r}"
+            );
+        }
+    }
+    let writer: BTreeSet<(String, String, String)> = namzu_kubernetes::POLICY_WRITER_RBAC
+        .iter()
+        .flat_map(|(g, r, vs)| {
+            vs.iter()
+                .map(move |v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    assert_eq!(role_set(&manifest("rbac-policy-writer.yaml")), writer);
 }

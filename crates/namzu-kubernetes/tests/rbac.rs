@@ -1,9 +1,12 @@
 //! The RBAC the backend needs, proven from what it DOES: every API call
 //! goes through the one typed layer, which records (group, resource,
-//! verb). The claim-only path is driven end to end against the simulator —
-//! acquire, use, lease renewal, reattach by id, listing, destroy, a failed
-//! acquire's diagnosis and cleanup, crash recovery — and the recorded set
-//! must equal `CLAIMANT_RBAC` and the parsed claimant Role, both ways. The
+//! verb). The claim path is driven end to end against the simulator with
+//! every feature it may turn on — acquire, use, lease renewal, reattach by
+//! id, listing, egress verification under core and Cilium, per-sandbox
+//! egress (written, replaced, removed), destroy, a failed acquire's
+//! diagnosis and cleanup, headroom, crash recovery — and the recorded set,
+//! split by Role, must equal the claimant Role (and `CLAIMANT_RBAC`), the
+//! opt-in policy-writer Role and the fence reader, each both ways. The
 //! template path, headroom included, must stay inside the full Role.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -29,8 +32,11 @@ fn recorded(apis: &[&Api]) -> BTreeSet<Triple> {
 }
 
 fn role(file: &str) -> BTreeSet<Triple> {
+    use serde::Deserialize;
     let path = format!("{}/../../deploy/k8s/{file}", env!("CARGO_MANIFEST_DIR"));
-    let role: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    // The Role is the file's first document (its binding follows).
+    let role = Value::deserialize(serde_yaml::Deserializer::from_str(&text).next().unwrap()).unwrap();
     let strs = |v: &Value| -> Vec<String> {
         v.as_array()
             .unwrap()
@@ -60,12 +66,41 @@ fn both_ways(what: &str, a: &BTreeSet<Triple>, b: &BTreeSet<Triple>) {
     );
 }
 
+fn triples(rbac: &[(&str, &str, &[&str])]) -> BTreeSet<Triple> {
+    rbac.iter()
+        .flat_map(|(g, r, vs)| {
+            vs.iter()
+                .map(move |v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_claim_only_path_issues_exactly_the_claimant_role() {
+async fn the_claim_path_with_every_feature_issues_exactly_the_split_roles() {
+    use namzu::egress::policy::{HostPattern, HostRule};
+    use namzu::egress::EgressPolicy;
+    use namzu_k8s_sim::cluster::{NAMESPACE, TEMPLATE};
+    use namzu_k8s_sim::controller::{ADMISSION_BINDINGS, ADMISSION_POLICIES, CILIUM_POLICIES, NETWORK_POLICIES};
+    use namzu_kubernetes::policy::per_sandbox::PerSandboxEgress;
+    use namzu_kubernetes::policy::{translate, Engine, KubeEgressConfig, KubeEgressPolicy};
     let c = Cluster::start(Some(1)).await.unwrap();
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    let fence = |f: &str| -> Value {
+        let p = format!("{}/../../deploy/k8s/{f}", env!("CARGO_MANIFEST_DIR"));
+        serde_yaml::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    c.sim.put(ADMISSION_POLICIES, fence("admission-fence.yaml"));
+    c.sim.put(ADMISSION_BINDINGS, fence("admission-fence-binding.yaml"));
+    // Cilium, verified (the named policy and the union), and per-sandbox.
+    let cilium = KubeEgressConfig {
+        engine: Engine::Cilium,
+        per_sandbox: Some(PerSandboxEgress::default()),
+        ..KubeEgressConfig::new(TEMPLATE, KubeEgressPolicy::DenyAll)
+    };
+    c.sim.put(CILIUM_POLICIES, translate(&cilium, NAMESPACE));
     let mut opts = c.options(true);
     opts.claim_ttl = Duration::from_secs(2);
+    opts.egress = Some(cilium);
     let p = KubernetesProvider::new(c.client(), opts.clone()).unwrap();
     let sb = p.create_task(SandboxSpec::default()).await.unwrap();
     sb.commands().run("true").await.unwrap();
@@ -74,38 +109,88 @@ async fn the_claim_only_path_issues_exactly_the_claimant_role() {
     let again = p.connect(sb.id()).await.unwrap();
     again.commands().run("true").await.unwrap();
     assert!(p.list().await.unwrap().iter().any(|i| i.id == sb.id()));
+    // Per-sandbox egress: written, replaced (a 409, then a patch), removed.
+    let allow = |host: &str| EgressPolicy::Allowlist {
+        hosts: vec![HostRule {
+            host: HostPattern::Exact(host.into()),
+            ports: None,
+        }],
+    };
+    sb.network().set_policy(allow("api.example.com")).await.unwrap();
+    sb.network().set_policy(allow("pypi.org")).await.unwrap();
+    sb.network()
+        .set_policy(EgressPolicy::Allowlist { hosts: vec![] })
+        .await
+        .unwrap();
     sb.destroy().await.unwrap();
+    // Core, verified, on its own provider.
+    let core = KubeEgressConfig::new(TEMPLATE, KubeEgressPolicy::DenyAll);
+    c.sim.put(NETWORK_POLICIES, translate(&core, NAMESPACE));
+    let core_p = KubernetesProvider::new(
+        c.client(),
+        namzu_kubernetes::KubernetesOptions {
+            egress: Some(core),
+            ..c.options(true)
+        },
+    )
+    .unwrap();
+    core_p
+        .create_task(SandboxSpec::default())
+        .await
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
     // A failed acquire: the pod diagnosed, the claim given back.
     c.ctl.set_pod_fault(Some(PodFault::Unschedulable));
-    let mut slow = opts.clone();
+    let mut slow = c.options(true);
     // Past the controller's 2 s wait for a warm candidate with pod IPs:
     // the claim cold-starts, and that pod is what gets diagnosed.
     slow.ready_timeout = Duration::from_secs(4);
-    slow.claim_ttl = Duration::from_secs(60);
-    slow.warm_pool_name = Some("namzu-pool".into());
     let failing = KubernetesProvider::new(c.client(), slow).unwrap();
     // The pool's ready pod would be claimed at once; empty it first.
-    let hold = p.create_task(SandboxSpec::default()).await.unwrap();
+    let hold = KubernetesProvider::new(c.client(), c.options(true))
+        .unwrap()
+        .create_task(SandboxSpec::default())
+        .await
+        .unwrap();
     let r = failing.create(SandboxSpec::default()).await;
     assert!(
         matches!(r.as_ref().err().and_then(|e| e.tier_error::<namzu_kubernetes::KubernetesError>()), Some(namzu_kubernetes::KubernetesError::Acquire(a)) if a.reason == namzu_kubernetes::acquire_error::AcquireReason::Capacity),
         "{:?}",
         r.err()
     );
-    // Crash recovery by the backend's pod label.
+    // Headroom, and crash recovery by the claims' labels.
+    read_task_capacity(p.api(), &opts).await.unwrap();
     let released = release_task_sandboxes(p.api(), &opts, "team!=nobody").await;
     assert!(released.is_ok(), "{released:?}");
     drop(hold);
-    let issued = recorded(&[p.api(), failing.api()]);
-    let constant: BTreeSet<Triple> = CLAIMANT_RBAC
+    let issued = recorded(&[p.api(), core_p.api(), failing.api()]);
+    // Split by Role: the fence reads, the opt-in writes, the claimant's rest.
+    let fence_reads: BTreeSet<Triple> = issued
         .iter()
-        .flat_map(|(g, r, vs)| {
-            vs.iter()
-                .map(move |v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
-        })
+        .filter(|t| t.0 == "admissionregistration.k8s.io")
+        .cloned()
         .collect();
-    both_ways("CLAIMANT_RBAC", &issued, &constant);
-    both_ways("deploy/k8s/rbac-claimant.yaml", &issued, &role("rbac-claimant.yaml"));
+    let writer = triples(namzu_kubernetes::POLICY_WRITER_RBAC);
+    let writes: BTreeSet<Triple> = issued.intersection(&writer).cloned().collect();
+    let claimant: BTreeSet<Triple> = issued
+        .difference(&fence_reads)
+        .filter(|t| !writer.contains(*t))
+        .cloned()
+        .collect();
+    both_ways("CLAIMANT_RBAC", &claimant, &triples(CLAIMANT_RBAC));
+    both_ways("deploy/k8s/rbac-claimant.yaml", &claimant, &role("rbac-claimant.yaml"));
+    both_ways(
+        "deploy/k8s/rbac-policy-writer.yaml",
+        &writes,
+        &role("rbac-policy-writer.yaml"),
+    );
+    both_ways(
+        "deploy/k8s/rbac-fence-reader.yaml",
+        &fence_reads,
+        &role("rbac-fence-reader.yaml"),
+    );
     c.stop().await;
 }
 
