@@ -53,7 +53,7 @@ pub struct ResourceArgs {
 /// Where and how `--tier kubernetes` acquires (see docs/kubernetes.md); the
 /// cluster is the one kube finds (KUBECONFIG, ~/.kube/config, or the pod's
 /// service account).
-#[derive(clap::Args, Clone, Default)]
+#[derive(clap::Args, Clone, Default, PartialEq, Eq, Debug)]
 pub struct KubeArgs {
     /// kubernetes: the namespace of the pool or template.
     #[arg(long = "kube-namespace", value_name = "NS")]
@@ -88,9 +88,22 @@ impl KubeArgs {
     /// The kubernetes tier's provider, built by the library's factory from
     /// these flags.
     pub async fn provider(&self) -> Result<Box<dyn namzu::Provider>, Fail> {
+        // What cannot work is refused by option name before any cluster is
+        // looked for.
+        let opts = self.options();
+        opts.validate()?;
+        let factory = namzu::factory::ProviderOptions {
+            kubernetes: Some(opts),
+            ..Default::default()
+        };
+        Ok(namzu::factory::provider(namzu::Tier::Kubernetes, factory).await?)
+    }
+
+    /// The tier's options from these flags.
+    pub fn options(&self) -> namzu::backend::kubernetes::KubernetesOptions {
         use namzu::backend::kubernetes::{AddressMode, KubernetesOptions};
         let defaults = KubernetesOptions::default();
-        let opts = KubernetesOptions {
+        KubernetesOptions {
             namespace: self.namespace.clone().unwrap_or(defaults.namespace.clone()),
             warm_pool_name: self.warm_pool.clone(),
             template_name: self.template.clone(),
@@ -103,12 +116,7 @@ impl KubeArgs {
                 .ready_timeout
                 .map_or(defaults.ready_timeout, std::time::Duration::from_secs),
             ..defaults
-        };
-        let factory = namzu::factory::ProviderOptions {
-            kubernetes: Some(opts),
-            ..Default::default()
-        };
-        Ok(namzu::factory::provider(namzu::Tier::Kubernetes, factory).await?)
+        }
     }
 }
 

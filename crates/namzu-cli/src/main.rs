@@ -9,6 +9,7 @@
 mod args;
 mod commands;
 mod fail;
+mod kube;
 mod providers;
 mod tty;
 mod ui;

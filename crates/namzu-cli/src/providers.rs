@@ -21,7 +21,7 @@ pub async fn provider(
     }
     if tier == Tier::Kubernetes {
         return Err(Fail(
-            "a kubernetes sandbox is not recorded in the state directory: only `namzu run --tier kubernetes` (create, run, destroy in one process) is available from the CLI".into(),
+            "--tier kubernetes needs where to acquire: --kube-namespace with --warm-pool or --template".into(),
         ));
     }
     let opts = ProviderOptions {
@@ -67,6 +67,9 @@ pub fn used_tiers(state_dir: &Option<PathBuf>) -> Vec<Tier> {
 
 /// The provider that knows sandbox `id`.
 pub async fn provider_of(state_dir: &Option<PathBuf>, id: &str) -> Result<(Tier, Box<dyn Provider>), Fail> {
+    if let Some(kube) = crate::kube::recorded(state_dir, id) {
+        return Ok((Tier::Kubernetes, kube.provider().await?));
+    }
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     for tier in STATE_TIERS {
         let known = Path::new(id).file_name() == Some(std::ffi::OsStr::new(id))

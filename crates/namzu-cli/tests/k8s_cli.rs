@@ -94,6 +94,131 @@ fn kubernetes_flags_on_another_tier_are_refused_by_name() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    // Where to acquire is required, and said so by option name.
     assert_ne!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("namzu run --tier kubernetes"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warm_pool_name") && err.contains("SandboxTemplate"),
+        "{err}"
+    );
+}
+
+/// Runs `namzu ARGS` against the simulated cluster; (stdout, stderr, code).
+async fn namzu(cfg: &std::path::Path, state: &std::path::Path, args: &[&str]) -> (String, String, Option<i32>) {
+    let (cfg, state) = (cfg.to_owned(), state.to_owned());
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_namzu"))
+            .args(&args)
+            .env("KUBECONFIG", cfg)
+            .env("NAMZU_STATE_DIR", state)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_exec_ls_rm_capacity_and_release_reach_a_kubernetes_sandbox_by_id() {
+    let c = Cluster::start(Some(2)).await.unwrap();
+    assert!(c.pool_ready(2, Duration::from_secs(30)).await);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = kubeconfig(dir.path(), &c.url);
+    let state = dir.path().join("state");
+    let place = [
+        "--tier",
+        "kubernetes",
+        "--kube-namespace",
+        NAMESPACE,
+        "--warm-pool",
+        POOL,
+        "--kube-address",
+        "pod-ip",
+    ];
+    let create = |label: &'static str| {
+        let mut a = vec!["create"];
+        a.extend(place);
+        a.extend(["--claim-label", label]);
+        a
+    };
+    // Made in one process, reached by id from others.
+    let (out, err, code) = namzu(&cfg, &state, &create("job=a")).await;
+    assert_eq!(code, Some(0), "{err}");
+    let id = out.trim().to_owned();
+    assert!(id.starts_with("sb-"), "{out}");
+    assert!(state.join("kubernetes").join(format!("{id}.json")).is_file());
+    let (out, err, code) = namzu(
+        &cfg,
+        &state,
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo hi > /workspace/f; cat /workspace/f",
+        ],
+    )
+    .await;
+    assert_eq!((out.as_str(), code), ("hi\n", Some(0)), "{err}");
+    let (out, _, _) = namzu(&cfg, &state, &["exec", &id, "--", "cat", "/workspace/f"]).await;
+    assert_eq!(out, "hi\n", "the same pod, found again");
+    let (out, err, code) = namzu(&cfg, &state, &["ls"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("kubernetes") && line.contains("up"), "{line}");
+    // Headroom: one of the two warm pods is claimed.
+    let (out, err, code) = namzu(
+        &cfg,
+        &state,
+        &["kube", "capacity", "--kube-namespace", NAMESPACE, "--warm-pool", POOL],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("active_claims 1") && out.contains("warm_desired  2"),
+        "{out}"
+    );
+    // rm gives the claim back and forgets it.
+    let (_, err, code) = namzu(&cfg, &state, &["rm", &id]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!state.join("kubernetes").join(format!("{id}.json")).exists());
+    assert!(c.get(CLAIMS, &format!("namzu-{id}")).is_none());
+    let (_, _, code) = namzu(&cfg, &state, &["exec", &id, "--", "true"]).await;
+    assert_ne!(code, Some(0), "an id given back still answers");
+    // Crash recovery by claim label: only what matches is given back.
+    let (keep, _, _) = namzu(&cfg, &state, &create("job=keep")).await;
+    let (drop, _, _) = namzu(&cfg, &state, &create("job=drop")).await;
+    let (out, err, code) = namzu(
+        &cfg,
+        &state,
+        &[
+            "kube",
+            "release",
+            "--kube-namespace",
+            NAMESPACE,
+            "--warm-pool",
+            POOL,
+            "--selector",
+            "job=drop",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("namzu-{}", drop.trim()));
+    assert!(c.get(CLAIMS, &format!("namzu-{}", keep.trim())).is_some());
+    assert!(!state.join("kubernetes").join(format!("{}.json", drop.trim())).exists());
+    let (_, err, code) = namzu(&cfg, &state, &["rm", keep.trim()]).await;
+    assert_eq!(code, Some(0), "{err}");
+    c.stop().await;
 }

@@ -97,15 +97,7 @@ pub async fn run(
     kube: KubeArgs,
     exec: ExecArgs,
 ) -> Result<ExitCode, Fail> {
-    let p: Box<dyn Provider> = match tier {
-        Tier::Kubernetes => kube.provider().await?,
-        _ if !kube.is_empty() => {
-            return Err(Fail(format!(
-                "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
-            )))
-        }
-        _ => provider(state_dir, tier, resources.runtime.clone()).await?,
-    };
+    let p = tier_provider(state_dir, tier, &resources, &kube).await?;
     warn_host(tier);
     let sb = p.create(resources.spec(Vec::new())?).await?;
     let result = run_command(&sb, exec, None).await;
@@ -120,12 +112,38 @@ pub async fn create(
     tier: Tier,
     env: Vec<(String, String)>,
     resources: ResourceArgs,
+    kube: KubeArgs,
 ) -> Result<ExitCode, Fail> {
-    let p = provider(state_dir, tier, resources.runtime.clone()).await?;
+    let p = tier_provider(state_dir, tier, &resources, &kube).await?;
     warn_host(tier);
     let sb = p.create(resources.spec(env)?).await?;
+    if tier == Tier::Kubernetes {
+        // Found again by id from here on; the claim outlives this process
+        // for its TTL, renewed while any process holds it.
+        if let Err(e) = crate::kube::record(state_dir, sb.id(), &kube) {
+            let _ = sb.destroy().await;
+            return Err(e);
+        }
+    }
     println!("{}", sb.id());
     Ok(ExitCode::SUCCESS)
+}
+
+/// The provider `run` and `create` make with: the kubernetes flags for that
+/// tier, refused by name on any other.
+async fn tier_provider(
+    state_dir: &Option<PathBuf>,
+    tier: Tier,
+    resources: &ResourceArgs,
+    kube: &KubeArgs,
+) -> Result<Box<dyn Provider>, Fail> {
+    match tier {
+        Tier::Kubernetes => kube.provider().await,
+        _ if !kube.is_empty() => Err(Fail(format!(
+            "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
+        ))),
+        _ => provider(state_dir, tier, resources.runtime.clone()).await,
+    }
 }
 
 pub async fn exec(

@@ -46,6 +46,8 @@ pub enum Cmd {
         env: Vec<(String, String)>,
         #[command(flatten)]
         resources: ResourceArgs,
+        #[command(flatten)]
+        kube: KubeArgs,
     },
     /// Show or change what may leave a running sandbox.
     Network {
@@ -161,6 +163,9 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// The kubernetes tier's operations: headroom, crash recovery.
+    #[command(subcommand)]
+    Kube(crate::kube::KubeCmd),
 }
 
 /// Runs one command.
@@ -173,7 +178,12 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
             kube,
             exec,
         } => exec::run(state_dir, tier, resources, kube, exec).await,
-        Cmd::Create { tier, env, resources } => exec::create(state_dir, tier, env, resources).await,
+        Cmd::Create {
+            tier,
+            env,
+            resources,
+            kube,
+        } => exec::create(state_dir, tier, env, resources, kube).await,
         Cmd::Network { id, action } => network::run(state_dir, id, action).await,
         Cmd::Exec {
             id,
@@ -195,6 +205,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
         Cmd::Cp { src, dst } => cp::run(state_dir, src, dst).await,
         Cmd::Ls => sandboxes::list(state_dir).await,
+        Cmd::Kube(cmd) => crate::kube::run(state_dir, cmd).await,
         Cmd::Shell { id, session, command } => shell::shell(state_dir, id, session, command).await,
         Cmd::Attach { id, session, from } => shell::attach(state_dir, id, session, from).await,
         Cmd::PortForward {

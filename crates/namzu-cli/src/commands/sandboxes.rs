@@ -16,6 +16,38 @@ pub async fn list(state_dir: &Option<PathBuf>) -> Result<ExitCode, Fail> {
             println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
         }
     }
+    // Kubernetes sandboxes this state directory made, asked of their
+    // cluster once per place they were made in.
+    let recorded = crate::kube::all(state_dir);
+    let mut places: Vec<crate::args::KubeArgs> = Vec::new();
+    for (_, k) in &recorded {
+        if !places.contains(k) {
+            places.push(k.clone());
+        }
+    }
+    for place in places {
+        let listed = match place.provider().await {
+            Ok(p) => p.list().await,
+            Err(e) => Err(namzu::Error::InvalidArgument {
+                op: "ls".into(),
+                message: e.0,
+            }),
+        };
+        let listed = listed.unwrap_or_else(|e| {
+            eprintln!(
+                "namzu: kubernetes ({}): {e}",
+                place.namespace.as_deref().unwrap_or("default")
+            );
+            Vec::new()
+        });
+        for (id, _) in recorded.iter().filter(|(_, k)| *k == place) {
+            let (state, created) = match listed.iter().find(|s| &s.id == id) {
+                Some(s) => (if s.alive { "up" } else { "down" }, s.created_unix),
+                None => ("?", 0),
+            };
+            println!("{:<18} {:<8} {:<6} {}", id, Tier::Kubernetes, state, created);
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -36,8 +68,11 @@ pub async fn rm(state_dir: &Option<PathBuf>, ids: Vec<String>) -> Result<ExitCod
     for id in ids {
         // Unknown ids are an error here, although destroy itself is
         // idempotent: a typo should not look like success.
-        let (_, p) = provider_of(state_dir, &id).await?;
+        let (tier, p) = provider_of(state_dir, &id).await?;
         p.destroy(&id).await?;
+        if tier == Tier::Kubernetes {
+            crate::kube::forget(state_dir, &id);
+        }
         println!("{id}");
     }
     Ok(ExitCode::SUCCESS)
