@@ -178,7 +178,8 @@ async fn the_policy_is_owned_selects_the_sandbox_and_reads_back_as_sent() {
         .filter(|c| c.resource == "validatingadmissionpolicies")
         .count();
     assert_eq!(fence_reads, 1);
-    // [] removes it; deny-all too (and is idempotent).
+    // [] removes it; deny-all too (and is idempotent): the baseline left
+    // (the template's deny-all) is proven no wider.
     sb.network().set_policy(allow(&[])).await.unwrap();
     assert!(c.get(CILIUM_POLICIES, &name).is_none());
     sb.network().set_policy(EgressPolicy::DenyAll).await.unwrap();
@@ -328,4 +329,36 @@ async fn a_direct_sandbox_whose_pod_lost_the_per_sandbox_label_is_refused() {
 /// The Kubernetes backend behind a handle.
 fn k8s(sb: &namzu::Sandbox) -> &namzu_kubernetes::KubernetesSandbox {
     sb.backend().expect("a kubernetes sandbox")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_all_is_deny_all_or_refused_never_a_fall_back_to_a_wider_baseline() {
+    let (c, _p, sb) = setup().await;
+    fence(&c);
+    sb.network().set_policy(allow(&["api.example.com"])).await.unwrap();
+    // An operator's policy that lets every pod of the namespace reach the
+    // whole internet: removing namzu's own policy would leave the pod
+    // THAT open, so deny-all is refused, naming it.
+    c.sim.put(
+        CILIUM_POLICIES,
+        json!({"apiVersion": "cilium.io/v2", "kind": "CiliumNetworkPolicy",
+            "metadata": {"name": "everything-out", "namespace": NAMESPACE},
+            "spec": {"endpointSelector": {}, "egress": [{"toEntities": ["world"]}]}}),
+    );
+    let e = sb.network().set_policy(EgressPolicy::DenyAll).await.unwrap_err();
+    let Ok(namzu_kubernetes::KubernetesError::EgressUnion(u)) =
+        e.into_tier_error::<namzu_kubernetes::KubernetesError>()
+    else {
+        panic!("not an egress union refusal")
+    };
+    assert_eq!(
+        u.refusal,
+        namzu_kubernetes::policy::union::UnionRefusal::PolicyWidensEgress,
+        "{u}"
+    );
+    assert!(u.to_string().contains("everything-out"), "{u}");
+    // Without it, deny-all holds.
+    c.sim.remove(CILIUM_POLICIES, NAMESPACE, "everything-out");
+    sb.network().set_policy(EgressPolicy::DenyAll).await.unwrap();
+    c.stop().await;
 }

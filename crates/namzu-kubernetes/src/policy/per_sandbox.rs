@@ -12,8 +12,15 @@
 //!   narrowing applies as for the template's policy, and a host's own ports
 //!   narrow it further.
 //!
-//! A write resolves only after a read-back deep-equals what was sent. An
-//! empty list, or deny-all, deletes the policy.
+//! A write resolves only after a read-back deep-equals what was sent.
+//!
+//! Deny-all (or an empty list) means what it means on every tier: names
+//! resolve, no connection leaves. A per-sandbox policy can only ADD to what
+//! the cluster's other policies allow, so deny-all deletes it and then
+//! proves the union of what still selects the pod is no wider than
+//! deny-all (the egress union check, under Cilium); a baseline that lets
+//! more out is `EgressUnion` (`PolicyWidensEgress`, naming the policy),
+//! never a silent fall back to it.
 //!
 //! Before the first write, the admission fence (a ValidatingAdmissionPolicy
 //! and its binding, shipped in `deploy/k8s/admission-fence.yaml`) is proven
@@ -223,10 +230,18 @@ pub async fn apply(
     let r = policy_resource(Engine::Cilium, namespace);
     let name = policy_name(&uid);
     let Some(body) = body else {
-        return match api.delete(&r, &name).await {
-            Ok(_) | Err(ApiError::AlreadyGone { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        match api.delete(&r, &name).await {
+            Ok(_) | Err(ApiError::AlreadyGone { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // What is left must be deny-all for this pod.
+        let deny = KubeEgressConfig {
+            engine: Engine::Cilium,
+            ..KubeEgressConfig::new("per-sandbox", KubeEgressPolicy::DenyAll)
         };
+        let (lists, unread) = super::union::list_policies(api, Engine::Cilium, namespace).await;
+        super::union::evaluate(&deny, namespace, &bound.pod.labels, &lists, unread)?;
+        return Ok(());
     };
     match api.create(&r, &body).await {
         Ok(_) => {}
