@@ -20,7 +20,7 @@
 //! POST gives the object back.
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
@@ -33,7 +33,6 @@ use super::lease::Leased;
 use super::KubernetesError;
 use super::{build, AddressMode, KubernetesOptions};
 pub use crate::bound::{Bound, BoundPod};
-use namzu_core::client::{AgentClient, ClientOptions};
 use namzu_core::error::{Error, Result};
 
 /// The annotation agent-sandbox writes on a Sandbox whose pod is named
@@ -511,115 +510,6 @@ async fn read_pod(
             b.wait().await?;
         }
     }
-}
-
-/// Dials the agent of `bound` and returns the link. `service` mode
-/// resolves the FQDN on every dial (it outlives the pod); `pod-ip` mode
-/// dials the IP, and after a connect failure re-reads the pod ONCE: a new
-/// uid means the controller replaced it, and the dial follows the new
-/// address and token (waiting for them on a fresh readiness budget); the
-/// same uid leaves the original failure standing.
-pub async fn dial(
-    api: &Api,
-    opts: &KubernetesOptions,
-    bound: &mut Bound,
-    client: &ClientOptions,
-) -> Result<AgentClient> {
-    let port = opts.agent_port;
-    let id = bound.id.clone();
-    match opts.address_mode {
-        AddressMode::Service => {
-            let fqdn = bound.fqdn.clone().unwrap_or_default();
-            if fqdn.is_empty() {
-                return Err(KubernetesError::AgentAddressUnresolvable {
-                    id,
-                    fqdn,
-                    cause: "the Sandbox has no status.serviceFQDN".into(),
-                }
-                .into());
-            }
-            // Resolved once here, so a name that never resolves is named as
-            // such rather than as a failed connect.
-            opts.resolution
-                .resolve(&fqdn)
-                .await
-                .map_err(|cause| KubernetesError::AgentAddressUnresolvable {
-                    id: id.clone(),
-                    fqdn: fqdn.clone(),
-                    cause,
-                })?;
-            let resolution = opts.resolution.clone();
-            let name = fqdn.clone();
-            AgentClient::connect(
-                &id,
-                &format!("{fqdn}:{port}"),
-                bound.pod.uid.clone().into_bytes(),
-                client.clone(),
-                move || {
-                    let resolution = resolution.clone();
-                    let name = name.clone();
-                    async move {
-                        let ips = resolution.resolve(&name).await.map_err(std::io::Error::other)?;
-                        connect_any(&ips, port).await
-                    }
-                },
-            )
-            .await
-        }
-        AddressMode::PodIp => {
-            let first = connect_pod(&id, &bound.pod, port, client).await;
-            let Err(e @ Error::Connect { .. }) = first else {
-                return first;
-            };
-            let pods = Resource::core("pods", &opts.namespace);
-            let now = api.get(&pods, &bound.pod.name).await.ok();
-            let replaced = now
-                .as_ref()
-                .and_then(|p| p["metadata"]["uid"].as_str())
-                .is_some_and(|u| u != bound.pod.uid);
-            if !replaced {
-                return Err(e);
-            }
-            tracing::info!(pod = %bound.pod.name, "the pod was replaced; following it");
-            let mut b = Budget::new(opts);
-            let old = bound.pod.uid.clone();
-            bound.pod = match read_pod(api, opts, &mut b, &bound.pod.name, Some(&old)).await {
-                Ok(p) => p,
-                Err(Stop::Fail(e)) => return Err(e),
-                Err(Stop::Deadline) => return Err(e),
-            };
-            connect_pod(&id, &bound.pod, port, client).await
-        }
-    }
-}
-
-async fn connect_pod(id: &str, pod: &BoundPod, port: u16, client: &ClientOptions) -> Result<AgentClient> {
-    let ip = pod.ip.ok_or_else(|| Error::Connect {
-        endpoint: pod.name.clone(),
-        source: std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "the pod has no IP"),
-    })?;
-    AgentClient::connect_tcp(
-        id,
-        SocketAddr::new(ip, port),
-        pod.uid.clone().into_bytes(),
-        client.clone(),
-    )
-    .await
-}
-
-/// The first address of `ips` that takes a connection.
-async fn connect_any(ips: &[IpAddr], port: u16) -> std::io::Result<tokio::net::TcpStream> {
-    let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address");
-    for ip in ips {
-        match tokio::net::TcpStream::connect(SocketAddr::new(*ip, port)).await {
-            Ok(s) => {
-                s.set_nodelay(true)?;
-                return Ok(s);
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
 }
 
 /// Reads what stands behind sandbox `id` (made earlier, maybe by another

@@ -39,3 +39,7 @@ pub struct Bound {
     /// The pod it runs in.
     pub pod: BoundPod,
 }
+
+/// Told of a pod replaced under a live handle: the sandbox id, the pod it
+/// was bound to, and the one it follows now (see `rebind`).
+pub type PodReplacedCallback = std::sync::Arc<dyn Fn(&str, &BoundPod, &BoundPod) + Send + Sync>;

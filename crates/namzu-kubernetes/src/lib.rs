@@ -52,6 +52,7 @@ pub mod ops;
 mod options;
 pub mod policy;
 pub mod provider;
+pub mod rebind;
 
 pub use api::{ApiError, Verb};
 

@@ -134,6 +134,9 @@ pub struct KubernetesOptions {
     pub resolution: NameResolution,
     /// Told of every failed lease renewal.
     pub on_lease_renewal_error: Option<RenewalErrorCallback>,
+    /// Told when a live handle's pod was replaced and the link followed it
+    /// (see [`crate::rebind`]): what ran and was written there is gone.
+    pub on_pod_replaced: Option<crate::bound::PodReplacedCallback>,
     /// The egress policy the cluster must enforce on every pod, verified
     /// before a sandbox is handed out (see [`policy`] and
     /// [`policy::union`]). `None`: nothing is verified.
@@ -180,6 +183,7 @@ impl Default for KubernetesOptions {
             claim_ttl: DEFAULT_CLAIM_TTL,
             resolution: NameResolution::System,
             on_lease_renewal_error: None,
+            on_pod_replaced: None,
             egress: None,
             ingress: policy::ingress::IngressVerification::default(),
         }

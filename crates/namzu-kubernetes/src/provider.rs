@@ -85,7 +85,9 @@ impl KubernetesProvider {
     /// Dials a bound sandbox, probes it, and starts its lease. A probe
     /// refusal (or a failed dial) is returned; the caller releases.
     async fn open(&self, mut bound: Bound) -> Result<KubernetesSandbox> {
-        let client = acquire::dial(&self.api, &self.opts, &mut bound, &self.client).await?;
+        let (client, pod) = super::rebind::dial(&self.api, &self.opts, &bound, &self.client).await?;
+        // The first dial may already have followed a replacement.
+        bound.pod = pod.lock().unwrap_or_else(|p| p.into_inner()).clone();
         privilege_probe(&bound.id, &client).await?;
         let lease = Lease::start(
             self.api.clone(),
@@ -101,6 +103,7 @@ impl KubernetesProvider {
             bound,
             client,
             lease,
+            pod,
             fence_proven: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -200,6 +203,8 @@ pub struct KubernetesSandbox {
     bound: Bound,
     client: AgentClient,
     lease: Lease,
+    /// The pod the link is bound to now (it follows a replacement).
+    pod: super::rebind::CurrentPod,
     /// The admission fence was seen applied (proven once per handle).
     fence_proven: std::sync::atomic::AtomicBool,
 }
@@ -208,6 +213,12 @@ impl KubernetesSandbox {
     /// What the acquire bound: the claim (or Sandbox), the Sandbox, the pod.
     pub fn bound(&self) -> &Bound {
         &self.bound
+    }
+
+    /// The pod the link is bound to NOW: the acquired one, or the
+    /// replacement it followed.
+    pub fn current_pod(&self) -> crate::bound::BoundPod {
+        self.pod.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `Err(SandboxGone)` once the lease found the object gone.

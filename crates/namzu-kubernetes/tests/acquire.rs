@@ -665,40 +665,56 @@ async fn the_pods_agent_answers_on_its_tcp_port_only_to_the_pod_uid() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_replaced_under_a_live_handle_is_never_silently_followed() {
+async fn a_pod_replaced_under_a_live_handle_is_followed_by_every_later_call_and_said_so() {
     let c = Cluster::start(None).await.unwrap();
-    // An evicted pod says nothing: the link notices by its keepalive.
-    let p = provider(&c, c.options(false)).with_client_options(namzu::ClientOptions {
-        keepalive: Duration::from_secs(1),
-        ..Default::default()
-    });
-    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    sb.files().write(std::path::Path::new("state"), "kept").await.unwrap();
-    let pod = k8s(&sb).bound().pod.name.clone();
-    c.ctl.replace_pod(&c.sim, NAMESPACE, &pod).await;
-    // The Service name now leads to the replacement: an empty pod whose
-    // agent holds another token. A task sandbox's state died with its pod,
-    // so the handle refuses — typed — rather than hand back an empty one.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let replacement_up = loop {
-        let now = c.get(PODS, &pod);
-        if now.as_ref().is_some_and(|p| p["status"]["phase"] == "Running") || Instant::now() > deadline {
-            break now.unwrap();
+    for mode in [AddressMode::Service, AddressMode::PodIp] {
+        let told: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+        let seen = told.clone();
+        let opts = KubernetesOptions {
+            address_mode: mode,
+            on_pod_replaced: Some(std::sync::Arc::new(move |_id, was, now| {
+                seen.lock().unwrap().push((was.uid.clone(), now.uid.clone()));
+            })),
+            ..c.options(false)
+        };
+        // An evicted pod says nothing: the link notices by its keepalive.
+        let p = provider(&c, opts).with_client_options(namzu::ClientOptions {
+            keepalive: Duration::from_secs(1),
+            ..Default::default()
+        });
+        let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+        sb.files().write(std::path::Path::new("state"), "kept").await.unwrap();
+        let was = k8s(&sb).bound().pod.clone();
+        c.ctl.replace_pod(&c.sim, NAMESPACE, &was.name).await;
+        // The next calls reach the replacement (its new address under
+        // pod-ip; under Service the name already leads there), offering
+        // ITS token: a call in flight on the dead link may fail, later
+        // ones go through.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match sb.commands().run("true").await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("not yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{mode:?}: never reached the replacement: {e}"),
+            }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_ne!(replacement_up["metadata"]["uid"], k8s(&sb).bound().pod.uid.as_str());
-    let r = sb.files().read(std::path::Path::new("state")).await;
-    assert!(
-        matches!(
-            r,
-            Err(Error::LinkLost { .. } | Error::Preface { .. } | Error::Connect { .. })
-        ),
-        "{r:?}"
-    );
-    let again = sb.commands().run("true").await;
-    assert!(again.is_err(), "a call reached the replacement pod: {again:?}");
-    sb.destroy().await.unwrap();
+        let now = k8s(&sb).current_pod();
+        assert_ne!(now.uid, was.uid, "{mode:?}");
+        assert_eq!(now.name, was.name);
+        assert_eq!(c.get(PODS, &was.name).unwrap()["metadata"]["uid"], now.uid.as_str());
+        // Said so, once: the old pod's files are gone with it.
+        assert_eq!(
+            *told.lock().unwrap(),
+            vec![(was.uid.clone(), now.uid.clone())],
+            "{mode:?}"
+        );
+        let r = sb.files().read(std::path::Path::new("state")).await;
+        assert!(r.is_err(), "{mode:?}: the replacement holds the old pod's file: {r:?}");
+        sb.destroy().await.unwrap();
+    }
     c.stop().await;
 }
 

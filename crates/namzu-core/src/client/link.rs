@@ -60,6 +60,8 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> LinkStream for T {}
 
 pub(super) type DialFuture = Pin<Box<dyn Future<Output = io::Result<Box<dyn LinkStreamObj>>> + Send>>;
 pub(super) type Dialer = Arc<dyn Fn() -> DialFuture + Send + Sync>;
+/// The token offered at each (re)dial, asked for after the dial.
+pub(super) type TokenSource = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 /// Object-safe form of [`LinkStream`], so one client type serves every
 /// transport.
@@ -134,12 +136,33 @@ impl AgentClient {
         F: Future<Output = io::Result<S>> + Send + 'static,
         S: LinkStream,
     {
+        let token = Arc::new(token);
+        Self::connect_following(sandbox_id, endpoint, opts, dial, move || token.as_ref().clone()).await
+    }
+
+    /// Connects through `dial`, offering whatever `token` returns after
+    /// each (re)dial: a dialer that follows an agent which moved (a pod
+    /// replaced under the same name, with a new address and a new bind
+    /// token) changes both, and every later operation reaches it.
+    pub async fn connect_following<D, F, S, T>(
+        sandbox_id: &str,
+        endpoint: &str,
+        opts: ClientOptions,
+        dial: D,
+        token: T,
+    ) -> Result<Self>
+    where
+        D: Fn() -> F + Send + Sync + 'static,
+        F: Future<Output = io::Result<S>> + Send + 'static,
+        S: LinkStream,
+        T: Fn() -> Vec<u8> + Send + Sync + 'static,
+    {
         let dial = Arc::new(dial);
         let dialer: Dialer = Arc::new(move || {
             let fut = dial();
             Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
         });
-        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+        Self::connect_dialer(sandbox_id, endpoint, Arc::new(token), opts, dialer).await
     }
 
     /// Connects over one already-open stream (an inherited socket, an exec's
@@ -165,7 +188,15 @@ impl AgentClient {
                 })
             })
         });
-        Self::connect_dialer(sandbox_id, endpoint, token, opts, dialer).await
+        let token = Arc::new(token);
+        Self::connect_dialer(
+            sandbox_id,
+            endpoint,
+            Arc::new(move || token.as_ref().clone()),
+            opts,
+            dialer,
+        )
+        .await
     }
 
     /// Connects to an agent's unix socket.
@@ -195,11 +226,10 @@ impl AgentClient {
     pub(super) async fn connect_dialer(
         sandbox_id: &str,
         endpoint: &str,
-        token: Vec<u8>,
+        token: TokenSource,
         opts: ClientOptions,
         dialer: Dialer,
     ) -> Result<Self> {
-        let token = Arc::new(token);
         // The first link is dialed here, not inside tonic, so a refused
         // preface or a dead socket comes back as a typed error.
         let first = tokio::time::timeout(opts.connect_timeout, async {
@@ -207,7 +237,7 @@ impl AgentClient {
                 endpoint: endpoint.into(),
                 source,
             })?;
-            namzu_proto::preface::offer(&mut s, &token)
+            namzu_proto::preface::offer(&mut s, &token())
                 .await
                 .map_err(|source| Error::Preface {
                     endpoint: endpoint.into(),
@@ -230,7 +260,7 @@ impl AgentClient {
                     Some(s) => s,
                     None => {
                         let mut s = dialer().await?;
-                        namzu_proto::preface::offer(&mut s, &token)
+                        namzu_proto::preface::offer(&mut s, &token())
                             .await
                             .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
                         s
