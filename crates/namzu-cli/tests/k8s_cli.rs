@@ -29,40 +29,30 @@ async fn run_claims_a_pod_runs_the_command_and_gives_it_back() {
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let dir = tempfile::tempdir().unwrap();
     let cfg = kubeconfig(dir.path(), &c.url);
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_namzu"))
-            .args([
-                "run",
-                "--tier",
-                "kubernetes",
-                "--kube-namespace",
-                NAMESPACE,
-                "--warm-pool",
-                POOL,
-                "--kube-address",
-                "pod-ip",
-                "--claim-label",
-                "run=cli",
-                "--",
-                "sh",
-                "-c",
-                "echo in-pod; exit 3",
-            ])
-            .env("KUBECONFIG", cfg)
-            .env("NAMZU_STATE_DIR", dir.path().join("state"))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "in-pod\n",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(3));
+    let (stdout, stderr, code) = namzu(
+        &cfg,
+        &dir.path().join("state"),
+        &[
+            "run",
+            "--tier",
+            "kubernetes",
+            "--kube-namespace",
+            NAMESPACE,
+            "--warm-pool",
+            POOL,
+            "--kube-address",
+            "pod-ip",
+            "--claim-label",
+            "run=cli",
+            "--",
+            "sh",
+            "-c",
+            "echo in-pod; exit 3",
+        ],
+    )
+    .await;
+    assert_eq!(stdout, "in-pod\n", "{stderr}");
+    assert_eq!(code, Some(3));
     let left: Vec<_> = c
         .sim
         .all(CLAIMS)

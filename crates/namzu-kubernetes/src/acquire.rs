@@ -492,14 +492,7 @@ async fn read_pod(
             let ip = pod["status"]["podIP"].as_str().and_then(|s| s.parse::<IpAddr>().ok());
             let live = pod["metadata"]["deletionTimestamp"].is_null() && !uid.is_empty() && Some(uid) != not_uid;
             if live && (opts.address_mode == AddressMode::Service || ip.is_some()) {
-                let labels = pod["metadata"]["labels"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let labels = crate::labels::string_map(&pod["metadata"]["labels"]);
                 return Ok(BoundPod {
                     name: name.to_owned(),
                     uid: uid.to_owned(),

@@ -169,14 +169,7 @@ pub fn claim_refusal(claim: &Value) -> Option<AcquireError> {
     if !TERMINAL_CLAIM_REASONS.contains(&reason.as_str()) && !claim_fault {
         return None;
     }
-    let sent: BTreeMap<String, String> = claim["spec"]["additionalPodMetadata"]["labels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let sent: BTreeMap<String, String> = crate::labels::string_map(&claim["spec"]["additionalPodMetadata"]["labels"]);
     let rejection = (reason == "InvalidMetadata" && message.contains("label") && !sent.is_empty()).then(|| {
         ClaimRejection::PodLabelsRejected {
             labels: sent.clone(),

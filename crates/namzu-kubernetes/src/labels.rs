@@ -66,3 +66,15 @@ pub fn check_label(key: &str, value: &str) -> std::result::Result<(), String> {
     }
     Ok(())
 }
+
+/// A JSON label map (`metadata.labels`, `additionalPodMetadata.labels`) as
+/// strings; absent or not a map is empty.
+pub fn string_map(v: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}

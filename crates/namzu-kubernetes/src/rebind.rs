@@ -79,14 +79,7 @@ impl Ctx {
         if !live || (self.mode == AddressMode::PodIp && ip.is_none()) {
             return Standing::Starting;
         }
-        let labels = p["metadata"]["labels"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let labels = crate::labels::string_map(&p["metadata"]["labels"]);
         Standing::Replaced(BoundPod {
             name: was.name.clone(),
             uid: uid.to_owned(),
