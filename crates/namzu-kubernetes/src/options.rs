@@ -73,34 +73,94 @@ pub enum NameResolution {
     /// A resolver of the caller's: tests, or a host with its own view of
     /// cluster DNS. `None`: the name does not resolve.
     Custom(Resolver),
+    /// A resolver of the caller's that tells a temporary failure (a
+    /// resolver's EAI_AGAIN) from a name that does not exist.
+    Fallible(FallibleResolver),
 }
 
 /// A caller's resolver: a name's addresses, `None` if it has none.
 pub type Resolver = Arc<dyn Fn(&str) -> Option<Vec<IpAddr>> + Send + Sync>;
+/// A caller's resolver that says why a name has no addresses.
+pub type FallibleResolver = Arc<dyn Fn(&str) -> std::result::Result<Vec<IpAddr>, Lookup> + Send + Sync>;
+
+/// Why a name has no addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The resolver could not answer now (EAI_AGAIN): asking again may.
+    Temporary(String),
+    /// The name has no addresses.
+    NotFound(String),
+}
+
+impl std::fmt::Display for Lookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Temporary(m) => write!(f, "temporary failure: {m}"),
+            Self::NotFound(m) => f.write_str(m),
+        }
+    }
+}
 
 impl std::fmt::Debug for NameResolution {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::System => "System",
             Self::Custom(_) => "Custom",
+            Self::Fallible(_) => "Fallible",
         })
     }
 }
 
 impl NameResolution {
-    /// The addresses of `fqdn`, or why there are none.
-    pub async fn resolve(&self, fqdn: &str) -> std::result::Result<Vec<IpAddr>, String> {
+    /// One lookup of `fqdn`.
+    pub async fn lookup(&self, fqdn: &str) -> std::result::Result<Vec<IpAddr>, Lookup> {
         let found = match self {
             Self::System => tokio::net::lookup_host((fqdn, 0))
                 .await
                 .map(|a| a.map(|a| a.ip()).collect::<Vec<_>>())
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| {
+                    // getaddrinfo's EAI_AGAIN, as the system words it.
+                    let m = e.to_string();
+                    if m.contains("Temporary failure") || m.contains("try again") {
+                        Lookup::Temporary(m)
+                    } else {
+                        Lookup::NotFound(m)
+                    }
+                })?,
             Self::Custom(f) => f(fqdn).unwrap_or_default(),
+            Self::Fallible(f) => f(fqdn)?,
         };
         if found.is_empty() {
-            return Err("no address".into());
+            return Err(Lookup::NotFound("no address".into()));
         }
         Ok(found)
+    }
+
+    /// The addresses of `fqdn`, or why there are none (one lookup).
+    pub async fn resolve(&self, fqdn: &str) -> std::result::Result<Vec<IpAddr>, String> {
+        self.lookup(fqdn).await.map_err(|e| e.to_string())
+    }
+
+    /// The addresses of `fqdn`, a temporary failure asked again every
+    /// `every` until `within` has passed; a name that does not exist ends
+    /// it at once.
+    pub async fn resolve_within(
+        &self,
+        fqdn: &str,
+        within: Duration,
+        every: Duration,
+    ) -> std::result::Result<Vec<IpAddr>, String> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match self.lookup(fqdn).await {
+                Ok(ips) => return Ok(ips),
+                Err(Lookup::Temporary(m)) if tokio::time::Instant::now() + every < deadline => {
+                    tracing::debug!(%fqdn, "temporary resolver failure, asking again: {m}");
+                    tokio::time::sleep(every).await;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
     }
 }
 

@@ -94,7 +94,10 @@ impl Ctx {
             AddressMode::PodIp => pod.ip.into_iter().collect(),
             AddressMode::Service => {
                 let fqdn = self.fqdn.clone().unwrap_or_default();
-                self.resolution.resolve(&fqdn).await.map_err(std::io::Error::other)?
+                self.resolution
+                    .resolve_within(&fqdn, self.budget, self.poll)
+                    .await
+                    .map_err(std::io::Error::other)?
             }
         };
         let mut last = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "the pod has no address");
@@ -162,9 +165,10 @@ pub async fn dial(
             .into());
         }
         // Resolved once here, so a name that never resolves is named as
-        // such rather than as a failed connect.
+        // such rather than as a failed connect; a resolver that cannot
+        // answer NOW is asked again within the connect budget.
         opts.resolution
-            .resolve(&fqdn)
+            .resolve_within(&fqdn, client.connect_timeout, opts.poll_interval)
             .await
             .map_err(|cause| KubernetesError::AgentAddressUnresolvable {
                 id: id.clone(),

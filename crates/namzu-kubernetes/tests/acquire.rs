@@ -395,6 +395,57 @@ async fn a_service_name_that_does_not_resolve_is_typed_and_points_at_pod_ip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolver_that_cannot_answer_now_is_asked_again_within_the_connect_budget() {
+    use namzu_kubernetes::Lookup;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let c = Cluster::start(None).await.unwrap();
+    let NameResolution::Custom(cluster_dns) = c.ctl.resolution() else {
+        panic!("the simulator's DNS is a custom resolver")
+    };
+    // Three EAI_AGAINs, then the cluster's answer.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let n = asked.clone();
+    let dns = cluster_dns.clone();
+    let mut opts = c.options(false);
+    opts.resolution = NameResolution::Fallible(Arc::new(move |fqdn| {
+        if n.fetch_add(1, Ordering::SeqCst) < 3 {
+            return Err(Lookup::Temporary("Temporary failure in name resolution".into()));
+        }
+        dns(fqdn).ok_or_else(|| Lookup::NotFound("no such name".into()))
+    }));
+    let sb = provider(&c, opts).create_task(SandboxSpec::default()).await.unwrap();
+    assert!(echo(&sb).await.starts_with("hello from"));
+    assert!(asked.load(Ordering::SeqCst) > 3);
+    sb.destroy().await.unwrap();
+    // A resolver that never can: typed, once the connect budget is spent.
+    let mut opts = c.options(false);
+    opts.resolution = NameResolution::Fallible(Arc::new(|_| Err(Lookup::Temporary("try again".into()))));
+    let started = Instant::now();
+    let e = provider(&c, opts)
+        .with_client_options(namzu::ClientOptions {
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .create_task(SandboxSpec::default())
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    match e.tier_error::<namzu_kubernetes::KubernetesError>() {
+        Some(namzu_kubernetes::KubernetesError::AgentAddressUnresolvable { cause, .. }) => {
+            assert!(cause.contains("temporary failure"), "{cause}")
+        }
+        other => panic!("{other:?}"),
+    }
+    no_objects_left(&c).await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unconfined_pod_is_refused_by_the_privilege_probe_and_released() {
     let c = Cluster::start(None).await.unwrap();
     // What a pod without the restricted security context amounts to: the
