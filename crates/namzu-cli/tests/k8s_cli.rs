@@ -11,6 +11,18 @@ use std::time::Duration;
 use namzu_k8s_sim::cluster::{Cluster, NAMESPACE, POOL};
 use namzu_k8s_sim::controller::CLAIMS;
 
+/// Where the simulated cluster's sandboxes are claimed, as flags.
+const PLACE: [&str; 8] = [
+    "--tier",
+    "kubernetes",
+    "--kube-namespace",
+    NAMESPACE,
+    "--warm-pool",
+    POOL,
+    "--kube-address",
+    "pod-ip",
+];
+
 fn kubeconfig(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
     let path = dir.join("kubeconfig");
     std::fs::write(
@@ -29,28 +41,13 @@ async fn run_claims_a_pod_runs_the_command_and_gives_it_back() {
     assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let dir = tempfile::tempdir().unwrap();
     let cfg = kubeconfig(dir.path(), &c.url);
-    let (stdout, stderr, code) = namzu(
-        &cfg,
-        &dir.path().join("state"),
-        &[
-            "run",
-            "--tier",
-            "kubernetes",
-            "--kube-namespace",
-            NAMESPACE,
-            "--warm-pool",
-            POOL,
-            "--kube-address",
-            "pod-ip",
-            "--claim-label",
-            "run=cli",
-            "--",
-            "sh",
-            "-c",
-            "echo in-pod; exit 3",
-        ],
-    )
-    .await;
+    let args = [
+        &["run"][..],
+        &PLACE,
+        &["--claim-label", "run=cli", "--", "sh", "-c", "echo in-pod; exit 3"],
+    ]
+    .concat();
+    let (stdout, stderr, code) = namzu(&cfg, &dir.path().join("state"), &args).await;
     assert_eq!(stdout, "in-pod\n", "{stderr}");
     assert_eq!(code, Some(3));
     let left: Vec<_> = c
@@ -122,19 +119,9 @@ async fn create_exec_ls_rm_capacity_and_release_reach_a_kubernetes_sandbox_by_id
     let dir = tempfile::tempdir().unwrap();
     let cfg = kubeconfig(dir.path(), &c.url);
     let state = dir.path().join("state");
-    let place = [
-        "--tier",
-        "kubernetes",
-        "--kube-namespace",
-        NAMESPACE,
-        "--warm-pool",
-        POOL,
-        "--kube-address",
-        "pod-ip",
-    ];
     let create = |label: &'static str| {
         let mut a = vec!["create"];
-        a.extend(place);
+        a.extend(PLACE);
         a.extend(["--claim-label", label]);
         a
     };
