@@ -207,6 +207,16 @@ fn run() -> Result<(), String> {
     // Still single-threaded here: no other thread can be reading the
     // environment while it changes, and ids set now are every thread's.
     std::env::remove_var("NAMZU_AGENT_TOKEN");
+    if user.is_none() {
+        // The agent and its commands share one uid (a pod's): removing the
+        // variable leaves the token in /proc/<pid>/environ (the original
+        // environment) and in memory, both open to a same-uid process while
+        // the agent is dumpable. Not dumpable, /proc/<pid> is root's.
+        // (With --command-user the agent has a uid of its own; see
+        // identity.rs for why it stays dumpable there.)
+        nix::sys::prctl::set_dumpable(false).map_err(|e| format!("set non-dumpable: {e}"))?;
+        reports.push(("dumpable".into(), "no".into()));
+    }
     let mut prebound = None;
     if let Some(user) = user {
         // Bound now, as the agent's own uid, so the run directory can be

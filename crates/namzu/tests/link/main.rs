@@ -6,6 +6,7 @@
 
 mod heartbeat;
 mod lifecycle;
+mod pod_entry;
 mod preface;
 mod reattach;
 
