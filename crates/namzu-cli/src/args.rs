@@ -53,7 +53,7 @@ pub struct ResourceArgs {
 /// Where and how `--tier kubernetes` acquires (see docs/kubernetes.md); the
 /// cluster is the one kube finds (KUBECONFIG, ~/.kube/config, or the pod's
 /// service account).
-#[derive(clap::Args, Clone, Default, PartialEq, Eq, Debug)]
+#[derive(clap::Args, Clone, Default, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KubeArgs {
     /// kubernetes: the namespace of the pool or template.
     #[arg(long = "kube-namespace", value_name = "NS")]

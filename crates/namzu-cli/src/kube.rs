@@ -1,6 +1,7 @@
 //! The kubernetes tier's place in the state directory: a sandbox `namzu
 //! create --tier kubernetes` made is recorded as
-//! `<state>/kubernetes/<id>.json` — the flags that reach it again — so
+//! `<state>/kubernetes/<id>.json` — the flags that reach it again (its
+//! [`KubeArgs`]) — so
 //! `exec`, `ls`, `rm` and every command taking an id find it; and `namzu
 //! kube capacity` / `namzu kube release`, the tier's operations.
 
@@ -8,47 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde::{Deserialize, Serialize};
 
 use crate::args::KubeArgs;
 use crate::fail::Fail;
-
-/// The flags a recorded kubernetes sandbox is reached with again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub namespace: Option<String>,
-    pub warm_pool: Option<String>,
-    pub template: Option<String>,
-    pub address: Option<String>,
-    pub claim_labels: Vec<(String, String)>,
-    pub ready_timeout: Option<u64>,
-}
-
-impl From<&KubeArgs> for Record {
-    fn from(k: &KubeArgs) -> Self {
-        Self {
-            namespace: k.namespace.clone(),
-            warm_pool: k.warm_pool.clone(),
-            template: k.template.clone(),
-            address: k.address.clone(),
-            claim_labels: k.claim_labels.clone(),
-            ready_timeout: k.ready_timeout,
-        }
-    }
-}
-
-impl From<Record> for KubeArgs {
-    fn from(r: Record) -> Self {
-        Self {
-            namespace: r.namespace,
-            warm_pool: r.warm_pool,
-            template: r.template,
-            address: r.address,
-            claim_labels: r.claim_labels,
-            ready_timeout: r.ready_timeout,
-        }
-    }
-}
 
 fn dir(state_dir: &Option<PathBuf>) -> PathBuf {
     state_dir
@@ -66,7 +29,7 @@ fn plain(id: &str) -> bool {
 pub fn record(state_dir: &Option<PathBuf>, id: &str, k: &KubeArgs) -> Result<(), Fail> {
     let d = dir(state_dir);
     std::fs::create_dir_all(&d).map_err(|e| Fail(format!("{}: {e}", d.display())))?;
-    let body = serde_json::to_vec_pretty(&Record::from(k)).map_err(|e| Fail(e.to_string()))?;
+    let body = serde_json::to_vec_pretty(k).map_err(|e| Fail(e.to_string()))?;
     let tmp = d.join(format!(".{id}.json.tmp"));
     std::fs::write(&tmp, body)
         .and_then(|()| std::fs::rename(&tmp, d.join(format!("{id}.json"))))
@@ -79,7 +42,7 @@ pub fn recorded(state_dir: &Option<PathBuf>, id: &str) -> Option<KubeArgs> {
         return None;
     }
     let text = std::fs::read(dir(state_dir).join(format!("{id}.json"))).ok()?;
-    serde_json::from_slice::<Record>(&text).ok().map(KubeArgs::from)
+    serde_json::from_slice::<KubeArgs>(&text).ok()
 }
 
 /// Every recorded kubernetes sandbox.

@@ -66,8 +66,26 @@ fn resolve(c: &Value, path: &str, volumes: &HashMap<String, PathBuf>, rootfs: &P
     rootfs.join(path.trim_start_matches('/'))
 }
 
-fn executable(p: &Path) -> bool {
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// Where container `c`'s command `exe` is on the node, if it is there
+/// and executable; else the container cannot start (`hint` says why not
+/// in this pod's terms).
+fn entrypoint(
+    c: &Value,
+    init: bool,
+    exe: &str,
+    (volumes, rootfs): (&HashMap<String, PathBuf>, &Path),
+    hint: &str,
+) -> Result<PathBuf, PodError> {
+    let p = resolve(c, exe, volumes, rootfs);
+    if std::fs::metadata(&p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
+        return Ok(p);
+    }
+    Err(fail(
+        "CrashLoopBackOff",
+        c,
+        init,
+        format!("exec: {exe:?}: stat {exe}: no such file or directory{hint}"),
+    ))
 }
 
 /// The command line a container runs: `command` then `args`.
@@ -121,15 +139,7 @@ pub(super) async fn prepare(pod: &Value, state_dir: &Path) -> Result<Prepared, P
                 "the init container has no command".into(),
             ));
         };
-        let exe_path = resolve(c, exe, &volumes, &rootfs);
-        if !executable(&exe_path) {
-            return Err(fail(
-                "CrashLoopBackOff",
-                c,
-                true,
-                format!("exec: {exe:?}: stat {exe}: no such file or directory"),
-            ));
-        }
+        let exe_path = entrypoint(c, true, exe, (&volumes, &rootfs), "")?;
         // Paths in its arguments are the container's: mapped to where the
         // node keeps them.
         let args: Vec<PathBuf> = argv[1..]
@@ -171,15 +181,13 @@ pub(super) async fn prepare(pod: &Value, state_dir: &Path) -> Result<Prepared, P
             "the simulator runs a container's `command`; this one has none".into(),
         ));
     };
-    let agent = resolve(c, entry, &volumes, &rootfs);
-    if !executable(&agent) {
-        return Err(fail(
-            "CrashLoopBackOff",
-            c,
-            false,
-            format!("exec: {entry:?}: stat {entry}: no such file or directory: nothing put the agent there (an init container that installs it into a mounted emptyDir, or an image that carries it)"),
-        ));
-    }
+    let agent = entrypoint(
+        c,
+        false,
+        entry,
+        (&volumes, &rootfs),
+        ": nothing put the agent there (an init container that installs it into a mounted emptyDir, or an image that carries it)",
+    )?;
     if agent.file_name().and_then(|n| n.to_str()) != Some("namzu-agent") {
         return Err(fail(
             "RunContainerError",
