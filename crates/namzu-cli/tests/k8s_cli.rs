@@ -75,6 +75,24 @@ fn kubernetes_flags_on_another_tier_are_refused_by_name() {
         err.contains("--warm-pool") && err.contains("--tier kubernetes"),
         "{err}"
     );
+    // A docker runtime on a cluster is refused, not ignored.
+    let out = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args([
+            "create",
+            "--tier",
+            "kubernetes",
+            "--runtime",
+            "runsc",
+            "--warm-pool",
+            "p",
+        ])
+        .env("NAMZU_STATE_DIR", dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--runtime") && err.contains("not kubernetes"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_namzu"))
         .args(["create", "--tier", "kubernetes"])
         .env("NAMZU_STATE_DIR", dir.path())

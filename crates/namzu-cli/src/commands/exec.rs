@@ -138,6 +138,10 @@ async fn tier_provider(
     kube: &KubeArgs,
 ) -> Result<Box<dyn Provider>, Fail> {
     match tier {
+        // The pod's runtime is the cluster's (its RuntimeClass), not a flag.
+        Tier::Kubernetes if resources.runtime.is_some() => {
+            Err(Fail("--runtime applies to --tier docker, not kubernetes".into()))
+        }
         Tier::Kubernetes => kube.provider().await,
         _ if !kube.is_empty() => Err(Fail(format!(
             "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
