@@ -23,6 +23,17 @@
 #   + a pod labelled app.kubernetes.io/name=namzu-host connects
 #   - an unlabelled pod in NAMESPACE does not
 #   - a pod in another namespace does not
+# The link (with LINK_POD=<a running namzu sandbox pod in NAMESPACE> and
+# LINK_DIR=<the host's credentials, `namzu kube link-init`>; needs openssl
+# and python3 here, and reaches the pod through `kubectl port-forward`):
+#   + the host's certificate opens TLS 1.3 and the agent proves itself
+#     (positive control)
+#   - TLS without a client certificate is refused by the agent
+#   - the pod's uid in a plaintext preface gets no link
+#   - a command in the pod, speaking to 127.0.0.1:1024 with the pod's uid,
+#     gets no link
+#   - the agent's key is gone from the pod, and the Secret is not mounted
+#     where commands run
 #
 # Exit status 0 only if every line passed. Not run by namzu's CI (no
 # cluster there); run it after applying deploy/k8s/ and after any change
@@ -78,6 +89,39 @@ check blocked "an unlabelled pod in $ns" kubectl -n "$ns" exec "$probe-stranger"
 kubectl create namespace "$outside_ns" >/dev/null
 run_pod "$outside_ns" "$probe" "" sleep 600
 check blocked "a pod in another namespace" kubectl -n "$outside_ns" exec "$probe" -- wget -q -T 5 -O /dev/null "http://$ip:1024/"
+
+if [ -n "${LINK_POD:-}" ] && [ -n "${LINK_DIR:-}" ]; then
+    echo "== the link of $LINK_POD"
+    uid=$(kubectl -n "$ns" get pod "$LINK_POD" -o jsonpath='{.metadata.uid}')
+    port=$((20000 + RANDOM % 20000))
+    kubectl -n "$ns" port-forward "pod/$LINK_POD" "$port:1024" >/dev/null 2>&1 &
+    pf=$!
+    sleep 2
+    tls() { # extra openssl args…: succeeds when the agent proved itself and sent no alert
+        # (stdin held open 2 s: a refusal comes as an alert after the handshake)
+        local out
+        out=$(sleep 2 | timeout 10 openssl s_client -connect "127.0.0.1:$port" -tls1_3 \
+            -servername namzu-agent -CAfile "$LINK_DIR/ca.crt" -verify_return_error "$@" 2>&1)
+        grep -q 'Verify return code: 0 (ok)' <<<"$out" && ! grep -qi 'alert' <<<"$out"
+    }
+    check ok "the host's certificate opens the link (positive control)" \
+        tls -cert "$LINK_DIR/client.crt" -key "$LINK_DIR/client.key"
+    check blocked "TLS without a client certificate" tls
+    preface_accepted() { # HOST PORT UID [kubectl exec prefix…]: exits 0 only on the agent's 0x00
+        local h=$1 p=$2 u=$3
+        shift 3
+        "$@" python3 -c 'import socket,struct,sys
+s=socket.create_connection((sys.argv[1],int(sys.argv[2])),5); t=sys.argv[3].encode()
+s.sendall(b"NZL1"+struct.pack(">H",len(t))+t); s.settimeout(5)
+sys.exit(0 if s.recv(1)==b"\x00" else 1)' "$h" "$p" "$u"
+    }
+    check blocked "the pod's uid in a plaintext preface" preface_accepted 127.0.0.1 "$port" "$uid"
+    check blocked "a command in the pod, as the host, on 127.0.0.1:1024" \
+        preface_accepted 127.0.0.1 1024 "$uid" kubectl -n "$ns" exec "$LINK_POD" --
+    check blocked "the agent's key left in the pod" kubectl -n "$ns" exec "$LINK_POD" -- ls /namzu-link/tls.key
+    check blocked "the Secret mounted where commands run" kubectl -n "$ns" exec "$LINK_POD" -- ls /namzu-link-secret
+    kill "$pf" 2>/dev/null
+fi
 
 if [ "$failed" = 0 ]; then echo "network boundary: every check passed"; else echo "network boundary: FAILED"; fi
 exit "$failed"

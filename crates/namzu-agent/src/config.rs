@@ -181,6 +181,10 @@ pub struct AgentConfig {
     /// A TCP listener served besides the main one, with the same token (a
     /// pod's agent port, where the sandbox has a network of its own).
     pub tcp: Option<std::sync::Arc<std::net::TcpListener>>,
+    /// Mutual TLS on every TCP listener (a pod's link; see
+    /// [`namzu_proto::link_tls`]); unix sockets and inherited fds are the
+    /// host's own channels and stay as they are.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl AgentConfig {

@@ -23,6 +23,25 @@ struct Args {
     /// (any image, no shell needed) then runs it from.
     #[arg(long, conflicts_with_all = ["launch", "listen", "relay"])]
     install: Option<PathBuf>,
+    /// With --install: also copy the pod link's `tls.crt` and `tls.key`
+    /// from this directory (the init container's Secret mount) …
+    #[arg(long, requires_all = ["install", "install_tls_to"])]
+    install_tls_from: Option<PathBuf>,
+    /// … into this one (mode 0400; the workload's agent removes the key).
+    #[arg(long, requires = "install_tls_from")]
+    install_tls_to: Option<PathBuf>,
+    /// Serve the TCP link with mutual TLS: this certificate (chain) …
+    #[arg(long, requires_all = ["tls_key", "tls_client_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// … this key …
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// … and clients must present a certificate of this CA.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Remove the TLS key file once read (no command can read it later).
+    #[arg(long, requires = "tls_key")]
+    consume_tls_key: bool,
     /// Join stdin and stdout to the agent listening on unix:PATH, and serve
     /// nothing (a host link through `docker exec`; see `namzu_agent::relay`).
     #[arg(long, conflicts_with_all = ["launch", "listen"])]
@@ -91,6 +110,25 @@ fn seal_inherited_fds(close: bool) {
 /// name, synced, made read-and-execute only, then renamed into place, so
 /// the workload never sees half a binary.
 fn install(dest: &Path) -> std::io::Result<()> {
+    put(&std::fs::read("/proc/self/exe")?, dest, 0o555)
+}
+
+/// The pod link's server files (a `kubernetes.io/tls` Secret's keys),
+/// copied from the init container's Secret mount into the volume the
+/// workload's agent reads them from (and removes the key from).
+fn install_tls(from: &Path, to: &Path) -> std::io::Result<()> {
+    for name in ["tls.crt", "tls.key"] {
+        let at =
+            |d: &Path, e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", d.join(name).display()));
+        let bytes = std::fs::read(from.join(name)).map_err(|e| at(from, e))?;
+        put(&bytes, &to.join(name), 0o400).map_err(|e| at(to, e))?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `dest` under a temporary name, then renames it into
+/// place with `mode`: a reader sees the whole file or none.
+fn put(bytes: &[u8], dest: &Path, mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = dest
@@ -101,16 +139,15 @@ fn install(dest: &Path) -> std::io::Result<()> {
         .file_name()
         .ok_or_else(|| std::io::Error::other("not a file path"))?;
     let tmp = dir.join(format!(".{}.namzu-tmp-{}", name.to_string_lossy(), std::process::id()));
-    let bytes = std::fs::read("/proc/self/exe")?;
     let result = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o700)
+            .mode(0o600)
             .open(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         std::fs::rename(&tmp, dest)
     })();
     if result.is_err() {
@@ -148,7 +185,11 @@ fn main() -> ExitCode {
 fn run() -> Result<(), String> {
     let args = Args::parse();
     if let Some(dest) = &args.install {
-        return install(dest).map_err(|e| format!("install to {}: {e}", dest.display()));
+        install(dest).map_err(|e| format!("install to {}: {e}", dest.display()))?;
+        if let (Some(from), Some(to)) = (&args.install_tls_from, &args.install_tls_to) {
+            install_tls(from, to).map_err(|e| format!("install the link's TLS files: {e}"))?;
+        }
+        return Ok(());
     }
     if let Some(spec) = &args.launch {
         // Before any thread exists: the launcher forks.
@@ -170,7 +211,27 @@ fn run() -> Result<(), String> {
     let Some(listen) = args.listen else {
         return Err("--listen is required".into());
     };
+    // Read (and the key removed) before anything else runs here.
+    let tls = match (&args.tls_cert, &args.tls_key, &args.tls_client_ca) {
+        (Some(cert), Some(key), Some(ca)) => {
+            if !matches!(listen, Listen::Tcp(_)) {
+                return Err("--tls-cert serves a tcp: link; this --listen is not one".into());
+            }
+            let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+            let files = namzu_proto::link_tls::ServerFiles {
+                cert: path(cert),
+                key: path(key),
+                client_ca: path(ca),
+                consume_key: args.consume_tls_key,
+            };
+            Some(files.load().map_err(|e| format!("the link's TLS: {e}"))?)
+        }
+        _ => None,
+    };
     let mut reports = args.reports;
+    if tls.is_some() {
+        reports.push(("link".into(), "mutual-tls".into()));
+    }
     if args.tighten_mounts {
         reports.push(("mounts".into(), namzu_agent::identity::tighten_mounts()));
     }
@@ -280,6 +341,7 @@ fn run() -> Result<(), String> {
         hardening: reports,
         egress,
         tcp: None,
+        tls,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -3,7 +3,11 @@
 //! Every accepted byte stream must present the bind token in the preface
 //! within `preface_timeout_ms`, reading at most `HEADER_LEN +
 //! max_token_bytes` bytes, before it is handed to the HTTP/2 server; anything
-//! else is dropped. On SIGTERM the agent stops accepting, quiesces the
+//! else is dropped. Where the agent was given link TLS
+//! ([`AgentConfig::tls`]), every TCP stream first completes a mutual TLS
+//! handshake ([`namzu_proto::link_tls`]) inside the same deadline, and the
+//! preface travels inside it: no client certificate of the link CA, no
+//! link, whatever token is offered. On SIGTERM the agent stops accepting, quiesces the
 //! sandbox (SIGTERM, `shutdown_grace_ms`, SIGKILL), flushes the workspace,
 //! and exits 0, all within `agent_shutdown_deadline_ms`.
 
@@ -118,6 +122,8 @@ impl AsyncWrite for Conn {
 /// for the HTTP/2 server.
 #[derive(Clone)]
 struct Gate {
+    /// Mutual TLS before the preface (TCP links of an agent given TLS).
+    tls: Option<tokio_rustls::TlsAcceptor>,
     token: Arc<Vec<u8>>,
     max_token: usize,
     deadline: Duration,
@@ -126,7 +132,7 @@ struct Gate {
 }
 
 impl Gate {
-    fn admit<S>(&self, mut s: S, closed: Option<oneshot::Sender<()>>)
+    fn admit<S>(&self, s: S, closed: Option<oneshot::Sender<()>>)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -136,21 +142,21 @@ impl Gate {
         };
         let me = self.clone();
         tokio::spawn(async move {
-            let outcome = tokio::time::timeout(
-                me.deadline,
-                namzu_proto::preface::accept(&mut s, &me.token, me.max_token),
-            )
-            .await;
+            let admitted = async {
+                let mut io: Pin<Box<dyn Io>> = match &me.tls {
+                    Some(tls) => Box::pin(tls.accept(s).await.map_err(|e| format!("TLS: {e}"))?),
+                    None => Box::pin(s),
+                };
+                namzu_proto::preface::accept(&mut io, &me.token, me.max_token)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(io)
+            };
+            let outcome = tokio::time::timeout(me.deadline, admitted).await;
             drop(permit);
             match outcome {
-                Ok(Ok(())) => {
-                    let _ = me
-                        .links
-                        .send(Ok(Conn {
-                            io: Box::pin(s),
-                            closed,
-                        }))
-                        .await;
+                Ok(Ok(io)) => {
+                    let _ = me.links.send(Ok(Conn { io, closed })).await;
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
                 Err(_) => tracing::warn!(deadline = ?me.deadline, "link refused: no preface in time"),
@@ -213,14 +219,17 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
     let msg_max = Limits::usize(limits.max_message_bytes);
 
     let (links_tx, links_rx) = mpsc::channel(16);
+    let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let main_is_tcp = matches!(source, Source::Listen(Listen::Tcp(_)));
     let gate = Gate {
+        tls: tls.clone().filter(|_| main_is_tcp),
         token: token.clone(),
         max_token: Limits::usize(limits.max_token_bytes),
         deadline: limits.preface_timeout(),
         pending: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_pending_links))),
         links: links_tx.clone(),
     };
-    let gate_for_tcp = gate.clone();
+    let gate_for_tcp = Gate { tls, ..gate.clone() };
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;

@@ -50,6 +50,19 @@ pub struct ResourceArgs {
     pub network: NetworkArgs,
 }
 
+/// The kubernetes tier's part of the state directory.
+pub fn kube_state_dir(state_dir: &Option<PathBuf>) -> PathBuf {
+    state_dir
+        .clone()
+        .unwrap_or_else(namzu::backend::default_state_dir)
+        .join("kubernetes")
+}
+
+/// The host's link credentials' default place.
+pub fn link_dir(state_dir: &Option<PathBuf>) -> PathBuf {
+    kube_state_dir(state_dir).join("link")
+}
+
 /// Where and how `--tier kubernetes` acquires (see docs/kubernetes.md); the
 /// cluster is the one kube finds (KUBECONFIG, ~/.kube/config, or the pod's
 /// service account).
@@ -73,6 +86,11 @@ pub struct KubeArgs {
     /// kubernetes: seconds an acquire may take, polls included.
     #[arg(long = "ready-timeout", value_name = "SECS")]
     pub ready_timeout: Option<u64>,
+    /// kubernetes: the host's link credentials (`namzu kube link-init`);
+    /// default `<state>/kubernetes/link`.
+    #[arg(long = "link-dir", value_name = "DIR")]
+    #[serde(default)]
+    pub link_dir: Option<PathBuf>,
 }
 
 impl KubeArgs {
@@ -83,15 +101,23 @@ impl KubeArgs {
             && self.address.is_none()
             && self.claim_labels.is_empty()
             && self.ready_timeout.is_none()
+            && self.link_dir.is_none()
     }
 
     /// The kubernetes tier's provider, built by the library's factory from
     /// these flags.
-    pub async fn provider(&self) -> Result<Box<dyn namzu::Provider>, Fail> {
+    pub async fn provider(&self, state_dir: &Option<PathBuf>) -> Result<Box<dyn namzu::Provider>, Fail> {
         // What cannot work is refused by option name before any cluster is
         // looked for.
-        let opts = self.options();
+        let mut opts = self.options();
         opts.validate()?;
+        let link = self.link_dir(state_dir);
+        let tls = namzu::backend::kubernetes::link::LinkTls::from_dir(&link).map_err(|e| {
+            Fail(format!(
+                "the pod link's credentials: {e} (make them with `namzu kube link-init`)"
+            ))
+        })?;
+        opts.link_tls = Some(tls);
         let factory = namzu::factory::ProviderOptions {
             kubernetes: Some(opts),
             ..Default::default()
@@ -99,7 +125,13 @@ impl KubeArgs {
         Ok(namzu::factory::provider(namzu::Tier::Kubernetes, factory).await?)
     }
 
-    /// The tier's options from these flags.
+    /// Where the host's link credentials are.
+    pub fn link_dir(&self, state_dir: &Option<PathBuf>) -> PathBuf {
+        self.link_dir.clone().unwrap_or_else(|| link_dir(state_dir))
+    }
+
+    /// The tier's options from these flags (without the link's
+    /// credentials, which [`KubeArgs::provider`] reads).
     pub fn options(&self) -> namzu::backend::kubernetes::KubernetesOptions {
         use namzu::backend::kubernetes::{AddressMode, KubernetesOptions};
         let defaults = KubernetesOptions::default();

@@ -2,8 +2,10 @@
 //! create --tier kubernetes` made is recorded as
 //! `<state>/kubernetes/<id>.json` — the flags that reach it again (its
 //! [`KubeArgs`]) — so
-//! `exec`, `ls`, `rm` and every command taking an id find it; and `namzu
-//! kube capacity` / `namzu kube release`, the tier's operations.
+//! `exec`, `ls`, `rm` and every command taking an id find it; `namzu kube
+//! link-init`, which makes the pod link's credentials (the host's in
+//! `<state>/kubernetes/link`, the cluster's as a manifest to apply); and
+//! `namzu kube capacity` / `namzu kube release`, the tier's operations.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,12 +15,7 @@ use clap::Subcommand;
 use crate::args::KubeArgs;
 use crate::fail::Fail;
 
-fn dir(state_dir: &Option<PathBuf>) -> PathBuf {
-    state_dir
-        .clone()
-        .unwrap_or_else(namzu::backend::default_state_dir)
-        .join("kubernetes")
-}
+use crate::args::{kube_state_dir as dir, link_dir};
 
 /// Whether `id` can name a record (a plain file name).
 fn plain(id: &str) -> bool {
@@ -72,6 +69,26 @@ pub fn forget(state_dir: &Option<PathBuf>, id: &str) {
 /// The tier's operations.
 #[derive(Subcommand)]
 pub enum KubeCmd {
+    /// Make the pod link's mutual-TLS credentials: the host's (its key
+    /// never leaves it) into --link-dir, and the cluster's ConfigMap and
+    /// Secret into a manifest for `kubectl apply -f`. Refuses to replace
+    /// credentials already there unless --rotate.
+    LinkInit {
+        /// The namespace the template's pods run in.
+        #[arg(long = "kube-namespace", value_name = "NS")]
+        namespace: String,
+        /// Where the host's credentials go (default `<state>/kubernetes/link`).
+        #[arg(long = "link-dir", value_name = "DIR")]
+        link_dir: Option<PathBuf>,
+        /// Where the cluster's manifest goes (mode 0600: it holds the
+        /// agents' key). Default: `cluster.yaml` in the link dir.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// Replace existing credentials (every pod must then get the new
+        /// Secret: the old agents refuse the new host key).
+        #[arg(long)]
+        rotate: bool,
+    },
     /// The warm pool's ready and desired pods, the claims on it, and
     /// namzu's pods not yet running.
     Capacity {
@@ -91,6 +108,21 @@ pub enum KubeCmd {
 pub async fn run(state_dir: &Option<PathBuf>, cmd: KubeCmd) -> Result<ExitCode, Fail> {
     use namzu::backend::kubernetes::{ops, KubernetesProvider};
     match cmd {
+        KubeCmd::LinkInit {
+            namespace,
+            link_dir: dir,
+            manifest,
+            rotate,
+        } => {
+            let dir = dir.unwrap_or_else(|| link_dir(state_dir));
+            let manifest = manifest.unwrap_or_else(|| dir.join("cluster.yaml"));
+            link_init(&dir, &manifest, &namespace, rotate)?;
+            eprintln!(
+                "host credentials in {}; apply the cluster's with: kubectl apply -f {}",
+                dir.display(),
+                manifest.display()
+            );
+        }
         KubeCmd::Capacity { kube } => {
             let p = KubernetesProvider::from_env(kube.options()).await?;
             let c = ops::read_task_capacity(p.api(), p.options()).await?;
@@ -110,4 +142,53 @@ pub async fn run(state_dir: &Option<PathBuf>, cmd: KubeCmd) -> Result<ExitCode, 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Makes and writes the link's credentials (see [`KubeCmd::LinkInit`]).
+fn link_init(dir: &Path, manifest: &Path, namespace: &str, rotate: bool) -> Result<(), Fail> {
+    use namzu::backend::kubernetes::link::{LinkCredentials, CLIENT_KEY_FILE};
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if !rotate && dir.join(CLIENT_KEY_FILE).exists() {
+        return Err(Fail(format!(
+            "{} already holds link credentials; --rotate replaces them",
+            dir.display()
+        )));
+    }
+    let creds = LinkCredentials::generate().map_err(|e| Fail(e.to_string()))?;
+    let docs: Vec<String> = creds
+        .cluster_objects(namespace)
+        .iter()
+        .map(|o| serde_yaml::to_string(o).map_err(|e| Fail(e.to_string())))
+        .collect::<Result<_, _>>()?;
+    use std::os::unix::fs::DirBuilderExt;
+    for d in [Some(dir), manifest.parent().filter(|p| !p.as_os_str().is_empty())]
+        .into_iter()
+        .flatten()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .map_err(|e| Fail(format!("{}: {e}", d.display())))?;
+    }
+    // The manifest first: a failure leaves the old host credentials, which
+    // still match the cluster's.
+    let tmp = manifest.with_extension("yaml.tmp");
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(docs.join("---\n").as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, manifest)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Fail(format!("{}: {e}", manifest.display())));
+    }
+    creds.write_host_dir(dir).map_err(|e| Fail(e.to_string()))
 }

@@ -68,7 +68,7 @@ pub fn used_tiers(state_dir: &Option<PathBuf>) -> Vec<Tier> {
 /// The provider that knows sandbox `id`.
 pub async fn provider_of(state_dir: &Option<PathBuf>, id: &str) -> Result<(Tier, Box<dyn Provider>), Fail> {
     if let Some(kube) = crate::kube::recorded(state_dir, id) {
-        return Ok((Tier::Kubernetes, kube.provider().await?));
+        return Ok((Tier::Kubernetes, kube.provider(state_dir).await?));
     }
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     for tier in STATE_TIERS {

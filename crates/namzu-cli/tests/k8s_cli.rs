@@ -37,10 +37,41 @@ fn kubeconfig(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_claims_a_pod_runs_the_command_and_gives_it_back() {
-    let c = Cluster::start(Some(1)).await.unwrap();
-    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    let c = Cluster::start(None).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cfg = kubeconfig(dir.path(), &c.url);
+    // The link's credentials, as an operator makes them: the host's into
+    // the state directory, the cluster's applied from the manifest (here
+    // into the simulator, replacing the ones it started with) before the
+    // pool's pods start.
+    let link_init = ["kube", "link-init", "--kube-namespace", NAMESPACE];
+    let (_, err, code) = namzu(&cfg, &dir.path().join("state"), &link_init).await;
+    assert_eq!(code, Some(0), "{err}");
+    let link = dir.path().join("state/kubernetes/link");
+    for f in ["ca.crt", "client.crt", "client.key", "cluster.yaml"] {
+        assert!(link.join(f).is_file(), "{f}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |f: &str| std::fs::metadata(link.join(f)).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode("client.key"), mode("cluster.yaml")), (0o600, 0o600));
+    let manifest = std::fs::read_to_string(link.join("cluster.yaml")).unwrap();
+    assert!(!manifest.contains(&std::fs::read_to_string(link.join("client.key")).unwrap()[40..80]));
+    use serde::Deserialize;
+    for doc in serde_yaml::Deserializer::from_str(&manifest) {
+        let o = serde_json::Value::deserialize(doc).unwrap();
+        let gvr = if o["kind"] == "Secret" {
+            namzu_k8s_sim::controller::SECRETS
+        } else {
+            namzu_k8s_sim::controller::CONFIG_MAPS
+        };
+        c.sim.put(gvr, o);
+    }
+    // Made once; replaced only when asked.
+    let (_, err, code) = namzu(&cfg, &dir.path().join("state"), &link_init).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--rotate"), "{err}");
+    c.add_pool(1).unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
     let args = [
         &["run"][..],
         &PLACE,
@@ -143,6 +174,12 @@ async fn create_exec_ls_rm_capacity_and_release_reach_a_kubernetes_sandbox_by_id
         a.extend(["--claim-label", label]);
         a
     };
+    // No link credentials: refused before anything is claimed.
+    let (_, err, code) = namzu(&cfg, &state, &create("job=none")).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("link-init"), "{err}");
+    assert_eq!(c.sandbox_objects(CLAIMS), 0);
+    c.link.write_host_dir(&state.join("kubernetes/link")).unwrap();
     // Made in one process, reached by id from others.
     let (out, err, code) = namzu(&cfg, &state, &create("job=a")).await;
     assert_eq!(code, Some(0), "{err}");

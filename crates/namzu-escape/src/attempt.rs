@@ -72,6 +72,11 @@ pub struct Env {
     /// The process that stands for the agent: 1 inside; a sibling of the
     /// attempt's identity in the control.
     pub agent_pid: i32,
+    /// Where an agent's link listens (a pod's agent port inside; a
+    /// plaintext agent the host planted in the control) …
+    pub agent_link: String,
+    /// … and the bind token it takes there (a pod's uid: no secret).
+    pub agent_token: String,
 }
 
 pub type Op = fn(&Env) -> Res;
@@ -118,6 +123,7 @@ pub fn ename(e: i32) -> &'static str {
         libc::EHOSTUNREACH => "EHOSTUNREACH",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        libc::ECONNRESET => "ECONNRESET",
         _ => "E?",
     }
 }

@@ -80,6 +80,8 @@ fn main() {
         ro_dir: get("--ro-dir"),
         scratch: get("--scratch"),
         agent_pid: 1,
+        agent_link: get("--agent-link"),
+        agent_token: get("--agent-token"),
     };
     let only = get("--only");
     let attempts = all();

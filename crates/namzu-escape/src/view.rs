@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use crate::attempt::{io, sys, Attempt, Ctl, Env, Res};
-use libc::{ECONNREFUSED, EHOSTUNREACH, ENETUNREACH, ENOENT, EPERM};
+use libc::{ECONNREFUSED, ECONNRESET, EHOSTUNREACH, ENETUNREACH, ENOENT, EPERM};
 
 fn tcp(addr: &str) -> Res {
     let addr: std::net::SocketAddr = match addr.parse() {
@@ -17,6 +17,43 @@ fn tcp(addr: &str) -> Res {
     match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
         Ok(_) => Res::Succeeded(format!("connected to {addr}")),
         Err(e) => io("connect", &e),
+    }
+}
+
+/// Speaks to an agent's link as the host would: the preface with the bind
+/// token, then one byte back. `0` is the agent accepting (HTTP/2 would
+/// follow); a TLS alert or a closed stream is the agent refusing a peer
+/// without the host's certificate.
+fn act_as_host(e: &Env) -> Res {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = match e.agent_link.parse() {
+        Ok(a) => a,
+        Err(err) => return Res::Broken(format!("address {:?}: {err}", e.agent_link)),
+    };
+    let mut s = match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        Ok(s) => s,
+        Err(err) => return io("connect", &err),
+    };
+    let token = e.agent_token.as_bytes();
+    let Ok(len) = u16::try_from(token.len()) else {
+        return Res::Broken("token too long".into());
+    };
+    let mut preface = b"NZL1".to_vec();
+    preface.extend_from_slice(&len.to_be_bytes());
+    preface.extend_from_slice(token);
+    if let Err(err) = s.set_read_timeout(Some(Duration::from_secs(5))) {
+        return io("set a read timeout", &err);
+    }
+    if let Err(err) = s.write_all(&preface) {
+        return io("send the preface", &err);
+    }
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(1) if b[0] == 0 => Res::Succeeded(format!("{addr} accepted the preface: a link as the host")),
+        Ok(1) if b[0] == 0x15 => Res::Absent(format!("{addr} answered a TLS alert: no link without the host's key")),
+        Ok(1) => Res::Broken(format!("{addr} answered {:#04x}", b[0])),
+        Ok(_) => Res::Absent(format!("{addr} closed the stream without accepting")),
+        Err(err) => io("read the answer", &err),
     }
 }
 
@@ -100,14 +137,52 @@ const OURS: &[&str] = &[
     "/mnt",
 ];
 
+/// Where the sandbox's root is an image, the mount points that are the
+/// image's own top-level entries: read-only binds, from the filesystem and
+/// the directory its `/usr` comes from (`<image root>/NAME` at `/NAME`).
+/// In the host view `/usr` is the host's own `/usr` (no image root), and
+/// nothing is excused.
+fn image_entries() -> Vec<String> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    // (device, root within it, mount point, options)
+    let rows: Vec<(&str, &str, &str, &str)> = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((*f.get(2)?, *f.get(3)?, *f.get(4)?, *f.get(5)?))
+        })
+        .collect();
+    let Some((dev, image_root)) = rows
+        .iter()
+        .find(|r| r.2 == "/usr")
+        .and_then(|r| Some((r.0, r.1.strip_suffix("/usr")?)))
+    else {
+        return Vec::new();
+    };
+    if image_root.is_empty() {
+        return Vec::new();
+    }
+    rows.iter()
+        .filter(|(d, root, point, opts)| {
+            let top = point.len() > 1 && !point[1..].contains('/');
+            *d == dev && top && *root == format!("{image_root}{point}") && opts.split(',').any(|o| o == "ro")
+        })
+        .map(|r| r.2.to_owned())
+        .collect()
+}
+
 fn host_mounts(_: &Env) -> Res {
     let rows = match mountinfo() {
         Ok(r) => r,
         Err(r) => return r,
     };
+    let image = image_entries();
     let foreign: Vec<String> = rows
         .iter()
         .filter(|(_, _, fstype)| fstype != "tmpfs")
+        .filter(|(p, _, _)| !image.contains(p))
         .filter(|(p, _, _)| {
             !OURS
                 .iter()
@@ -172,6 +247,12 @@ pub fn attempts() -> Vec<Attempt> {
                 Ok(_) => Res::Succeeded(format!("connected to {}", e.unix)),
                 Err(err) => io("connect", &err),
             },
+        },
+        Attempt {
+            name: "act as the host on the agent's link",
+            ctl: Ctl::User,
+            proof: &[ECONNREFUSED, ECONNRESET],
+            op: act_as_host,
         },
         Attempt {
             name: "reach a host abstract unix socket",

@@ -1,7 +1,8 @@
 //! A ready-made simulated cluster for tests and benchmarks: the simulator,
 //! its controller running pods as real `local` sandboxes, and the task
 //! SandboxTemplate, the SandboxWarmPool and the NetworkPolicy closing the
-//! agent port that namzu ships in `deploy/k8s/`, applied as shipped — but
+//! agent port that namzu ships in `deploy/k8s/`, applied as shipped (with
+//! the pod link's ConfigMap and Secret, made fresh per cluster) — but
 //! for ONE substitution: the template's workload image, `python:3.12-slim`,
 //! is not in the simulated node's cache (no registry is reachable here), so
 //! the workload runs the real Debian bookworm image of [`crate::images`]
@@ -11,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use namzu_kubernetes::link::LinkCredentials;
 use namzu_kubernetes::KubernetesOptions;
 use serde_json::Value;
 
@@ -34,6 +36,9 @@ pub struct Cluster {
     pub sim: Arc<Simulator>,
     pub ctl: Arc<Controller>,
     pub url: String,
+    /// The pod link's credentials, made for this cluster: its ConfigMap
+    /// and Secret are applied; the host's side is in [`Cluster::options`].
+    pub link: LinkCredentials,
     _state: tempfile::TempDir,
 }
 
@@ -64,10 +69,15 @@ impl Cluster {
         template["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = WORKLOAD_IMAGE.into();
         sim.put(TEMPLATES, template);
         sim.put(crate::controller::NETWORK_POLICIES, parse(AGENT_PORT_POLICY_YAML)?);
+        let link = LinkCredentials::generate().map_err(std::io::Error::other)?;
+        let [ca, secret] = link.cluster_objects(NAMESPACE);
+        sim.put(crate::controller::CONFIG_MAPS, ca);
+        sim.put(crate::controller::SECRETS, secret);
         let c = Self {
             sim,
             ctl,
             url,
+            link,
             _state: state,
         };
         if let Some(n) = replicas {
@@ -99,6 +109,11 @@ impl Cluster {
             warm_pool_name: warm_pool.then(|| POOL.into()),
             template_name: (!warm_pool).then(|| TEMPLATE.into()),
             resolution: self.ctl.resolution(),
+            link_tls: Some(
+                self.link
+                    .host_tls()
+                    .unwrap_or_else(|e| unreachable!("generated credentials: {e}")),
+            ),
             ..Default::default()
         }
     }

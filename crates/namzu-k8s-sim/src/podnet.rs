@@ -8,7 +8,10 @@
 //!
 //! Without root, the pod network is a relay: the pod's IP is a loopback
 //! address of its own (127.0.x.y) whose port is relayed to the agent's
-//! unix socket. The agent and its token check are the same either way.
+//! unix socket. The agent and its token check are the same either way;
+//! the link's mutual TLS, which the agent serves on its TCP port, is
+//! served there by the relay, from the pod's own files and with the same
+//! configuration ([`namzu_proto::link_tls`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -207,7 +210,12 @@ pub async fn attach_veth(dir: &Path, owner: u64) -> Result<PodNet, String> {
 static NEXT_LOOPBACK: AtomicU32 = AtomicU32::new(0);
 
 /// A loopback pod IP whose `port` relays to the agent's unix `socket`.
-pub async fn attach_relay(socket: PathBuf, port: u16) -> Result<PodNet, String> {
+pub async fn attach_relay(
+    socket: PathBuf,
+    port: u16,
+    tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+) -> Result<PodNet, String> {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut last = String::new();
     for _ in 0..64 {
         let n = NEXT_LOOPBACK.fetch_add(1, Ordering::SeqCst) + std::process::id() * 7;
@@ -225,9 +233,20 @@ pub async fn attach_relay(socket: PathBuf, port: u16) -> Result<PodNet, String> 
                             return;
                         };
                         let socket = socket.clone();
+                        let tls = tls.clone();
                         tokio::spawn(async move {
-                            if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
-                                let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                            let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await else {
+                                return;
+                            };
+                            match tls {
+                                Some(tls) => {
+                                    if let Ok(mut s) = tls.accept(tcp).await {
+                                        let _ = tokio::io::copy_bidirectional(&mut s, &mut unix).await;
+                                    }
+                                }
+                                None => {
+                                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                                }
                             }
                         });
                     }

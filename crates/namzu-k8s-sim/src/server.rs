@@ -117,6 +117,7 @@ impl Simulator {
         for (plural, kind) in [
             ("services", "Service"),
             ("configmaps", "ConfigMap"),
+            ("secrets", "Secret"),
             ("events", "Event"),
         ] {
             types.insert(

@@ -11,6 +11,7 @@
 //! * [`KubernetesError`] and what it carries ([`acquire_error`]: the acquire
 //!   failure taxonomy, [`ApiError`]);
 //! * [`ops`]: crash recovery and headroom;
+//! * [`link`]: the pod link's mutual-TLS credentials;
 //! * [`policy`]: egress translated to the cluster's policy objects, and
 //!   the check that the named one is applied as translated.
 //!
@@ -48,6 +49,7 @@ pub mod bound;
 mod clock;
 mod error;
 mod labels;
+pub mod link;
 pub mod ops;
 mod options;
 pub mod policy;

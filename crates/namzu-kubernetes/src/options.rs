@@ -204,6 +204,11 @@ pub struct KubernetesOptions {
     /// Whether the agent port is shown closed before a sandbox is handed
     /// out (see [`policy::ingress`]). Default: verify.
     pub ingress: policy::ingress::IngressVerification,
+    /// The host's side of the pod link's mutual TLS (see [`crate::link`]).
+    /// Required to acquire or reach a sandbox (the link is never
+    /// plaintext; `None` is refused by name before any request); the
+    /// tier's operations (capacity, release) need none.
+    pub link_tls: Option<crate::link::LinkTls>,
 }
 
 impl std::fmt::Debug for KubernetesOptions {
@@ -223,6 +228,7 @@ impl std::fmt::Debug for KubernetesOptions {
             .field("resolution", &self.resolution)
             .field("egress", &self.egress)
             .field("ingress", &self.ingress)
+            .field("link_tls", &self.link_tls)
             .finish_non_exhaustive()
     }
 }
@@ -246,6 +252,7 @@ impl Default for KubernetesOptions {
             on_pod_replaced: None,
             egress: None,
             ingress: policy::ingress::IngressVerification::default(),
+            link_tls: None,
         }
     }
 }

@@ -125,7 +125,21 @@ impl KubernetesProvider {
         self.acquire_as(id, &[]).await.map(Sandbox::new)
     }
 
+    /// Refuses, before any request, to acquire or reach a pod the host
+    /// cannot speak to: the link is mutual TLS and needs the host's key.
+    fn link_ready(&self) -> Result<()> {
+        if self.opts.link_tls.is_some() {
+            return Ok(());
+        }
+        Err(namzu_core::error::Error::OptionRefused {
+            tier: Tier::Kubernetes,
+            option: "link_tls".into(),
+            reason: "the pod link is mutual TLS and there are no host credentials: `namzu kube link-init` makes them (docs/kubernetes.md)".into(),
+        })
+    }
+
     async fn acquire_as(&self, id: &str, env: &[(String, String)]) -> Result<KubernetesSandbox> {
+        self.link_ready()?;
         let bound = acquire::acquire(&self.api, &self.opts, id, env, &self.verifier).await?;
         let (owner, name) = (bound.owner, bound.owner_name.clone());
         match self.open(bound).await {
@@ -151,6 +165,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
+        self.link_ready()?;
         let bound = acquire::find(&self.api, &self.opts, id).await?;
         Ok(Sandbox::new(self.open(bound).await?))
     }

@@ -48,7 +48,11 @@ struct Ctx {
     poll: std::time::Duration,
     pod: CurrentPod,
     on_replaced: Option<PodReplacedCallback>,
+    tls: Arc<rustls::ClientConfig>,
 }
+
+/// One link to an agent: mutual TLS over TCP ([`crate::link`]).
+type Link = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 impl Ctx {
     fn current(&self) -> BoundPod {
@@ -89,7 +93,7 @@ impl Ctx {
     }
 
     /// One connection to where the agent of `pod` is.
-    async fn connect(&self, pod: &BoundPod) -> std::io::Result<tokio::net::TcpStream> {
+    async fn connect(&self, pod: &BoundPod) -> std::io::Result<Link> {
         let ips = match self.mode {
             AddressMode::PodIp => pod.ip.into_iter().collect(),
             AddressMode::Service => {
@@ -105,7 +109,9 @@ impl Ctx {
             match tokio::net::TcpStream::connect(SocketAddr::new(ip, self.port)).await {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    return Ok(s);
+                    // A failed handshake is the agent refusing the host, or
+                    // not proving itself: no other address will do better.
+                    return namzu_proto::link_tls::connect(self.tls.clone(), s).await;
                 }
                 Err(e) => last = e,
             }
@@ -119,7 +125,7 @@ impl Ctx {
     /// for a replacement that is starting to have an address — and gives
     /// up at once when the pod is still the same one, or gone (a later
     /// call dials again; a sandbox given back is the lease's to say).
-    async fn dial(&self, redial: bool) -> std::io::Result<tokio::net::TcpStream> {
+    async fn dial(&self, redial: bool) -> std::io::Result<Link> {
         let was = self.current();
         if redial {
             if let Standing::Replaced(now) = self.replacement(&was).await {
@@ -176,6 +182,15 @@ pub async fn dial(
                 cause,
             })?;
     }
+    let tls = opts
+        .link_tls
+        .as_ref()
+        .map(crate::link::LinkTls::client_config)
+        .ok_or_else(|| namzu_core::error::Error::OptionRefused {
+            tier: namzu_core::spec::Tier::Kubernetes,
+            option: "link_tls".into(),
+            reason: "no host credentials for the pod link's mutual TLS".into(),
+        })?;
     let pod: CurrentPod = Arc::new(Mutex::new(bound.pod.clone()));
     let ctx = Arc::new(Ctx {
         api: api.clone(),
@@ -189,6 +204,7 @@ pub async fn dial(
         poll: opts.poll_interval,
         pod: pod.clone(),
         on_replaced: opts.on_pod_replaced.clone(),
+        tls,
     });
     let endpoint = match (&bound.fqdn, opts.address_mode) {
         (Some(f), AddressMode::Service) => format!("{f}:{}", opts.agent_port),

@@ -634,40 +634,6 @@ async fn what_a_claimed_pod_cannot_take_is_refused_by_name_before_any_request() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pods_agent_answers_on_its_tcp_port_only_to_the_pod_uid() {
-    use namzu::{AgentClient, ClientOptions};
-    use namzu_k8s_sim::podnet::Mode;
-    let c = Cluster::start(None).await.unwrap();
-    // Where the test command sets up the machine (root, iproute2), pods
-    // get a real network namespace address; elsewhere the relay.
-    if std::env::var("NAMZU_REQUIRE_NET").as_deref() == Ok("1") {
-        assert_eq!(c.ctl.pod_network(), Mode::Veth);
-    }
-    let mut opts = c.options(false);
-    opts.address_mode = AddressMode::PodIp;
-    let p = provider(&c, opts);
-    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
-    let addr = std::net::SocketAddr::new(k8s(&sb).bound().pod.ip.unwrap(), 1024);
-    if c.ctl.pod_network() == Mode::Veth {
-        assert!(addr.ip().to_string().starts_with("10.244."), "{addr}");
-    }
-    let wrong = AgentClient::connect_tcp("x", addr, b"not-the-uid".to_vec(), ClientOptions::default()).await;
-    assert!(matches!(wrong, Err(Error::Preface { .. })), "{wrong:?}");
-    let right = AgentClient::connect_tcp(
-        "x",
-        addr,
-        k8s(&sb).bound().pod.uid.clone().into_bytes(),
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap();
-    let out = right.exec(ExecRequest::shell("echo $((20+22))")).await.unwrap();
-    assert_eq!(&out.stdout[..], b"42\n");
-    sb.destroy().await.unwrap();
-    c.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen() {
     use namzu_k8s_sim::controller::NETWORK_POLICIES;
     use namzu_kubernetes::policy::ingress::{IngressRefusal, IngressVerification};

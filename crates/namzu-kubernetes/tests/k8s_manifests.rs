@@ -89,6 +89,56 @@ fn the_template_is_restricted_and_gives_the_agent_its_token() {
     );
 }
 
+/// The link's files: the Secret (the agents' key) mounted by the init
+/// container alone, the key removed by the agent once read, the CA from
+/// the ConfigMap, and the names `namzu kube link-init` writes.
+#[test]
+fn the_template_wires_the_link_tls_so_no_command_sees_a_key() {
+    use namzu_kubernetes::link::{CA_CONFIGMAP, CA_KEY, SERVER_SECRET};
+    let t = manifest("sandboxtemplate-task.yaml");
+    let pod = &t["spec"]["podTemplate"]["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap().clone();
+    let secret = volume("namzu-link-secret");
+    assert_eq!(secret["secret"]["secretName"], SERVER_SECRET);
+    assert_eq!(secret["secret"]["defaultMode"], 0o440);
+    assert_eq!(volume("namzu-link-ca")["configMap"]["name"], CA_CONFIGMAP);
+    assert_eq!(volume("namzu-link")["emptyDir"]["medium"], "Memory");
+    let mounts = |c: &serde_json::Value| -> Vec<String> {
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let init = &pod["initContainers"][0];
+    let agent = &pod["containers"][0];
+    assert!(mounts(init).contains(&"namzu-link-secret".to_owned()));
+    assert!(
+        !mounts(agent).contains(&"namzu-link-secret".to_owned()),
+        "the workload mounts the Secret"
+    );
+    let args = |c: &serde_json::Value, k: &str| -> Vec<String> {
+        c[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let install = args(init, "command");
+    assert!(install
+        .windows(2)
+        .any(|w| w == ["--install-tls-from", "/namzu-link-secret"]));
+    assert!(install.windows(2).any(|w| w == ["--install-tls-to", "/namzu-link"]));
+    let serve = args(agent, "args");
+    assert!(serve.contains(&"--consume-tls-key".to_owned()), "{serve:?}");
+    assert!(serve.windows(2).any(|w| w == ["--tls-key", "/namzu-link/tls.key"]));
+    assert!(serve
+        .windows(2)
+        .any(|w| w[0] == "--tls-client-ca" && w[1] == format!("/etc/namzu-link/{CA_KEY}")));
+}
+
 #[test]
 fn the_network_policy_closes_the_agent_port_to_all_but_the_host() {
     let np = manifest("networkpolicy.yaml");

@@ -222,9 +222,9 @@ async fn pods_run_their_workload_image_with_the_agent_their_init_container_insta
     sb.destroy().await.unwrap();
 
     // The template shape that shipped before: the FROM-scratch agent image
-    // as the workload. The pod runs — and a shell command cannot.
+    // as the workload (running its own agent; the init container stays for
+    // the link's TLS files). The pod runs — and a shell command cannot.
     template_variant(&c, "agent-only", |spec| {
-        spec.as_object_mut().unwrap().remove("initContainers");
         let ctr = &mut spec["containers"][0];
         ctr["image"] = AGENT_IMAGE.into();
         ctr["command"] = serde_json::json!(["/namzu-agent"]);

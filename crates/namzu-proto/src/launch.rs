@@ -83,4 +83,8 @@ pub struct LaunchSpec {
     /// namespace (`0.0.0.0:1024`: a pod's agent port), same token.
     #[serde(default)]
     pub tcp_listen: Option<String>,
+    /// Serve that TCP port (only it) with mutual TLS from these files (a
+    /// pod's link; see [`crate::link_tls`]).
+    #[serde(default)]
+    pub tcp_tls: Option<crate::link_tls::ServerFiles>,
 }

@@ -80,6 +80,21 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
     })?;
     let token = std::fs::read(&spec.token_file).map_err(io("read token"))?;
     let token = token.trim_ascii().to_vec();
+    // Read here, on the host's side of every mount, before any fork.
+    let tls = match (&spec.tcp_tls, &spec.tcp_listen) {
+        (Some(files), Some(_)) => Some(files.load().map_err(|e| LaunchError::Spec {
+            path: spec_path.into(),
+            message: format!("the TCP port's TLS: {e}"),
+        })?),
+        (Some(_), None) => {
+            return Err(LaunchError::Spec {
+                path: spec_path.into(),
+                message: "tcp_tls without tcp_listen".into(),
+            })
+        }
+        (None, _) => None,
+    };
+    let link = Link { token, tls };
     let _ = std::fs::remove_file(&spec.socket);
     let listener = UnixListener::bind(&spec.socket).map_err(io("bind agent socket"))?;
     {
@@ -98,7 +113,7 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
     match fork_c {
         ForkResult::Child => {
             drop((to_l_r, to_c_w));
-            let code = match child_c(&spec, token, listener, to_l_w, to_c_r) {
+            let code = match child_c(&spec, link, listener, to_l_w, to_c_r) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox setup failed: {e}");
@@ -233,10 +248,17 @@ fn wait_exit(pid: Pid) -> i32 {
     }
 }
 
+/// What a peer needs to be let in: the bind token, and the TLS the TCP
+/// port is served with.
+struct Link {
+    token: Vec<u8>,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+}
+
 /// C: enters the new namespaces and starts G.
 fn child_c(
     spec: &LaunchSpec,
-    token: Vec<u8>,
+    link: Link,
     listener: UnixListener,
     mut to_l: std::os::unix::net::UnixStream,
     mut from_l: std::os::unix::net::UnixStream,
@@ -310,7 +332,7 @@ fn child_c(
     match fork_g {
         ForkResult::Child => {
             drop((to_l, from_l));
-            let code = match init_g(spec, token, listener, workspace, rootfs, binds) {
+            let code = match init_g(spec, link, listener, workspace, rootfs, binds) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox init failed: {e}");
@@ -330,7 +352,7 @@ fn child_c(
 /// G: builds the sandbox around itself and serves.
 fn init_g(
     spec: &LaunchSpec,
-    token: Vec<u8>,
+    link: Link,
     listener: UnixListener,
     workspace: OwnedFd,
     image: Option<OwnedFd>,
@@ -382,12 +404,13 @@ fn init_g(
     let cfg = AgentConfig {
         roots: vec!["/workspace".into(), "/".into()],
         default_cwd: "/workspace".into(),
-        token,
+        token: link.token,
         limits,
         disabled_features: Vec::new(),
         hardening: report,
         egress: Some(egress),
         tcp,
+        tls: link.tls,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -71,11 +71,22 @@ async fn by_hand(
     let pod = api.get(&Resource::core("pods", NAMESPACE), &sandbox).await?;
     let ip: std::net::IpAddr = pod["status"]["podIP"].as_str().unwrap_or_default().parse()?;
     let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
-    let link = AgentClient::connect_tcp(
+    // The link is mutual TLS, by hand as by namzu.
+    let addr = std::net::SocketAddr::new(ip, opts.agent_port);
+    let tls = opts
+        .link_tls
+        .as_ref()
+        .map(namzu::backend::kubernetes::link::LinkTls::client_config)
+        .ok_or("no link credentials")?;
+    let link = AgentClient::connect(
         &id,
-        std::net::SocketAddr::new(ip, opts.agent_port),
+        &addr.to_string(),
         uid.into_bytes(),
         ClientOptions::default(),
+        move || {
+            let tls = tls.clone();
+            async move { namzu_proto::link_tls::connect(tls, tokio::net::TcpStream::connect(addr).await?).await }
+        },
     )
     .await?;
     let total = t.elapsed();

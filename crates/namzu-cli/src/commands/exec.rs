@@ -142,7 +142,7 @@ async fn tier_provider(
         Tier::Kubernetes if resources.runtime.is_some() => {
             Err(Fail("--runtime applies to --tier docker, not kubernetes".into()))
         }
-        Tier::Kubernetes => kube.provider().await,
+        Tier::Kubernetes => kube.provider(state_dir).await,
         _ if !kube.is_empty() => Err(Fail(format!(
             "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
         ))),

@@ -26,7 +26,7 @@ pub async fn list(state_dir: &Option<PathBuf>) -> Result<ExitCode, Fail> {
         }
     }
     for place in places {
-        let listed = match place.provider().await {
+        let listed = match place.provider(state_dir).await {
             Ok(p) => p.list().await,
             Err(e) => Err(namzu::Error::InvalidArgument {
                 op: "ls".into(),

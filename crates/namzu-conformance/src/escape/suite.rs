@@ -8,8 +8,11 @@
 //! The host plants the targets: a secret in a world-readable directory,
 //! TCP listeners on loopback and on the host's own address, unix and
 //! abstract sockets, a marked process, a file in the host's /etc that the
-//! curated copy leaves out, and a 0777 directory bound read-only into the
-//! sandbox at [`RO_TARGET`].
+//! curated copy leaves out, a 0777 directory bound read-only into the
+//! sandbox at [`RO_TARGET`] (where the tier takes binds), and a plaintext
+//! agent on the host's loopback, whose preface the control speaks as the
+//! host would; inside, the same attempt aims at the agent port
+//! ([`AGENT_PORT`]) with the token the tier's agent takes there.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -26,6 +29,28 @@ use crate::{ensure, Factory};
 
 /// Where the read-only bind sits inside the sandbox.
 pub const RO_TARGET: &str = "/mnt/namzu-ro";
+
+/// The agent port a link attempt aims at inside (a pod's; nothing listens
+/// there on the tiers whose link is a host socket).
+pub const AGENT_PORT: u16 = 1024;
+
+/// What a tier's sandbox offers the suite.
+pub struct TierShape {
+    /// Whether the tier takes binds (the kubernetes tier's pods do not).
+    pub binds: bool,
+    /// The bind token its agent port takes, read from the handle (a pod's
+    /// uid); `None`: the control's token.
+    pub link_token: Option<fn(&namzu::Sandbox) -> String>,
+}
+
+impl Default for TierShape {
+    fn default() -> Self {
+        Self {
+            binds: true,
+            link_token: None,
+        }
+    }
+}
 
 /// One attempt's line from `namzu-escape`: its verdict word and detail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +162,42 @@ fn host_ip() -> Result<std::net::Ipv4Addr, String> {
         .ok_or_else(|| "the host has no IPv4 address besides loopback".into())
 }
 
+/// A real agent serving plaintext on a free loopback port with `token`
+/// (the control's target for acting as the host): started, and waited for.
+fn plaintext_agent(root: &Path, token: &str) -> Result<(Reap, u16), String> {
+    let bin = namzu::backend::find_agent_binary().ctx("agent binary")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .ctx("a free port")?
+        .port();
+    let token_file = root.join(".agent-token");
+    std::fs::write(&token_file, token).ctx("agent token")?;
+    let child = std::process::Command::new(bin)
+        .args([
+            "--listen",
+            &format!("tcp:127.0.0.1:{port}"),
+            "--consume-token",
+            "--root",
+        ])
+        .arg(root)
+        .arg("--token-file")
+        .arg(&token_file)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ctx("start the plaintext agent")?;
+    let agent = Reap(child);
+    for _ in 0..250 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((agent, port));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(format!("the plaintext agent never listened on 127.0.0.1:{port}"))
+}
+
 /// The block device holding the host's root filesystem.
 fn host_disk() -> String {
     use std::os::unix::fs::MetadataExt;
@@ -188,6 +249,9 @@ pub struct Targets {
     _abstract: UnixListener,
     _canary: Planted,
     sleeper: Reap,
+    _agent: Reap,
+    agent_token: String,
+    control_link: String,
     args: Vec<String>,
 }
 
@@ -239,6 +303,8 @@ impl Targets {
             .spawn()
             .ctx("host sleeper")?;
         let sleeper = Reap(sleeper);
+        let agent_token = format!("namzu-escape-token-{tag}");
+        let (agent, agent_port) = plaintext_agent(scratch.path(), &agent_token)?;
         let args = [
             ("--secret", secret.display().to_string()),
             ("--host-path", dir.path().display().to_string()),
@@ -264,6 +330,9 @@ impl Targets {
             _abstract: abs,
             _canary: canary,
             sleeper,
+            _agent: agent,
+            agent_token,
+            control_link: format!("127.0.0.1:{agent_port}"),
             args,
         })
     }
@@ -289,6 +358,10 @@ impl Targets {
         let bin = super::escape_binary()?;
         let mut args = self.args.clone();
         args.extend([
+            "--agent-link".into(),
+            self.control_link.clone(),
+            "--agent-token".into(),
+            self.agent_token.clone(),
             "--control".into(),
             "--ro-dir".into(),
             self.ro_host().display().to_string(),
@@ -307,10 +380,15 @@ impl Targets {
         Ok(text)
     }
 
-    /// The arguments for the run inside.
-    pub fn inside_args(&self) -> Vec<String> {
+    /// The arguments for the run inside; `token`: what the agent port
+    /// inside takes (else the control's).
+    pub fn inside_args(&self, token: Option<String>) -> Vec<String> {
         let mut a = self.args.clone();
         a.extend([
+            "--agent-link".into(),
+            format!("127.0.0.1:{AGENT_PORT}"),
+            "--agent-token".into(),
+            token.unwrap_or_else(|| self.agent_token.clone()),
             "--ro-dir".into(),
             RO_TARGET.into(),
             "--scratch".into(),
@@ -348,6 +426,11 @@ impl Targets {
 /// Plants the targets, runs the control and the attempts in a sandbox made
 /// by `factory` from `spec`, and judges each attempt.
 pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String> {
+    run_on(factory, spec, &TierShape::default()).await
+}
+
+/// [`run`] on a tier of this shape.
+pub async fn run_on(factory: &Factory, spec: SandboxSpec, shape: &TierShape) -> Result<Report, String> {
     let mut targets = Targets::plant()?;
     let control_text = targets.control()?;
     // The control reached the loopback listener (that is its job); what it
@@ -357,9 +440,11 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
         reached += 1;
     }
     ensure!(reached > 0, "the control never reached the loopback listener");
-    let spec = targets.spec(spec);
-    let args = targets.inside_args();
+    let spec = if shape.binds { targets.spec(spec) } else { spec };
+    let targets_ref = &targets;
+    let link_token = shape.link_token;
     let inside_text = crate::util::with_sandbox(factory, spec, |sb| async move {
+        let args = targets_ref.inside_args(link_token.map(|f| f(&sb)));
         super::install(&sb).await?;
         let hardening = sb.agent().info().hardening.clone();
         let out = sb
@@ -547,6 +632,7 @@ pub const ATTEMPTS: &[&str] = &[
     "reach a TCP server on the host's own address",
     "reach a host unix socket not bound in",
     "reach a host abstract unix socket",
+    "act as the host on the agent's link",
     "open a raw packet socket",
     "find a mount without nosuid or nodev",
     "see a host mount",

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use namzu::image::ImageStore;
+use namzu_proto::link_tls::ServerFiles;
 use serde_json::Value;
+
+use crate::server::Simulator;
 
 /// What the workload runs: the agent as its container sees it (the file
 /// on the host), and its image.
@@ -24,6 +27,8 @@ pub(super) struct Prepared {
     pub image: String,
     /// The pod's volumes on the host, removed with the pod.
     pub volumes: PathBuf,
+    /// The link TLS the agent's arguments name, as node paths.
+    pub tls: Option<ServerFiles>,
 }
 
 /// Why a pod's containers cannot run, as its status says it.
@@ -98,24 +103,16 @@ fn argv(c: &Value) -> Vec<String> {
 }
 
 /// Readies `pod` on the node under `state_dir`.
-pub(super) async fn prepare(pod: &Value, state_dir: &Path) -> Result<Prepared, PodError> {
+pub(super) async fn prepare(sim: &Simulator, pod: &Value, state_dir: &Path) -> Result<Prepared, PodError> {
     let store = ImageStore::new(state_dir);
     let uid = pod["metadata"]["uid"].as_str().unwrap_or("pod");
     let volumes_dir = state_dir.join("sim-pods").join(uid);
-    let mut volumes = HashMap::new();
-    for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
-        let Some(name) = v["name"].as_str() else { continue };
-        if v.get("emptyDir").is_some() {
-            let dir = volumes_dir.join("volumes").join(name);
-            std::fs::create_dir_all(&dir).map_err(|e| PodError {
-                reason: "CreateContainerConfigError",
-                message: format!("emptyDir {name}: {e}"),
-                container: String::new(),
-                init: false,
-            })?;
-            volumes.insert(name.to_owned(), dir);
-        }
-    }
+    let volumes = super::volumes::make(sim, pod, &volumes_dir.join("volumes")).map_err(|message| PodError {
+        reason: "ContainerCreating",
+        message,
+        container: String::new(),
+        init: false,
+    })?;
     let image_of = |c: &Value, init: bool| -> Result<(String, PathBuf), PodError> {
         let image = c["image"].as_str().unwrap_or_default().to_owned();
         let rootfs = store.resolve(&image).map_err(|_| {
@@ -196,9 +193,45 @@ pub(super) async fn prepare(pod: &Value, state_dir: &Path) -> Result<Prepared, P
             format!("the simulator's pods run the namzu agent as their command, not {entry:?}"),
         ));
     }
+    let tls = link_tls(c, (&volumes, &rootfs))?;
     Ok(Prepared {
         agent,
         image,
         volumes: volumes_dir,
+        tls,
     })
+}
+
+/// The workload agent's `--tls-cert`, `--tls-key` and `--tls-client-ca`
+/// (with `--consume-tls-key`), mapped to where the node keeps them; each
+/// must be there, as the agent would find it, or the container crashes.
+fn link_tls(c: &Value, (volumes, rootfs): (&HashMap<String, PathBuf>, &Path)) -> Result<Option<ServerFiles>, PodError> {
+    let args = argv(c);
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let (Some(cert), Some(key), Some(ca)) = (flag("--tls-cert"), flag("--tls-key"), flag("--tls-client-ca")) else {
+        return Ok(None);
+    };
+    let node = |p: &str| -> Result<String, PodError> {
+        let at = resolve(c, p, volumes, rootfs);
+        if !at.is_file() {
+            return Err(fail(
+                "CrashLoopBackOff",
+                c,
+                false,
+                format!("the link's TLS: {p}: No such file or directory"),
+            ));
+        }
+        Ok(at.to_string_lossy().into_owned())
+    };
+    Ok(Some(ServerFiles {
+        cert: node(cert)?,
+        key: node(key)?,
+        client_ca: node(ca)?,
+        consume_key: args.iter().any(|a| a == "--consume-tls-key"),
+    }))
 }

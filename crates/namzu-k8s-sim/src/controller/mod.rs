@@ -58,6 +58,8 @@ use serde_json::{json, Value};
 pub mod claims;
 mod kubelet;
 mod pods;
+mod volumes;
+pub use volumes::{CONFIG_MAPS, SECRETS};
 pub mod pools;
 pub mod sandboxes;
 

@@ -2,6 +2,7 @@
 //! sandbox, started, published with its address, and stopped.
 
 use super::*;
+use namzu_proto::link_tls::ServerFiles;
 
 impl Controller {
     /// Starts a runtime for every pod without one, stops those whose pod
@@ -70,7 +71,7 @@ impl Controller {
             let ctl = self.clone();
             let sim = sim.clone();
             tokio::spawn(async move {
-                let started = ctl.run_pod(&pod, fault == Some(PodFault::Unconfined)).await;
+                let started = ctl.run_pod(&sim, &pod, fault == Some(PodFault::Unconfined)).await;
                 if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                     if let Ok(rt) = started {
                         rt.stop().await;
@@ -129,8 +130,8 @@ impl Controller {
 
     /// Runs `pod`: a sandbox whose agent takes the token the container's
     /// environment names, and a relay on a fresh pod IP at the agent port.
-    async fn run_pod(&self, pod: &Value, unconfined: bool) -> Result<PodRuntime, kubelet::PodError> {
-        let prepared = kubelet::prepare(pod, &self.cfg.state_dir).await?;
+    async fn run_pod(&self, sim: &Simulator, pod: &Value, unconfined: bool) -> Result<PodRuntime, kubelet::PodError> {
+        let prepared = kubelet::prepare(sim, pod, &self.cfg.state_dir).await?;
         let crash = |message: String| kubelet::PodError {
             reason: "CrashLoopBackOff",
             message,
@@ -190,6 +191,7 @@ impl Controller {
             let egress = self.cfg.agent_bin.with_file_name(namzu::egress::supervisor::BINARY);
             LocalProvider::with_agent(&self.cfg.state_dir, &prepared.agent)
                 .with_egress_bin(egress)
+                .with_tcp_tls(prepared.tls.clone().filter(|_| veth))
                 .create_with(spec, Some(token.clone().into_bytes()), tcp)
                 .await
         };
@@ -199,7 +201,17 @@ impl Controller {
         let net = if veth {
             podnet::attach_veth(&dir, self.id).await
         } else {
-            podnet::attach_relay(dir.join("agent.sock"), port).await
+            // No pod network namespace to put the agent's TCP port on (not
+            // root, or an unconfined pod on the host tier): the node's
+            // relay serves the link's TLS, from the pod's own files.
+            let tls = match prepared.tls.as_ref().map(ServerFiles::load).transpose() {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = sandbox.destroy().await;
+                    return Err(crash(format!("the link's TLS: {e}")));
+                }
+            };
+            podnet::attach_relay(dir.join("agent.sock"), port, tls).await
         };
         let net = match net {
             Ok(n) => n,

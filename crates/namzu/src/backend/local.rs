@@ -74,6 +74,8 @@ pub struct LocalProvider {
     agent_bin: PathBuf,
     /// The egress supervisor, where it is not beside the agent.
     egress_bin: Option<PathBuf>,
+    /// Mutual TLS on the agent's TCP port (a simulated pod's link).
+    tcp_tls: Option<namzu_proto::link_tls::ServerFiles>,
     client: ClientOptions,
     opts: LocalOptions,
 }
@@ -92,6 +94,7 @@ impl LocalProvider {
             state: StateDir::new(state_dir, Tier::Local),
             agent_bin: agent_bin.into(),
             egress_bin: None,
+            tcp_tls: None,
             client: ClientOptions::default(),
             opts: LocalOptions::default(),
         }
@@ -103,6 +106,14 @@ impl LocalProvider {
     /// container installed).
     pub fn with_egress_bin(mut self, egress_bin: impl Into<PathBuf>) -> Self {
         self.egress_bin = Some(egress_bin.into());
+        self
+    }
+
+    /// Serves the TCP port of [`LocalProvider::create_with`] with mutual
+    /// TLS from these files (a simulated pod's link); the host's own
+    /// socket stays as it is.
+    pub fn with_tcp_tls(mut self, files: Option<namzu_proto::link_tls::ServerFiles>) -> Self {
+        self.tcp_tls = files;
         self
     }
 
@@ -212,6 +223,7 @@ impl LocalProvider {
             limits: spec.limits.clone(),
             cgroup_procs: Vec::new(),
             notes: Vec::new(),
+            tcp_tls: tcp_listen.as_ref().and(self.tcp_tls.clone()),
             tcp_listen,
         };
         let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
@@ -314,6 +326,13 @@ impl LocalProvider {
         tcp_listen: Option<String>,
     ) -> Result<Sandbox> {
         check_spec(Tier::Local, &spec)?;
+        if self.tcp_tls.is_some() && tcp_listen.is_none() {
+            return Err(Error::OptionRefused {
+                tier: Tier::Local,
+                option: "tcp_tls".into(),
+                reason: "TLS is served on the agent's TCP port, and none was asked for".into(),
+            });
+        }
         let (id, dir, _token, made) = self.state.create(token)?;
         let euid = nix::unistd::geteuid().as_raw();
         let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };

@@ -7,6 +7,7 @@
 mod heartbeat;
 mod lifecycle;
 mod pod_entry;
+mod pod_tls;
 mod preface;
 mod reattach;
 
