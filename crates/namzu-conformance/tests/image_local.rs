@@ -312,6 +312,13 @@ async fn binds_show_host_paths_and_misconfiguration_is_refused_by_field() {
                 target: "/tmp/out".into(),
                 writable: true,
             },
+            // Outside every path the sandbox writes anyway: writable only
+            // because the bind says so (landlock must follow it).
+            Bind {
+                source: out.clone(),
+                target: "/srv/rw".into(),
+                writable: true,
+            },
         ],
         ..Default::default()
     };
@@ -331,6 +338,13 @@ async fn binds_show_host_paths_and_misconfiguration_is_refused_by_field() {
         .unwrap();
     assert!(w.status.success(), "{:?}", String::from_utf8_lossy(&w.stderr));
     assert_eq!(std::fs::read_to_string(out.join("new")).unwrap(), "yes\n");
+    let w = sb
+        .commands()
+        .run(ExecRequest::shell("echo also > /srv/rw/other"))
+        .await
+        .unwrap();
+    assert!(w.status.success(), "{:?}", String::from_utf8_lossy(&w.stderr));
+    assert_eq!(std::fs::read_to_string(out.join("other")).unwrap(), "also\n");
     sb.destroy().await.unwrap();
 
     let bad = |binds: Vec<Bind>| SandboxSpec {

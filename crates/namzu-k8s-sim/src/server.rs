@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 
 use crate::selector::Selector;
 
+mod store;
+
 /// The agent-sandbox CRDs the simulator serves, with their schemas.
 const CRDS: &[&str] = &[
     include_str!("../../namzu-kubernetes/tests/fixtures/agent-sandbox-crds/agents.x-k8s.io_sandboxes.yaml"),
@@ -113,11 +115,21 @@ impl Simulator {
                 status_subresource: true,
             },
         );
+        // Events as the controller records them (the events.k8s.io API).
+        types.insert(
+            ("events.k8s.io".into(), "v1".into(), "events".into()),
+            ResourceType {
+                kind: "Event".into(),
+                schema: None,
+                status_subresource: false,
+            },
+        );
         // Core objects the controller makes or reads, stored as sent.
         for (plural, kind) in [
             ("services", "Service"),
             ("configmaps", "ConfigMap"),
             ("secrets", "Secret"),
+            ("persistentvolumeclaims", "PersistentVolumeClaim"),
             ("events", "Event"),
         ] {
             types.insert(
@@ -256,79 +268,6 @@ impl Simulator {
         Some(s.delay)
     }
 
-    /// Every stored object of a resource, in every namespace.
-    pub fn all(&self, (g, v, p): Gvr) -> Vec<Value> {
-        self.lock()
-            .objects
-            .iter()
-            .filter(|((og, ov, op, _, _), _)| og == g && ov == v && op == p)
-            .map(|(_, o)| o.clone())
-            .collect()
-    }
-
-    /// Stores `obj` as the controller writes it: a new object gets its uid
-    /// and creation time; every write a new resourceVersion.
-    pub fn put(&self, (g, v, p): Gvr, mut obj: Value) -> Value {
-        if let Some(s) = self
-            .types
-            .get(&(g.to_owned(), v.to_owned(), p.to_owned()))
-            .and_then(|t| t.schema.as_ref())
-        {
-            schema::apply_defaults(s, &mut obj);
-        }
-        let mut store = self.lock();
-        store.revision += 1;
-        let meta = &mut obj["metadata"];
-        if meta["uid"].is_null() {
-            meta["uid"] = json!(new_uid());
-            meta["creationTimestamp"] = json!(now_rfc3339());
-            meta["generation"] = json!(1);
-        }
-        meta["resourceVersion"] = json!(store.revision.to_string());
-        let key = (
-            g.to_owned(),
-            v.to_owned(),
-            p.to_owned(),
-            meta["namespace"].as_str().unwrap_or_default().to_owned(),
-            meta["name"].as_str().unwrap_or_default().to_owned(),
-        );
-        store.objects.insert(key, obj.clone());
-        obj
-    }
-
-    /// Changes the object as stored NOW (not a copy read earlier), under
-    /// the store's lock: how the controller writes status or one field
-    /// without overwriting a host's concurrent patch. `None`: it is gone.
-    pub fn update(&self, (g, v, p): Gvr, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<Value> {
-        let mut store = self.lock();
-        let key = (g.to_owned(), v.to_owned(), p.to_owned(), ns.to_owned(), name.to_owned());
-        let current = store.objects.get(&key)?.clone();
-        let mut next = current.clone();
-        f(&mut next);
-        if next == current {
-            return Some(current);
-        }
-        store.revision += 1;
-        next["metadata"]["resourceVersion"] = json!(store.revision.to_string());
-        if next["spec"] != current["spec"] {
-            let g = current["metadata"]["generation"].as_i64().unwrap_or(1);
-            next["metadata"]["generation"] = json!(g + 1);
-        }
-        store.objects.insert(key, next.clone());
-        Some(next)
-    }
-
-    /// Removes an object; what was stored, if anything.
-    pub fn remove(&self, (g, v, p): Gvr, ns: &str, name: &str) -> Option<Value> {
-        let mut store = self.lock();
-        let key = (g.to_owned(), v.to_owned(), p.to_owned(), ns.to_owned(), name.to_owned());
-        let gone = store.objects.remove(&key);
-        if gone.is_some() {
-            store.revision += 1;
-        }
-        gone
-    }
-
     /// The fault this request trips, if any (and counts it down).
     fn tripped(&self, method: &Method, target: &str) -> Option<Response> {
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
@@ -344,12 +283,6 @@ impl Simulator {
             }
         }
         Some(r)
-    }
-
-    /// An object as stored, for tests and the controller to come.
-    pub fn object(&self, group: &str, version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
-        let key = (group.into(), version.into(), plural.into(), ns.into(), name.into());
-        self.lock().objects.get(&key).cloned()
     }
 }
 
@@ -770,9 +703,13 @@ fn handle(
                     }
                 }
             }
-            store.revision += 1;
-            store.objects.remove(&t.key(name));
-            ok(StatusCode::OK, current)
+            let grace = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|o| o["gracePeriodSeconds"].as_i64());
+            drop(store);
+            let gvr = (t.group.as_str(), t.version.as_str(), t.plural.as_str());
+            let after = sim.delete_with(gvr, &t.ns, name, grace).unwrap_or(current);
+            ok(StatusCode::OK, after)
         }
         (m, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,

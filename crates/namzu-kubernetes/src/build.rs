@@ -121,6 +121,9 @@ pub fn sandbox(opts: &KubernetesOptions, template: &SandboxTemplate, name: &str,
         }
     }
     s.spec.pod_template = pod;
+    // The whole blueprint, as the controller's cold path copies it: a
+    // template's PVCs would otherwise be silently dropped.
+    s.spec.volume_claim_templates = template.spec.volume_claim_templates.clone();
     s.spec.service = Some(opts.address_mode == AddressMode::Service || template.spec.service == Some(true));
     s.spec.shutdown_policy = Some("Delete".into());
     s.spec.shutdown_time = Some(shutdown_time(opts, now));

@@ -17,86 +17,12 @@ use namzu_k8s_sim::controller::{
     POD_NAME_ANNOTATION, POOLS, POOL_LABEL, SANDBOXES, SANDBOX_NAME_ANNOTATION, SERVICES, TEMPLATES,
     TEMPLATE_HASH_LABEL,
 };
-use namzu_k8s_sim::Gvr;
-use namzu_kubernetes::api::{Api, ApiError, Resource};
-use namzu_kubernetes::crd::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
+use namzu_kubernetes::api::{ApiError, Resource};
+use namzu_kubernetes::crd::{Sandbox, SandboxTemplate, SandboxWarmPool};
 use serde_json::{json, Value};
 
-fn api(c: &Cluster) -> Api {
-    Api::new(c.client(), Duration::from_secs(10)).unwrap()
-}
-
-fn claims() -> Resource {
-    Resource::of::<SandboxClaim>(NAMESPACE)
-}
-
-/// Polls `f` every 20 ms until it gives `Some`, for at most `secs`.
-async fn until<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn ready(o: &Value) -> (String, String) {
-    let c = o["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "Ready")
-        .cloned()
-        .unwrap_or_default();
-    (
-        format!(
-            "{}/{}",
-            c["status"].as_str().unwrap_or(""),
-            c["reason"].as_str().unwrap_or("")
-        ),
-        c["message"].as_str().unwrap_or_default().to_owned(),
-    )
-}
-
-/// Waits for `gvr` `name`'s Ready condition to carry `reason`.
-async fn reason_of(c: &Cluster, gvr: Gvr, name: &str, reason: &str) -> (String, String) {
-    let got = until(10, || {
-        let o = c.get(gvr, name)?;
-        let r = ready(&o);
-        r.0.ends_with(&format!("/{reason}")).then_some(r)
-    })
-    .await;
-    got.unwrap_or_else(|| panic!("{name} never read {reason}: {:?}", c.get(gvr, name)))
-}
-
-fn claim(name: &str, pool: &str, spec: Value) -> Value {
-    let mut s = json!({"warmPoolRef": {"name": pool}});
-    if let (Some(s), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
-        s.extend(extra.clone());
-    }
-    json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": s})
-}
-
-/// The shipped template under another name, changed by `edit`.
-fn template_like(c: &Cluster, name: &str, edit: impl FnOnce(&mut Value)) -> Value {
-    let mut t = c.get(TEMPLATES, TEMPLATE).unwrap();
-    let keep = json!({"name": name, "namespace": NAMESPACE});
-    t["metadata"] = keep;
-    t.as_object_mut().unwrap().remove("status");
-    edit(&mut t);
-    t
-}
-
-fn pool(name: &str, template: &str, replicas: i64) -> Value {
-    json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}}})
-}
+mod common;
+use common::sim::*;
 
 #[test]
 fn the_name_hash_is_fnv1a_32() {
@@ -414,17 +340,6 @@ async fn warm_adoption_reads_ready_before_the_pod_carries_the_claims_labels() {
 }
 
 /// A Sandbox straight from the shipped template's pod, `service` as given.
-fn sandbox(c: &Cluster, name: &str, service: Option<bool>, extra: Value) -> Value {
-    let t = c.get(TEMPLATES, TEMPLATE).unwrap();
-    let mut spec = json!({"podTemplate": t["spec"]["podTemplate"].clone()});
-    if let Some(s) = service {
-        spec["service"] = json!(s);
-    }
-    json_patch::merge(&mut spec, &extra);
-    json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-        "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_and_its_fqdn_exist_only_when_the_blueprint_asks() {
     let c = Cluster::start(None).await.unwrap();
@@ -530,7 +445,11 @@ async fn expiry_is_marked_first_and_retain_keeps_the_claim() {
     assert_eq!(sb["spec"]["shutdownPolicy"], "Retain");
     assert_eq!(sb["spec"]["operatingMode"], "Running");
     reason_of(&c, SANDBOXES, "lone", "SandboxExpired").await;
-    assert!(c.get(PODS, "lone").is_none() && c.get(SERVICES, "lone").is_none());
+    // The pod terminates gracefully: gone once its kubelet stopped it.
+    assert!(until(10, || c.get(PODS, "lone").is_none().then_some(()))
+        .await
+        .is_some());
+    assert!(c.get(SERVICES, "lone").is_none());
     assert!(c.get(SANDBOXES, "lone").is_some());
     c.stop().await;
 }

@@ -258,7 +258,10 @@ pub fn landlock_abi() -> i64 {
     .max(0)
 }
 
-fn apply_landlock() -> Result<String, HardenError> {
+/// Landlock: read anywhere, write beneath [`WRITABLE`] and the targets of
+/// the spec's writable binds (a host path shown read-write is a writable
+/// mount of the sandbox's like its workspace).
+fn apply_landlock(spec: &LaunchSpec) -> Result<String, HardenError> {
     use landlock::{Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, ABI};
     let le = |e: landlock::RulesetError| HardenError::Landlock(e.to_string());
     let abi = ABI::V5;
@@ -270,6 +273,11 @@ fn apply_landlock() -> Result<String, HardenError> {
         .add_rules(landlock::path_beneath_rules(["/"], AccessFs::from_read(abi)))
         .map_err(le)?
         .add_rules(landlock::path_beneath_rules(WRITABLE, AccessFs::from_all(abi)))
+        .map_err(le)?
+        .add_rules(landlock::path_beneath_rules(
+            spec.binds.iter().filter(|b| b.writable).map(|b| b.target.as_str()),
+            AccessFs::from_all(abi),
+        ))
         .map_err(le)?
         .restrict_self()
         .map_err(le)?;
@@ -322,7 +330,7 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
     if in_spec(spec, "landlock") {
         report.push(("landlock".into(), REMOVED.into()));
     } else {
-        report.push(("landlock".into(), apply_landlock()?));
+        report.push(("landlock".into(), apply_landlock(spec)?));
     }
     if in_spec(spec, "probe-bait") {
         report.push(("capabilities".into(), REMOVED.into()));

@@ -149,6 +149,59 @@ fn inject(pod: &mut Value, claim: &Value) {
     }
 }
 
+/// The template's volumeClaimTemplates with the claim's, as the template's
+/// `volumeClaimTemplatesPolicy` lets them merge (`mergeVolumeClaimTemplates`):
+/// `Disallowed` (the default) refuses any, `Allowed` appends new names
+/// only, `Overrides` replaces by name and appends the rest.
+fn merged_vcts(claim: &Value, template: &Value) -> Result<Value, Refusal> {
+    let tpl = template["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let wanted = claim["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if wanted.is_empty() {
+        return Ok(Value::Array(tpl));
+    }
+    let refuse = |m: String| {
+        (
+            "VolumeClaimTemplatesError",
+            format!("failed to merge volume claim templates: {m}"),
+        )
+    };
+    let name = |v: &Value| v["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    match template["spec"]["volumeClaimTemplatesPolicy"]
+        .as_str()
+        .unwrap_or_default()
+    {
+        "Allowed" => {
+            if let Some(v) = wanted.iter().find(|v| tpl.iter().any(|t| name(t) == name(v))) {
+                return Err(refuse(format!(
+                    "overriding volume claim templates is forbidden by the template: cannot override template volume {:?}",
+                    name(v)
+                )));
+            }
+            Ok(Value::Array(tpl.into_iter().chain(wanted).collect()))
+        }
+        "Overrides" => {
+            let mut out: Vec<Value> = tpl
+                .iter()
+                .map(|t| wanted.iter().find(|v| name(v) == name(t)).unwrap_or(t).clone())
+                .collect();
+            out.extend(
+                wanted
+                    .iter()
+                    .filter(|v| !tpl.iter().any(|t| name(t) == name(v)))
+                    .cloned(),
+            );
+            Ok(Value::Array(out))
+        }
+        _ => Err(refuse("volume claim templates are disallowed by the template".into())),
+    }
+}
+
 impl Controller {
     pub(super) fn claims(&self, sim: &Simulator) {
         let now = SystemTime::now();
@@ -169,10 +222,19 @@ impl Controller {
                         "Claim expired. Sandbox cleanup initiated."
                     )]);
                     write_status(sim, CLAIMS, ns, name, status);
+                    record_event(sim, &claim, "Normal", "ClaimExpired", "Claim Expired", "Claim expired");
                     continue;
                 }
                 match l["shutdownPolicy"].as_str() {
-                    Some("Delete" | "DeleteForeground") => {
+                    Some(policy @ ("Delete" | "DeleteForeground")) => {
+                        record_event(
+                            sim,
+                            &claim,
+                            "Normal",
+                            "ClaimExpired",
+                            "Deleting",
+                            &format!("Deleting Claim (ShutdownPolicy={policy})"),
+                        );
                         sim.remove(CLAIMS, ns, name);
                     }
                     // Retain (the default): the Sandbox goes, the claim stays.
@@ -248,6 +310,7 @@ impl Controller {
             )
         })?;
         injection(claim, &template)?;
+        let vcts = merged_vcts(claim, &template)?;
         let extra: Map<String, Value> = if self.drop_claim_labels.load(std::sync::atomic::Ordering::SeqCst) {
             Map::new()
         } else {
@@ -269,7 +332,7 @@ impl Controller {
                 .as_array()
                 .is_some_and(|v| !v.is_empty());
         let sb = if cold_only {
-            self.cold(sim, claim, &template, &extra)
+            self.cold(sim, claim, &template, &extra, &vcts)
         } else {
             match self.candidate(sim, &pool) {
                 Some(c) => self.adopt(sim, claim, &c, &template, &extra),
@@ -282,7 +345,7 @@ impl Controller {
                     if first.elapsed() < WARM_GRACE {
                         return Ok(None);
                     }
-                    self.cold(sim, claim, &template, &extra)
+                    self.cold(sim, claim, &template, &extra, &vcts)
                 }
             }
         };
@@ -349,13 +412,29 @@ impl Controller {
             s["metadata"]["annotations"][POD_NAME_ANNOTATION] = json!(pod_name);
             s["metadata"]["ownerReferences"] = owner;
             s["spec"]["podTemplate"]["metadata"] = pod["metadata"].clone();
-        })
-        .unwrap_or_else(|| sb.clone())
+        });
+        record_event(
+            sim,
+            claim,
+            "Normal",
+            "SandboxAdopted",
+            "Adoption",
+            &format!("Adopted warm pool Sandbox {name:?}"),
+        );
+        sim.object(SANDBOXES.0, SANDBOXES.1, SANDBOXES.2, ns, name)
+            .unwrap_or_else(|| sb.clone())
     }
 
     /// A cold Sandbox named after `claim`, from the template's whole
     /// blueprint, with the claim's labels and environment.
-    fn cold(&self, sim: &Simulator, claim: &Value, template: &Value, extra: &Map<String, Value>) -> Value {
+    fn cold(
+        &self,
+        sim: &Simulator,
+        claim: &Value,
+        template: &Value,
+        extra: &Map<String, Value>,
+        vcts: &Value,
+    ) -> Value {
         let (ns, name) = (meta(claim, "namespace"), meta(claim, "name"));
         let mut labels = Map::new();
         labels.insert(CLAIM_UID_LABEL.into(), json!(meta(claim, "uid")));
@@ -372,7 +451,7 @@ impl Controller {
                         TEMPLATE_HASH_LABEL: name_hash(meta(template, "name"))},
                     "ownerReferences": owner_ref("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim", claim)},
                 "spec": {"podTemplate": pod, "service": template["spec"]["service"].clone(),
-                    "volumeClaimTemplates": template["spec"]["volumeClaimTemplates"].clone()},
+                    "volumeClaimTemplates": vcts.clone()},
             }),
         )
     }

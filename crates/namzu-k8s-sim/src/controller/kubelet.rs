@@ -29,6 +29,8 @@ pub(super) struct Prepared {
     pub volumes: PathBuf,
     /// The link TLS the agent's arguments name, as node paths.
     pub tls: Option<ServerFiles>,
+    /// The workload's PVC mounts, shown in the sandbox.
+    pub binds: Vec<namzu::Bind>,
 }
 
 /// Why a pod's containers cannot run, as its status says it.
@@ -107,12 +109,14 @@ pub(super) async fn prepare(sim: &Simulator, pod: &Value, state_dir: &Path) -> R
     let store = ImageStore::new(state_dir);
     let uid = pod["metadata"]["uid"].as_str().unwrap_or("pod");
     let volumes_dir = state_dir.join("sim-pods").join(uid);
-    let volumes = super::volumes::make(sim, pod, &volumes_dir.join("volumes")).map_err(|message| PodError {
-        reason: "ContainerCreating",
-        message,
-        container: String::new(),
-        init: false,
-    })?;
+    let pv_root = state_dir.join("sim-pv");
+    let volumes =
+        super::volumes::make(sim, pod, &volumes_dir.join("volumes"), &pv_root).map_err(|message| PodError {
+            reason: "ContainerCreating",
+            message,
+            container: String::new(),
+            init: false,
+        })?;
     let image_of = |c: &Value, init: bool| -> Result<(String, PathBuf), PodError> {
         let image = c["image"].as_str().unwrap_or_default().to_owned();
         let rootfs = store.resolve(&image).map_err(|_| {
@@ -194,11 +198,34 @@ pub(super) async fn prepare(sim: &Simulator, pod: &Value, state_dir: &Path) -> R
         ));
     }
     let tls = link_tls(c, (&volumes, &rootfs))?;
+    // A PVC is where the workload container mounts it (the sandbox shows
+    // nothing else of the pod's volumes: its agent runs from the node).
+    let claimed: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("persistentVolumeClaim").is_some())
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let binds = c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["name"].as_str().is_some_and(|n| claimed.contains(&n)))
+        .filter_map(|m| {
+            Some(namzu::Bind {
+                source: volumes.get(m["name"].as_str()?)?.clone(),
+                target: m["mountPath"].as_str()?.into(),
+                writable: m["readOnly"] != true,
+            })
+        })
+        .collect();
     Ok(Prepared {
         agent,
         image,
         volumes: volumes_dir,
         tls,
+        binds,
     })
 }
 

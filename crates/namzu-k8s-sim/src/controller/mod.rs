@@ -58,15 +58,24 @@ use serde_json::{json, Value};
 pub mod claims;
 mod kubelet;
 mod pods;
-mod volumes;
-pub use volumes::{CONFIG_MAPS, SECRETS};
 pub mod pools;
 pub mod sandboxes;
+mod volumes;
 
 use crate::podnet::{self, PodNet};
 use crate::server::{new_uid, now_rfc3339, Gvr, PodReadHook, Simulator};
 
 pub const PODS: Gvr = ("", "v1", "pods");
+/// Secrets, stored as the API stores them (`data` base64).
+pub const SECRETS: Gvr = ("", "v1", "secrets");
+/// ConfigMaps.
+pub const CONFIG_MAPS: Gvr = ("", "v1", "configmaps");
+/// PersistentVolumeClaims (of Sandboxes' volumeClaimTemplates).
+pub const PVCS: Gvr = ("", "v1", "persistentvolumeclaims");
+/// Events (`k8s.io/client-go/tools/events`, as the controller records them).
+pub const EVENTS: Gvr = ("events.k8s.io", "v1", "events");
+/// The simulated node every scheduled pod is bound to (`spec.nodeName`).
+pub const NODE_NAME: &str = "sim-node";
 pub const SANDBOXES: Gvr = ("agents.x-k8s.io", "v1beta1", "sandboxes");
 pub const CLAIMS: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims");
 pub const TEMPLATES: Gvr = ("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates");
@@ -87,6 +96,8 @@ pub const POOL_LABEL: &str = "agents.x-k8s.io/warm-pool-sandbox";
 pub const TEMPLATE_HASH_LABEL: &str = "agents.x-k8s.io/sandbox-template-ref-hash";
 /// The Sandbox name's hash, on its pod (the Sandbox's `status.selector`).
 pub const NAME_HASH_LABEL: &str = "agents.x-k8s.io/sandbox-name-hash";
+/// On an unowned PVC: a Sandbox may adopt it.
+pub const ADOPTABLE_LABEL: &str = "agents.x-k8s.io/adoptable";
 /// The claim's uid, on the Sandbox it binds and that Sandbox's pod.
 pub const CLAIM_UID_LABEL: &str = "agents.x-k8s.io/claim-uid";
 /// `warm` or `cold`: how a Sandbox came to its claim.
@@ -135,6 +146,10 @@ pub struct ControllerConfig {
     /// pod (the real controller patches them asynchronously, after the
     /// claim already reads Ready).
     pub label_delay: Duration,
+    /// How long a warm pool's Sandbox may stay not Ready before it is
+    /// replaced (the controller's `ReadinessGracePeriod`, 5 min); an
+    /// unschedulable one is held instead, and the pool says so in an Event.
+    pub pool_readiness_grace: Duration,
 }
 
 impl ControllerConfig {
@@ -147,6 +162,7 @@ impl ControllerConfig {
             tick: Duration::from_millis(10),
             allowed_label_domains: None,
             label_delay: Duration::from_millis(300),
+            pool_readiness_grace: Duration::from_secs(300),
         }
     }
 
@@ -204,12 +220,16 @@ struct State {
     running: HashMap<String, PodRuntime>,
     /// `ns/name` of pods being started.
     starting: HashSet<String>,
+    /// Pods being terminated (their runtime stopping).
+    stopping: HashSet<String>,
     /// How many of the next pod reads replace the pod they read.
     replace_on_read: usize,
     /// Claim uid → when the controller first found no warm candidate.
     claim_waiting: HashMap<String, std::time::Instant>,
     /// `ns/pod` → when the adopting claim's labels may reach the pod.
     label_sync: HashMap<String, std::time::Instant>,
+    /// `ns/pool` of pools last reported not progressing.
+    not_progressing: HashSet<String>,
 }
 
 /// The controller (see the module docs).
@@ -254,6 +274,23 @@ fn owner_of(o: &Value, kind: &str) -> Option<(String, String)> {
 fn owner_ref(api_version: &str, kind: &str, o: &Value) -> Value {
     json!([{"apiVersion": api_version, "kind": kind, "name": meta(o, "name"), "uid": meta(o, "uid"), "controller": true,
         "blockOwnerDeletion": true}])
+}
+
+/// Records an Event about `regarding` (an `events.k8s.io/v1` Event, as
+/// the controller's `EventRecorder` writes it): `type_` Normal or Warning.
+fn record_event(sim: &Simulator, regarding: &Value, type_: &str, reason: &str, action: &str, note: &str) {
+    let (ns, name) = (meta(regarding, "namespace"), meta(regarding, "name"));
+    sim.put(
+        EVENTS,
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("{name}.{:016x}", rand::random::<u64>()), "namespace": ns},
+            "eventTime": now_rfc3339(),
+            "reportingController": "agent-sandbox-controller",
+            "reportingInstance": "agent-sandbox-controller-sim",
+            "type": type_, "reason": reason, "action": action, "note": note,
+            "regarding": {"apiVersion": regarding["apiVersion"].clone(), "kind": regarding["kind"].clone(),
+                "name": name, "namespace": ns, "uid": meta(regarding, "uid")}}),
+    );
 }
 
 /// The `Ready` condition's reason, if there is one.
@@ -427,9 +464,16 @@ impl Controller {
         if let Some(rt) = old {
             rt.evict().await;
         }
-        if let Some(mut pod) = sim.remove(PODS, ns, name) {
+        // Gone at once (its processes already are), and a new pod of that
+        // name, not yet scheduled.
+        if let Some(mut pod) = sim.purge(PODS, ns, name) {
             if let Some(m) = pod["metadata"].as_object_mut() {
-                m.remove("uid");
+                for k in ["uid", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+                    m.remove(k);
+                }
+            }
+            if let Some(spec) = pod["spec"].as_object_mut() {
+                spec.remove("nodeName");
             }
             pod["status"] = json!({"phase": "Pending"});
             sim.put(PODS, pod);
@@ -471,7 +515,7 @@ impl Controller {
         // object whose owner's uid is gone goes too (claim or pool →
         // Sandbox → its pod, Service and per-sandbox policy; template →
         // its NetworkPolicy).
-        for gvr in [SANDBOXES, PODS, SERVICES, CILIUM_POLICIES, NETWORK_POLICIES] {
+        for gvr in [SANDBOXES, PODS, SERVICES, PVCS, CILIUM_POLICIES, NETWORK_POLICIES] {
             let live: HashSet<String> = [CLAIMS, POOLS, SANDBOXES, TEMPLATES]
                 .into_iter()
                 .flat_map(|g| sim.all(g))

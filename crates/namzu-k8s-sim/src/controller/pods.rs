@@ -8,6 +8,7 @@ impl Controller {
     /// Starts a runtime for every pod without one, stops those whose pod
     /// is gone.
     pub(super) fn pods(self: &Arc<Self>, sim: &Arc<Simulator>) {
+        self.terminate(sim);
         let pods = sim.all(PODS);
         let live: HashMap<String, &Value> = pods
             .iter()
@@ -62,7 +63,10 @@ impl Controller {
                 _ => {}
             }
             self.lock().starting.insert(k.clone());
+            // Scheduled: bound to the node (which makes its deletion
+            // graceful) before the kubelet starts it.
             let Some(pod) = sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
+                p["spec"]["nodeName"] = json!(NODE_NAME);
                 p["status"]["conditions"] = json!([condition("PodScheduled", true, "", "")]);
             }) else {
                 self.lock().starting.remove(&k);
@@ -85,14 +89,26 @@ impl Controller {
     }
 
     /// Writes a started pod's status (or its crash).
-    fn publish(&self, sim: &Simulator, pod: &Value, started: Result<PodRuntime, kubelet::PodError>) {
+    fn publish(&self, sim: &Arc<Simulator>, pod: &Value, started: Result<PodRuntime, kubelet::PodError>) {
         let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
         let current = sim
             .all(PODS)
             .into_iter()
             .find(|p| meta(p, "namespace") == ns && meta(p, "name") == name && meta(p, "uid") == meta(pod, "uid"));
         let container = pod["spec"]["containers"][0]["name"].clone();
-        match (current, started) {
+        let deleting = current
+            .as_ref()
+            .is_some_and(|c| !c["metadata"]["deletionTimestamp"].is_null());
+        match (current.filter(|_| !deleting), started) {
+            // Deleted while it started: stopped, then gone.
+            (None, Ok(rt)) if deleting => {
+                let (sim, ns, name, uid) = (sim.clone(), ns.to_owned(), name.to_owned(), meta(pod, "uid").to_owned());
+                tokio::spawn(async move {
+                    rt.stop().await;
+                    purge_if(&sim, &ns, &name, &uid);
+                });
+            }
+            (None, Err(_)) if deleting => purge_if(sim, ns, name, meta(pod, "uid")),
             (Some(_), Ok(rt)) => {
                 let ip = rt.net.ip.to_string();
                 let status = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now_rfc3339(),
@@ -125,6 +141,61 @@ impl Controller {
                 tokio::spawn(rt.stop());
             }
             (None, Err(_)) => {}
+        }
+    }
+
+    /// Pods marked for deletion (`deletionTimestamp`), as a kubelet ends
+    /// them: no longer Ready at once, the containers stopped (SIGTERM, the
+    /// agent's quiesce) within the grace period, then the object removed.
+    fn terminate(self: &Arc<Self>, sim: &Arc<Simulator>) {
+        for p in sim.all(PODS) {
+            if p["metadata"]["deletionTimestamp"].is_null() {
+                continue;
+            }
+            let (ns, name, uid) = (meta(&p, "namespace"), meta(&p, "name"), meta(&p, "uid"));
+            let k = key(ns, name);
+            if self.lock().starting.contains(&k) {
+                continue; // publish() ends it once started
+            }
+            let rt = {
+                let mut st = self.lock();
+                match st.running.get(&k) {
+                    Some(rt) if rt.uid == uid => st.running.remove(&k),
+                    _ => None,
+                }
+            };
+            let Some(rt) = rt else {
+                if !self.lock().stopping.contains(&k) {
+                    purge_if(sim, ns, name, uid);
+                }
+                continue;
+            };
+            sim.update(PODS, ns, name, |p| {
+                if let Some(conds) = p["status"]["conditions"].as_array_mut() {
+                    for c in conds
+                        .iter_mut()
+                        .filter(|c| c["type"] == "Ready" || c["type"] == "ContainersReady")
+                    {
+                        c["status"] = json!("False");
+                    }
+                }
+            });
+            let grace = Duration::from_secs(p["metadata"]["deletionGracePeriodSeconds"].as_u64().unwrap_or(30));
+            self.lock().stopping.insert(k.clone());
+            let (ctl, sim, ns, name, uid) = (
+                self.clone(),
+                sim.clone(),
+                ns.to_owned(),
+                name.to_owned(),
+                uid.to_owned(),
+            );
+            tokio::spawn(async move {
+                if tokio::time::timeout(grace, rt.stop()).await.is_err() {
+                    tracing::warn!(pod = %name, ?grace, "the pod outlived its grace period");
+                }
+                purge_if(&sim, &ns, &name, &uid);
+                ctl.lock().stopping.remove(&key(&ns, &name));
+            });
         }
     }
 
@@ -186,6 +257,7 @@ impl Controller {
             // The workload's image is the sandbox's root; its agent is the
             // one the pod's own volumes (or image) hold.
             spec.image = Some(prepared.image.clone());
+            spec.binds.extend(prepared.binds.iter().cloned());
             let tcp = veth.then(|| format!("0.0.0.0:{port}"));
             // The egress supervisor is the node's, beside the host's agent.
             let egress = self.cfg.agent_bin.with_file_name(namzu::egress::supervisor::BINARY);
@@ -226,5 +298,15 @@ impl Controller {
             sandbox,
             volumes: prepared.volumes,
         })
+    }
+}
+
+/// Removes pod `name` if it is still the one with `uid`.
+fn purge_if(sim: &Simulator, ns: &str, name: &str, uid: &str) {
+    let same = sim
+        .object(PODS.0, PODS.1, PODS.2, ns, name)
+        .is_some_and(|p| meta(&p, "uid") == uid);
+    if same {
+        sim.purge(PODS, ns, name);
     }
 }

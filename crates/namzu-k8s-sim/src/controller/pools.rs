@@ -53,7 +53,71 @@ pub(super) fn blueprint_pod(template: &Value, extra: &serde_json::Map<String, Va
     pod
 }
 
+/// Whether the pod of pool Sandbox `sb` is `PodScheduled=False`,
+/// `Unschedulable`.
+fn pod_unschedulable(sim: &Simulator, sb: &Value) -> bool {
+    let pod_name = sb["metadata"]["annotations"][POD_NAME_ANNOTATION]
+        .as_str()
+        .unwrap_or(meta(sb, "name"));
+    sim.object(PODS.0, PODS.1, PODS.2, meta(sb, "namespace"), pod_name)
+        .is_some_and(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "PodScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable")
+        })
+}
+
+/// A duration as Go prints one (`5m0s`, `2s`, `1.5s`, `300ms`).
+fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m) = (ms / 3_600_000, (ms / 60_000) % 60);
+    let s = (ms % 60_000) as f64 / 1000.0;
+    let mut out = String::new();
+    if h > 0 {
+        out += &format!("{h}h");
+    }
+    if h > 0 || m > 0 {
+        out += &format!("{m}m");
+    }
+    out + &format!("{s}s")
+}
+
 impl Controller {
+    /// The pool's not-progressing signal, as `setNotProgressing`: an Event
+    /// on each transition only — a Warning when unschedulable Sandboxes
+    /// are held, a Normal one when that ends.
+    fn progress_event(&self, sim: &Simulator, pool: &Value, unschedulable: usize, want: usize, grace: Duration) {
+        let k = key(meta(pool, "namespace"), meta(pool, "name"));
+        let stuck = unschedulable > 0;
+        let was = self.lock().not_progressing.contains(&k);
+        if stuck == was {
+            return;
+        }
+        if stuck {
+            self.lock().not_progressing.insert(k);
+            let note = format!(
+                "{unschedulable}/{want} sandboxes are unschedulable past the {} readiness grace period; holding them instead of replacing (replacements would be equally unschedulable)",
+                go_duration(grace)
+            );
+            record_event(sim, pool, "Warning", "WarmPoolNotProgressing", "Reconciling", &note);
+        } else {
+            self.lock().not_progressing.remove(&k);
+            record_event(
+                sim,
+                pool,
+                "Normal",
+                "WarmPoolProgressing",
+                "Reconciling",
+                "Warm pool is progressing again",
+            );
+        }
+    }
+
     pub(super) fn templates(&self, sim: &Simulator) {
         for t in sim.all(TEMPLATES) {
             let (ns, name) = (meta(&t, "namespace").to_owned(), meta(&t, "name").to_owned());
@@ -124,6 +188,28 @@ impl Controller {
                 .collect();
             // CRD default: 1.
             let want = usize::try_from(pool["spec"]["replicas"].as_i64().unwrap_or(1)).unwrap_or(0);
+            // Past the readiness grace, a not-Ready Sandbox is replaced —
+            // unless its pod cannot be scheduled: a replacement could not
+            // be either, so it is held and the pool reported stuck.
+            let grace = self.cfg.pool_readiness_grace;
+            let mut unschedulable = 0;
+            held.retain(|s| {
+                let age = s["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .and_then(|t| k8s_openapi::chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .and_then(|t| SystemTime::now().duration_since(SystemTime::from(t)).ok())
+                    .unwrap_or_default();
+                if is_ready(s) || age <= grace {
+                    return true;
+                }
+                if pod_unschedulable(sim, s) {
+                    unschedulable += 1;
+                    return true;
+                }
+                sim.remove(SANDBOXES, ns, meta(s, "name"));
+                false
+            });
+            self.progress_event(sim, &pool, unschedulable, want, grace);
             let tname = pool["spec"]["sandboxTemplateRef"]["name"].as_str().unwrap_or_default();
             if let Some(t) = Self::template(sim, ns, tname) {
                 for _ in held.len()..want {

@@ -1,16 +1,121 @@
 //! Sandboxes, as `controllers/sandbox_controller.go` keeps them: a pod
 //! (named after the Sandbox or its `pod-name` annotation, labelled with the
 //! name hash), a headless Service only when `service: true`, the claim's
-//! labels carried to a running pod once allowed, expiry, suspension, and a
-//! status computed from what stands.
+//! labels carried to a running pod once allowed, the PVCs of its
+//! volumeClaimTemplates (kept through expiry and suspension; gone with the
+//! Sandbox), expiry, suspension, and a status computed from what stands.
 
 use serde_json::{json, Value};
 
 use super::*;
 
+/// The PVC a volumeClaimTemplate names for this Sandbox.
+fn pvc_name(vct: &Value, sb: &Value) -> String {
+    format!(
+        "{}-{}",
+        vct["metadata"]["name"].as_str().unwrap_or_default(),
+        meta(sb, "name")
+    )
+}
+
+/// The pod's volumes: the pod template's, a volumeClaimTemplate's PVC
+/// taking the place of a volume of its name (`MergeVolumeClaimVolumes`).
+fn volumes(sb: &Value) -> Value {
+    let vcts = sb["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let claimed: Vec<Value> = vcts
+        .iter()
+        .map(
+            |v| json!({"name": v["metadata"]["name"].clone(), "persistentVolumeClaim": {"claimName": pvc_name(v, sb)}}),
+        )
+        .collect();
+    let mut out: Vec<Value> = sb["spec"]["podTemplate"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| !claimed.iter().any(|c| c["name"] == v["name"]))
+        .cloned()
+        .collect();
+    out.extend(claimed);
+    Value::Array(out)
+}
+
+/// Makes (or adopts) the PVC of every volumeClaimTemplate, as
+/// `reconcilePVCs`: one the Sandbox controls is kept; an unowned one is
+/// adopted only with the pool's `adoptable` label or the Sandbox's
+/// tracking label; one owned by anything else stops the Sandbox.
+fn reconcile_pvcs(sim: &Simulator, sb: &Value) -> Result<(), String> {
+    let (ns, name) = (meta(sb, "namespace"), meta(sb, "name"));
+    let hash = name_hash(name);
+    for vct in sb["spec"]["volumeClaimTemplates"].as_array().into_iter().flatten() {
+        let pvc = pvc_name(vct, sb);
+        match sim.object(PVCS.0, PVCS.1, PVCS.2, ns, &pvc) {
+            Some(have) => {
+                let controller = have["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|r| r["controller"] == true)
+                    .cloned();
+                match controller {
+                    Some(r) if r["uid"] == meta(sb, "uid") => {}
+                    Some(r) => {
+                        return Err(format!(
+                            "PVC {pvc:?} is owned by {}/{} (UID: {}), not by sandbox {name:?}",
+                            r["kind"].as_str().unwrap_or_default(),
+                            r["name"].as_str().unwrap_or_default(),
+                            r["uid"].as_str().unwrap_or_default()
+                        ))
+                    }
+                    None => {
+                        let l = &have["metadata"]["labels"];
+                        if l[ADOPTABLE_LABEL] != "true" && l[NAME_HASH_LABEL] != json!(hash) {
+                            return Err(format!(
+                                "cannot adopt unowned PVC {pvc:?}: missing required pool authorization label ({ADOPTABLE_LABEL:?}) or sandbox tracking label ({NAME_HASH_LABEL:?})"
+                            ));
+                        }
+                        let owner = owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", sb);
+                        sim.update(PVCS, ns, &pvc, |p| {
+                            let mut refs = p["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+                            refs.extend(owner.as_array().cloned().unwrap_or_default());
+                            p["metadata"]["ownerReferences"] = Value::Array(refs);
+                        });
+                    }
+                }
+            }
+            None => {
+                let mut labels = vct["metadata"]["labels"].clone();
+                if !labels.is_object() {
+                    labels = json!({});
+                }
+                labels[NAME_HASH_LABEL] = json!(hash);
+                sim.put(
+                    PVCS,
+                    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": pvc, "namespace": ns, "labels": labels,
+                            "annotations": vct["metadata"]["annotations"].clone(),
+                            "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", sb)},
+                        "spec": vct["spec"].clone(),
+                        "status": {"phase": "Bound"}}),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The pod a Sandbox's pod template makes.
 fn pod_object(sb: &Value, name: &str) -> Value {
     let tpl = &sb["spec"]["podTemplate"];
+    let mut spec = tpl["spec"].clone();
+    if sb["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .is_some_and(|v| !v.is_empty())
+    {
+        spec["volumes"] = volumes(sb);
+    }
     let mut labels = tpl["metadata"]["labels"].clone();
     if !labels.is_object() {
         labels = json!({});
@@ -22,7 +127,7 @@ fn pod_object(sb: &Value, name: &str) -> Value {
         "metadata": {"name": name, "namespace": meta(sb, "namespace"), "labels": labels,
             "annotations": tpl["metadata"]["annotations"].clone(),
             "ownerReferences": owner_ref("agents.x-k8s.io/v1beta1", "Sandbox", sb)},
-        "spec": tpl["spec"].clone(),
+        "spec": spec,
         "status": {"phase": "Pending"},
     })
 }
@@ -155,6 +260,17 @@ impl Controller {
                     json!({"conditions": [condition("Ready", false, "SandboxSuspended", msg),
                         condition("Suspended", pod.is_none(), if pod.is_none() { "PodTerminated" } else { "PodTerminating" }, "")],
                         "selector": format!("{NAME_HASH_LABEL}={}", name_hash(name))}),
+                );
+                continue;
+            }
+            if let Err(e) = reconcile_pvcs(sim, &sb) {
+                let msg = format!("Error seen: {e}");
+                write_status(
+                    sim,
+                    SANDBOXES,
+                    ns,
+                    name,
+                    json!({"conditions": [condition("Ready", false, "ReconcilerError", &msg)]}),
                 );
                 continue;
             }

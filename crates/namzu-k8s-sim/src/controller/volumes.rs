@@ -1,7 +1,8 @@
 //! A simulated pod's volumes, made on the node as a kubelet makes them:
 //! `emptyDir` (an empty directory), `secret` and `configMap` (each key a
 //! file, mode `defaultMode` or 0644, from the object in the pod's
-//! namespace). A Secret or ConfigMap that does not exist leaves the pod
+//! namespace), and `persistentVolumeClaim` (the claim's own directory on
+//! the node, which outlives the pod). A Secret or ConfigMap that does not exist leaves the pod
 //! waiting in `ContainerCreating` with the kubelet's mount message, as on
 //! a cluster; nothing is guessed in its place.
 
@@ -12,12 +13,9 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::ByteString;
 use serde_json::Value;
 
-use crate::server::{Gvr, Simulator};
+use crate::server::Simulator;
 
-/// Secrets, stored as the API stores them (`data` base64).
-pub const SECRETS: Gvr = ("", "v1", "secrets");
-/// ConfigMaps.
-pub const CONFIG_MAPS: Gvr = ("", "v1", "configmaps");
+use super::{CONFIG_MAPS, PVCS, SECRETS};
 
 /// Why a volume could not be set up, in the kubelet's words.
 fn mount_failed(volume: &str, message: String) -> String {
@@ -47,13 +45,43 @@ fn files(sim: &Simulator, ns: &str, v: &Value) -> Result<Option<BTreeMap<String,
     Ok(None)
 }
 
-/// Makes every volume of `pod` under `dir`; returns where each is, or
-/// the kubelet's message for the one that could not be set up.
-pub(super) fn make(sim: &Simulator, pod: &Value, dir: &Path) -> Result<HashMap<String, PathBuf>, String> {
+/// Where a PVC's data lives on the node: keyed by the PVC's uid, under
+/// `pv_root`, so it outlives every pod that mounts it (and goes with the
+/// simulated node, not with the PVC object: no provisioner reclaims it).
+fn claimed(sim: &Simulator, ns: &str, v: &Value, pv_root: &Path) -> Result<PathBuf, String> {
+    let claim = v["persistentVolumeClaim"]["claimName"].as_str().unwrap_or_default();
+    let pvc = sim
+        .object(PVCS.0, PVCS.1, PVCS.2, ns, claim)
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .ok_or_else(|| format!("persistentvolumeclaim {claim:?} not found"))?;
+    let at = pv_root.join(pvc["metadata"]["uid"].as_str().unwrap_or(claim));
+    std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
+    // On a cluster the pod's `fsGroup` makes the volume its group's; here
+    // the pod's ids are the sandbox's mapped ones, unknown until it starts,
+    // so the volume is open to all (under the node's state directory,
+    // which no one else on the host can enter).
+    std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o777)).map_err(|e| e.to_string())?;
+    Ok(at)
+}
+
+/// Makes every volume of `pod` under `dir` (a PVC's under `pv_root`);
+/// returns where each is, or the kubelet's message for the one that could
+/// not be set up.
+pub(super) fn make(
+    sim: &Simulator,
+    pod: &Value,
+    dir: &Path,
+    pv_root: &Path,
+) -> Result<HashMap<String, PathBuf>, String> {
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     let mut volumes = HashMap::new();
     for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
         let Some(name) = v["name"].as_str() else { continue };
+        if v.get("persistentVolumeClaim").is_some() {
+            let at = claimed(sim, ns, v, pv_root).map_err(|m| mount_failed(name, m))?;
+            volumes.insert(name.to_owned(), at);
+            continue;
+        }
         let contents = if v.get("emptyDir").is_some() {
             BTreeMap::new()
         } else {

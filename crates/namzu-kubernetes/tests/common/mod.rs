@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod sim;
+
 use std::time::{Duration, Instant};
 
 use namzu::Error;
