@@ -12,7 +12,9 @@
 //! * 404 `NotFound`, 409 `AlreadyExists` and `Conflict` (a stale
 //!   `resourceVersion` in a patch or a delete precondition), 422 `Invalid`
 //!   (the CRD's schema, checked as the API server does, unknown fields
-//!   included; a failed JSON-patch `test`), 400 `BadRequest`, every error a
+//!   included, and its `x-kubernetes-validations` CEL rules
+//!   ([`cel_rules`]); a failed JSON-patch `test`), 400 `BadRequest`, every
+//!   error a
 //!   `Status` object;
 //! * merge patch (RFC 7386) and JSON patch (RFC 6902), `test` included;
 //! * `?labelSelector=` on lists ([`selector`]), delete.
@@ -27,6 +29,7 @@
 //! real agent on TCP, on a simulated pod network ([`podnet`]);
 //! [`cluster`] is a ready-made cluster with the manifests namzu ships.
 
+pub mod cel_rules;
 pub mod cluster;
 pub mod controller;
 pub mod images;

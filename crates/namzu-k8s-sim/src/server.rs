@@ -560,7 +560,10 @@ fn handle(
             }
             if let Some(s) = &rt.schema {
                 schema::apply_defaults(s, &mut obj);
-                let v = schema::validate(s, &obj);
+                let mut v = schema::validate(s, &obj);
+                if v.is_empty() {
+                    v = crate::cel_rules::check(s, &obj, None);
+                }
                 if !v.is_empty() {
                     return invalid(&rt.kind, &name, &v);
                 }
@@ -661,7 +664,10 @@ fn handle(
             }
             if let Some(s) = &rt.schema {
                 schema::apply_defaults(s, &mut next);
-                let v = schema::validate(s, &next);
+                let mut v = schema::validate(s, &next);
+                if v.is_empty() {
+                    v = crate::cel_rules::check(s, &next, Some(&current));
+                }
                 if !v.is_empty() {
                     return invalid(&rt.kind, name, &v);
                 }

@@ -676,3 +676,23 @@ async fn an_agent_port_no_policy_closes_is_refused_unless_unverified_is_chosen()
     sb.destroy().await.unwrap();
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_claim_reasons_are_waited_through_not_refused() {
+    let c = Cluster::start(Some(1)).await.unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    // What a real controller's cache races show a claim before it binds.
+    let transient = ["AdoptionConflict", "SandboxCreatePending", "SandboxMissing"];
+    c.ctl.contend(&transient, Duration::from_millis(300));
+    let p = provider(&c, c.options(true));
+    let sb = p.create_task(SandboxSpec::default()).await.unwrap();
+    let polls = calls(&p)
+        .iter()
+        .filter(|c| **c == call("sandboxclaims", Verb::Get))
+        .count();
+    // About 900 ms of not-Ready reasons at a 50 ms poll.
+    assert!(polls >= 10, "the host stopped polling after {polls} reads");
+    assert!(sb.commands().run("true").await.unwrap().status.success());
+    sb.destroy().await.unwrap();
+    c.stop().await;
+}

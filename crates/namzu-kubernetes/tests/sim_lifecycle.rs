@@ -4,9 +4,10 @@
 //! termination (`deletionTimestamp`, the grace period, the kubelet's last
 //! delete), the PVCs of volumeClaimTemplates (made, owned, refused, kept
 //! through a pod's replacement, gone with the Sandbox) and the claim's
-//! `volumeClaimTemplatesPolicy`, the Events the controller records, and
-//! a warm pool's readiness grace (replace, or hold the unschedulable and
-//! say so).
+//! `volumeClaimTemplatesPolicy`, the Events the controller records, a
+//! warm pool's readiness grace (replace, or hold the unschedulable and say
+//! so), and the CRDs' CEL rules (a Sandbox's volume claim templates are
+//! immutable).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -496,5 +497,200 @@ async fn a_pool_replaces_sandboxes_not_ready_past_its_grace_but_holds_unschedula
         ("Normal", "WarmPoolProgressing", "Warm pool is progressing again")
     );
     assert!(c.get(POOLS, POOL).is_some());
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxs_volume_claim_templates_are_immutable_as_the_crds_cel_rule_says() {
+    use namzu_kubernetes::api::ApiError;
+    let c = Cluster::start(None).await.unwrap();
+    let a = api(&c);
+    let sandboxes = Resource::of::<Sandbox>(NAMESPACE);
+    let vct = |size: &str| {
+        json!([{"metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}])
+    };
+    let suspended = json!({"operatingMode": "Suspended"});
+    a.create(
+        &sandboxes,
+        &sandbox(
+            &c,
+            "fixed",
+            Some(true),
+            json!({"volumeClaimTemplates": vct("1Gi"), "operatingMode": "Suspended"}),
+        ),
+    )
+    .await
+    .unwrap();
+    a.create(&sandboxes, &sandbox(&c, "bare", Some(true), suspended))
+        .await
+        .unwrap();
+    let refused = |r: Result<Value, ApiError>| match r {
+        Err(ApiError::Api {
+            status: Some(422),
+            message,
+            ..
+        }) => message,
+        other => panic!("not refused: {other:?}"),
+    };
+    for (name, patch) in [
+        ("fixed", json!({"spec": {"volumeClaimTemplates": vct("2Gi")}})),
+        ("fixed", json!({"spec": {"volumeClaimTemplates": null}})),
+        ("bare", json!({"spec": {"volumeClaimTemplates": vct("1Gi")}})),
+    ] {
+        let m = refused(a.merge_patch(&sandboxes, name, &patch).await);
+        assert!(m.contains("volumeClaimTemplates is immutable"), "{name}: {m}");
+        assert!(!m.contains("evaluation error"), "the rule did not evaluate: {m}");
+        assert!(m.contains("spec"), "{m}");
+    }
+    assert_eq!(
+        c.get(SANDBOXES, "fixed").unwrap()["spec"]["volumeClaimTemplates"],
+        vct("1Gi"),
+        "a refused patch changed the object"
+    );
+    // Another field of the same spec is free to change.
+    a.merge_patch(&sandboxes, "fixed", &json!({"spec": {"operatingMode": "Running"}}))
+        .await
+        .unwrap();
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_mirrors_its_pods_scheduling_and_says_it_is_not_suspended() {
+    let c = Cluster::start(None).await.unwrap();
+    let a = api(&c);
+    let sandboxes = Resource::of::<Sandbox>(NAMESPACE);
+    let cond = |c: &Cluster, name: &str, kind: &str| {
+        c.get(SANDBOXES, name)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|x| x["type"] == kind)
+            .cloned()
+    };
+    a.create(&sandboxes, &sandbox(&c, "placed", Some(true), json!({})))
+        .await
+        .unwrap();
+    reason_of(&c, SANDBOXES, "placed", "DependenciesReady").await;
+    let s = cond(&c, "placed", "PodScheduled").unwrap();
+    assert_eq!(
+        (s["status"].as_str(), s["reason"].as_str()),
+        (Some("True"), Some("PodScheduled"))
+    );
+    let s = cond(&c, "placed", "Suspended").unwrap();
+    assert_eq!(
+        (s["status"].as_str(), s["reason"].as_str()),
+        (Some("False"), Some("NotSuspended"))
+    );
+    // The scheduler's reason and message, verbatim.
+    c.ctl.set_pod_fault(Some(PodFault::Unschedulable));
+    a.create(&sandboxes, &sandbox(&c, "unplaced", Some(true), json!({})))
+        .await
+        .unwrap();
+    let s = until(10, || {
+        cond(&c, "unplaced", "PodScheduled").filter(|s| s["status"] == "False")
+    })
+    .await
+    .expect("PodScheduled not mirrored");
+    assert_eq!(s["reason"], "Unschedulable");
+    assert!(
+        s["message"].as_str().unwrap().starts_with("0/1 nodes are available"),
+        "{s}"
+    );
+    c.ctl.set_pod_fault(None);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_claim_expires_ttl_seconds_after_it_finished() {
+    let c = Cluster::start(Some(1)).await.unwrap();
+    assert!(c.pool_ready(1, Duration::from_secs(30)).await);
+    let a = api(&c);
+    a.create(
+        &claims(),
+        &claim(
+            "done",
+            POOL,
+            json!({"lifecycle": {"shutdownPolicy": "Delete", "ttlSecondsAfterFinished": 1}}),
+        ),
+    )
+    .await
+    .unwrap();
+    reason_of(&c, CLAIMS, "done", "DependenciesReady").await;
+    // No shutdown time and not finished: it stays.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(c.get(CLAIMS, "done").is_some(), "expired before it finished");
+    // Its pod fails: the claim mirrors Finished, and a second later it goes.
+    let sb = c.get(CLAIMS, "done").unwrap()["status"]["sandbox"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.ctl.evict_pod(&c.sim, NAMESPACE, &sb).await;
+    let finished = until(10, || {
+        let cl = c.get(CLAIMS, "done")?;
+        cl["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|x| x["type"] == "Finished" && x["status"] == "True")
+            .cloned()
+    })
+    .await
+    .expect("the claim never mirrored Finished");
+    assert_eq!(finished["reason"], "PodFailed");
+    if until(10, || c.get(CLAIMS, "done").is_none().then_some(()))
+        .await
+        .is_none()
+    {
+        panic!(
+            "the finished claim outlived its TTL: {:?}",
+            c.get(CLAIMS, "done").map(|c| (c["spec"].clone(), c["status"].clone()))
+        );
+    }
+    let reasons: Vec<String> = events(&c, "done").into_iter().map(|e| e.2).collect();
+    assert!(
+        reasons.ends_with(&["Claim Expired".to_owned(), "Deleting".to_owned()]),
+        "{reasons:?}"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_controlling_two_pods_refuses_to_choose_and_says_so() {
+    let c = Cluster::start(None).await.unwrap();
+    let a = api(&c);
+    let made = a
+        .create(
+            &Resource::of::<Sandbox>(NAMESPACE),
+            &sandbox(&c, "twin", Some(true), json!({})),
+        )
+        .await
+        .unwrap();
+    reason_of(&c, SANDBOXES, "twin", "DependenciesReady").await;
+    // A second pod naming the Sandbox its controller (never scheduled).
+    c.ctl.set_pod_fault(Some(PodFault::Unschedulable));
+    let mut twin = c.get(PODS, "twin").unwrap();
+    twin["metadata"] = json!({"name": "twin-2", "namespace": NAMESPACE,
+        "ownerReferences": twin["metadata"]["ownerReferences"].clone()});
+    twin["status"] = json!({"phase": "Pending"});
+    c.sim.put(PODS, twin);
+    let (_, msg) = reason_of(&c, SANDBOXES, "twin", "MultiplePods").await;
+    assert_eq!(
+        msg,
+        "multiple Pods (2) are controlled by this Sandbox; refusing to choose or create a Pod"
+    );
+    assert_eq!(
+        c.get(SANDBOXES, "twin").unwrap()["metadata"]["uid"],
+        made["metadata"]["uid"]
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let warned: Vec<_> = events(&c, "twin")
+        .into_iter()
+        .filter(|e| e.1 == "MultiplePods")
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0].0, "Warning");
+    // The stray gone: back to its one pod.
+    c.sim.purge(PODS, NAMESPACE, "twin-2");
+    reason_of(&c, SANDBOXES, "twin", "DependenciesReady").await;
+    c.ctl.set_pod_fault(None);
     c.stop().await;
 }

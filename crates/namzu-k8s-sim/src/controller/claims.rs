@@ -149,6 +149,28 @@ fn inject(pod: &mut Value, claim: &Value) {
     }
 }
 
+/// Whether `claim` has expired (`lifecycle.TimeLeft`): at the earlier of
+/// its `shutdownTime` and, with `ttlSecondsAfterFinished`, that long after
+/// its mirrored `Finished` condition turned True.
+fn expired(claim: &Value, now: SystemTime) -> bool {
+    let l = &claim["spec"]["lifecycle"];
+    if passed(&l["shutdownTime"], now) {
+        return true;
+    }
+    let Some(ttl) = l["ttlSecondsAfterFinished"].as_u64() else {
+        return false;
+    };
+    let finished_at = claim["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Finished" && c["status"] == "True")
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .and_then(|t| k8s_openapi::chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(SystemTime::from);
+    finished_at.is_some_and(|at| at + Duration::from_secs(ttl) <= now)
+}
+
 /// The template's volumeClaimTemplates with the claim's, as the template's
 /// `volumeClaimTemplatesPolicy` lets them merge (`mergeVolumeClaimTemplates`):
 /// `Disallowed` (the default) refuses any, `Allowed` appends new names
@@ -211,16 +233,24 @@ impl Controller {
             }
             let (ns, name) = (meta(&claim, "namespace"), meta(&claim, "name"));
             let l = &claim["spec"]["lifecycle"];
-            if passed(&l["shutdownTime"], now) {
+            if expired(&claim, now) {
                 // First marked, then deleted per policy.
                 if ready_reason(&claim) != Some("ClaimExpired") {
+                    // Only Ready changes: Finished, which a TTL counts
+                    // from, stays.
                     let mut status = claim["status"].clone();
-                    status["conditions"] = json!([condition(
-                        "Ready",
-                        false,
-                        "ClaimExpired",
-                        "Claim expired. Sandbox cleanup initiated."
-                    )]);
+                    let mut conds = status["conditions"].as_array().cloned().unwrap_or_default();
+                    conds.retain(|c| c["type"] != "Ready");
+                    conds.insert(
+                        0,
+                        condition(
+                            "Ready",
+                            false,
+                            "ClaimExpired",
+                            "Claim expired. Sandbox cleanup initiated.",
+                        ),
+                    );
+                    status["conditions"] = Value::Array(conds);
                     write_status(sim, CLAIMS, ns, name, status);
                     record_event(sim, &claim, "Normal", "ClaimExpired", "Claim Expired", "Claim expired");
                     continue;
@@ -249,6 +279,18 @@ impl Controller {
                 }
                 continue;
             }
+            if self.bound(sim, &claim).is_none() {
+                if let Some((reason, message)) = self.contention(name) {
+                    write_status(
+                        sim,
+                        CLAIMS,
+                        ns,
+                        name,
+                        json!({"conditions": [condition("Ready", false, reason, &message)]}),
+                    );
+                    continue;
+                }
+            }
             let mut status = json!({});
             match self.claim_active(sim, &claim) {
                 Ok(None) => continue,
@@ -269,7 +311,18 @@ impl Controller {
                             .cloned()
                             .unwrap_or_else(|| condition("Ready", false, "SandboxNotReady", "Sandbox is not ready"))
                     };
+                    // The Sandbox's Finished condition, mirrored
+                    // (`syncFinishedCondition`): what a TTL counts from.
+                    let finished = sb["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|c| c["type"] == "Finished")
+                        .cloned();
                     status["conditions"] = json!([ready]);
+                    if let (Some(f), Some(list)) = (finished, status["conditions"].as_array_mut()) {
+                        list.push(f);
+                    }
                     status["sandbox"] = json!({"name": meta(&sb, "name"), "podIPs": sb["status"]["podIPs"].clone()});
                 }
                 Err((reason, message)) => {

@@ -242,6 +242,12 @@ pub struct Controller {
     /// Bind claims without giving their pods `additionalPodMetadata`
     /// (a controller whose label allowlist drops them).
     drop_claim_labels: std::sync::atomic::AtomicBool,
+    /// Transient claim reasons still to show (see [`Controller::contend`]).
+    contention: Mutex<(
+        std::collections::VecDeque<&'static str>,
+        Duration,
+        Option<std::time::Instant>,
+    )>,
     net: podnet::Mode,
     /// Whether this controller let go of the pod range's route.
     released: std::sync::atomic::AtomicBool,
@@ -357,6 +363,7 @@ impl Controller {
             state: Mutex::default(),
             fault: Mutex::default(),
             drop_claim_labels: std::sync::atomic::AtomicBool::new(false),
+            contention: Mutex::default(),
             net: podnet::Mode::detect(),
             released: std::sync::atomic::AtomicBool::new(false),
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -394,6 +401,43 @@ impl Controller {
     /// `additionalPodMetadata` labels on the pod.
     pub fn drop_claim_pod_labels(&self, drop: bool) {
         self.drop_claim_labels.store(drop, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Unbound claims read these transient `Ready=False` reasons in turn,
+    /// each for `hold`, before they bind — what a real controller's cache
+    /// races produce (`AdoptionConflict`, `SandboxCreatePending`,
+    /// `SandboxMissing`), which the single consistent store here never
+    /// does on its own. A host must wait through them.
+    pub fn contend(&self, reasons: &[&'static str], hold: Duration) {
+        let mut c = self.contention.lock().unwrap_or_else(|p| p.into_inner());
+        c.0.extend(reasons.iter().copied());
+        c.1 = hold;
+    }
+
+    /// The transient reason to show now, if any, with its message.
+    fn contention(&self, claim: &str) -> Option<(&'static str, String)> {
+        let mut c = self.contention.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match c.2 {
+            Some(until) if now >= until => {
+                c.0.pop_front();
+                c.2 = None;
+            }
+            None if !c.0.is_empty() => c.2 = Some(now + c.1),
+            _ => {}
+        }
+        let reason = *c.0.front()?;
+        if c.2.is_none() {
+            c.2 = Some(now + c.1);
+        }
+        let message = match reason {
+            "AdoptionConflict" => format!(
+                "adoption write conflict: claim {claim} already assigned sandbox {claim}-0 (conflicting concurrent write); the next pass retries from a converged view"
+            ),
+            "SandboxCreatePending" => "Sandbox already created; waiting for cache to converge".into(),
+            _ => "Sandbox does not exist".into(),
+        };
+        Some((reason, message))
     }
 
     /// Sets (or clears) the fault of pods created from now on.

@@ -151,6 +151,29 @@ fn service_object(sb: &Value) -> Value {
     })
 }
 
+/// The pod's `PodScheduled` condition, mirrored (status, reason and
+/// message verbatim; an empty reason becomes `PodScheduled` when True,
+/// else `PodSchedulingUnknown`), as `computePodScheduledCondition`.
+fn pod_scheduled(pod: &Value) -> Value {
+    let Some(c) = pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "PodScheduled")
+    else {
+        return json!({"type": "PodScheduled", "status": "Unknown", "reason": "PodSchedulingUnknown",
+            "message": "Pod has not reported a PodScheduled condition yet", "lastTransitionTime": now_rfc3339()});
+    };
+    let status = c["status"].as_str().unwrap_or("Unknown");
+    let reason = match c["reason"].as_str().filter(|r| !r.is_empty()) {
+        Some(r) => r,
+        None if status == "True" => "PodScheduled",
+        None => "PodSchedulingUnknown",
+    };
+    json!({"type": "PodScheduled", "status": status, "reason": reason,
+        "message": c["message"].clone(), "lastTransitionTime": now_rfc3339()})
+}
+
 /// The Sandbox's `Ready` condition from its pod and Service.
 fn ready_condition(sb: &Value, pod: Option<&Value>, has_service: bool) -> Value {
     if let Some(p) = pod {
@@ -263,6 +286,35 @@ impl Controller {
                 );
                 continue;
             }
+            // More than one pod controlled by this Sandbox: it refuses to
+            // choose or make one, and says so (the Event once per entry).
+            let owned = pods
+                .iter()
+                .filter(|p| meta(p, "namespace") == ns)
+                .filter(|p| {
+                    p["metadata"]["ownerReferences"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["controller"] == true && r["uid"] == meta(&sb, "uid"))
+                })
+                .count();
+            if owned > 1 {
+                let msg = format!(
+                    "multiple Pods ({owned}) are controlled by this Sandbox; refusing to choose or create a Pod"
+                );
+                if ready_reason(&sb) != Some("MultiplePods") {
+                    record_event(sim, &sb, "Warning", "MultiplePods", "Reconciling", &msg);
+                }
+                write_status(
+                    sim,
+                    SANDBOXES,
+                    ns,
+                    name,
+                    json!({"conditions": [condition("Ready", false, "MultiplePods", &msg)]}),
+                );
+                continue;
+            }
             if let Err(e) = reconcile_pvcs(sim, &sb) {
                 let msg = format!("Error seen: {e}");
                 write_status(
@@ -299,7 +351,11 @@ impl Controller {
                 sim.put(SERVICES, service_object(&sb));
             }
             self.sync_pod_labels(sim, &sb, pod);
-            let mut conditions = vec![ready_condition(&sb, Some(pod), svc.is_some())];
+            let mut conditions = vec![
+                condition("Suspended", false, "NotSuspended", "Sandbox is not suspended"),
+                pod_scheduled(pod),
+                ready_condition(&sb, Some(pod), svc.is_some()),
+            ];
             if let Some(phase @ ("Failed" | "Succeeded")) = pod["status"]["phase"].as_str() {
                 let reason = if phase == "Failed" { "PodFailed" } else { "PodSucceeded" };
                 conditions.push(condition("Finished", true, reason, ""));
