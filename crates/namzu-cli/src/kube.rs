@@ -147,8 +147,6 @@ pub async fn run(state_dir: &Option<PathBuf>, cmd: KubeCmd) -> Result<ExitCode, 
 /// Makes and writes the link's credentials (see [`KubeCmd::LinkInit`]).
 fn link_init(dir: &Path, manifest: &Path, namespace: &str, rotate: bool) -> Result<(), Fail> {
     use namzu::backend::kubernetes::link::{LinkCredentials, CLIENT_KEY_FILE};
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     if !rotate && dir.join(CLIENT_KEY_FILE).exists() {
         return Err(Fail(format!(
             "{} already holds link credentials; --rotate replaces them",
@@ -156,39 +154,10 @@ fn link_init(dir: &Path, manifest: &Path, namespace: &str, rotate: bool) -> Resu
         )));
     }
     let creds = LinkCredentials::generate().map_err(|e| Fail(e.to_string()))?;
-    let docs: Vec<String> = creds
-        .cluster_objects(namespace)
-        .iter()
-        .map(|o| serde_yaml::to_string(o).map_err(|e| Fail(e.to_string())))
-        .collect::<Result<_, _>>()?;
-    use std::os::unix::fs::DirBuilderExt;
-    for d in [Some(dir), manifest.parent().filter(|p| !p.as_os_str().is_empty())]
-        .into_iter()
-        .flatten()
-    {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(d)
-            .map_err(|e| Fail(format!("{}: {e}", d.display())))?;
-    }
     // The manifest first: a failure leaves the old host credentials, which
     // still match the cluster's.
-    let tmp = manifest.with_extension("yaml.tmp");
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(docs.join("---\n").as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, manifest)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Fail(format!("{}: {e}", manifest.display())));
-    }
+    creds
+        .write_manifest(manifest, namespace)
+        .map_err(|e| Fail(e.to_string()))?;
     creds.write_host_dir(dir).map_err(|e| Fail(e.to_string()))
 }

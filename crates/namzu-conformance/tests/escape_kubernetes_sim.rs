@@ -7,44 +7,18 @@
 //! command speaking to the pod's agent port on loopback with the pod's uid
 //! — the bind token a namespace reader sees — as the host would.
 
-use std::sync::Arc;
-
 use libtest_mimic::{Arguments, Failed, Trial};
-use namzu::backend::kubernetes::{KubernetesOptions, KubernetesProvider, KubernetesSandbox};
-use namzu::Provider;
+use namzu::backend::kubernetes::KubernetesSandbox;
 use namzu_conformance::escape::suite;
-use namzu_k8s_sim::cluster::Cluster;
+
+#[path = "support/k8s_sim.rs"]
+mod k8s_sim;
 
 /// The pods are `local` sandboxes: the local tier's expectations, but for
 /// the read-only bind, which the kubernetes tier does not take.
 const POD: suite::Expect = suite::Expect {
     host_may_lack: suite::HOST_MAY_LACK,
-    invariants: &[
-        (
-            "kill the agent",
-            "the kernel drops SIGKILL sent to a pid namespace's init from inside it",
-        ),
-        (
-            "mknod a block device",
-            "device nodes need CAP_MKNOD in the initial user namespace",
-        ),
-        (
-            "mknod /dev/mem's twin",
-            "device nodes need CAP_MKNOD in the initial user namespace",
-        ),
-        (
-            "read the kernel log (syslog)",
-            "the kernel log needs CAP_SYSLOG in the initial user namespace",
-        ),
-        (
-            "read kernel addresses from /proc/kallsyms",
-            "real addresses need CAP_SYSLOG in the initial user namespace",
-        ),
-        (
-            "load a bpf program",
-            "bpf needs CAP_BPF or CAP_SYS_ADMIN in the initial user namespace",
-        ),
-    ],
+    invariants: suite::LOCAL_INVARIANTS,
     known_gaps: &[],
     tier_lacks: &[
         (
@@ -69,50 +43,10 @@ fn pod_uid(sb: &namzu::Sandbox) -> String {
 
 fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(String, KubernetesOptions), String>>();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let cluster = std::thread::spawn(move || {
-        let rt = match tokio::runtime::Runtime::new() {
-            Ok(rt) => rt,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e.to_string()));
-                return;
-            }
-        };
-        rt.block_on(async move {
-            let c = match Cluster::start(None).await {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            let _ = ready_tx.send(Ok((c.url.clone(), c.options(false))));
-            let _ = stop_rx.await;
-            c.stop().await;
-        });
-    });
-    let started = ready_rx
-        .recv()
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| format!("the simulator did not start: {e}")));
+    let cluster = k8s_sim::start(None, false);
+    let factory = cluster.as_ref().map(k8s_sim::SimCluster::factory).map_err(Clone::clone);
     let trial = Trial::test("escape_attempts_all_fail_inside_a_pod", move || {
-        let (url, opts) = started.map_err(Failed::from)?;
-        let factory: namzu_conformance::Factory = Arc::new(move |spec| {
-            let (url, opts) = (url.clone(), opts.clone());
-            Box::pin(async move {
-                let uri = url.parse().map_err(|e| namzu::Error::InvalidArgument {
-                    op: "simulator url".into(),
-                    message: format!("{e}"),
-                })?;
-                let client =
-                    kube::Client::try_from(kube::Config::new(uri)).map_err(|e| namzu::Error::InvalidArgument {
-                        op: "kube client".into(),
-                        message: e.to_string(),
-                    })?;
-                KubernetesProvider::new(client, opts)?.create(spec).await
-            })
-        });
+        let factory = factory.map_err(Failed::from)?;
         let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
         let shape = suite::TierShape {
             binds: false,
@@ -143,7 +77,8 @@ fn main() -> std::process::ExitCode {
         Ok(())
     });
     let conclusion = libtest_mimic::run(&args, vec![trial]);
-    let _ = stop_tx.send(());
-    let _ = cluster.join();
+    if let Ok(c) = cluster {
+        c.stop();
+    }
     conclusion.exit_code()
 }

@@ -49,32 +49,7 @@ fn trial(
 /// lacks, and the kernel's own invariants listed apart.
 const LOCAL: suite::Expect = suite::Expect {
     host_may_lack: suite::HOST_MAY_LACK,
-    invariants: &[
-        (
-            "kill the agent",
-            "the kernel drops SIGKILL sent to a pid namespace's init from inside it",
-        ),
-        (
-            "mknod a block device",
-            "device nodes need CAP_MKNOD in the initial user namespace",
-        ),
-        (
-            "mknod /dev/mem's twin",
-            "device nodes need CAP_MKNOD in the initial user namespace",
-        ),
-        (
-            "read the kernel log (syslog)",
-            "the kernel log needs CAP_SYSLOG in the initial user namespace",
-        ),
-        (
-            "read kernel addresses from /proc/kallsyms",
-            "real addresses need CAP_SYSLOG in the initial user namespace",
-        ),
-        (
-            "load a bpf program",
-            "bpf needs CAP_BPF or CAP_SYS_ADMIN in the initial user namespace",
-        ),
-    ],
+    invariants: suite::LOCAL_INVARIANTS,
     known_gaps: &[],
     tier_lacks: &[],
 };

@@ -160,41 +160,31 @@ impl LinkCredentials {
     /// [`CLIENT_CERT_FILE`] and [`CLIENT_KEY_FILE`] (0600), each written
     /// whole under a temporary name and renamed.
     pub fn write_host_dir(&self, dir: &Path) -> Result<(), LinkError> {
-        use std::io::Write;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let file_err = |path: &Path| {
-            let path = path.display().to_string();
-            move |source| LinkError::File { path, source }
-        };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(file_err(dir))?;
+        private_dir(dir)?;
         for (name, pem) in [
             (CA_KEY, &self.ca_cert),
             (CLIENT_CERT_FILE, &self.client_cert),
             (CLIENT_KEY_FILE, &self.client_key),
         ] {
-            let path = dir.join(name);
-            let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-            let written = (|| {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&tmp)?;
-                f.write_all(pem.as_bytes())?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &path)
-            })();
-            if written.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-            written.map_err(file_err(&path))?;
+            write_private(&dir.join(name), pem.as_bytes())?;
         }
         Ok(())
+    }
+
+    /// Writes [`LinkCredentials::cluster_objects`] as a YAML manifest for
+    /// `kubectl apply -f` (mode 0600: it holds the agents' key), its
+    /// directory made 0700 if missing.
+    pub fn write_manifest(&self, path: &Path, namespace: &str) -> Result<(), LinkError> {
+        let docs = self
+            .cluster_objects(namespace)
+            .iter()
+            .map(serde_yaml::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LinkError::Generate(e.to_string()))?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            private_dir(parent)?;
+        }
+        write_private(path, docs.join("---\n").as_bytes())
     }
 
     /// The cluster's side: the ConfigMap [`CA_CONFIGMAP`] and the Secret
@@ -233,6 +223,48 @@ impl LinkCredentials {
             with_kind(serde_json::to_value(secret).unwrap_or_default(), "Secret"),
         ]
     }
+}
+
+fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> LinkError {
+    let path = path.display().to_string();
+    move |source| LinkError::File { path, source }
+}
+
+/// Makes `dir` (and its parents) if missing, mode 0700.
+fn private_dir(dir: &Path) -> Result<(), LinkError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(file_error(dir))
+}
+
+/// Writes `bytes` to `path` whole or not at all: a temporary file (0600),
+/// synced, renamed over it; removed on failure.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LinkError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(file_error(path))
 }
 
 /// The host's side of the pod link: the CA an agent must prove itself by,

@@ -499,6 +499,36 @@ pub struct Expect {
     pub tier_lacks: &'static [(&'static str, &'static str)],
 }
 
+/// What the `local` tier's sandboxes (and the simulated pods, which are
+/// local sandboxes) block by a kernel invariant rather than anything namzu
+/// does: listed apart, not counted.
+pub const LOCAL_INVARIANTS: &[(&str, &str)] = &[
+    (
+        "kill the agent",
+        "the kernel drops SIGKILL sent to a pid namespace's init from inside it",
+    ),
+    (
+        "mknod a block device",
+        "device nodes need CAP_MKNOD in the initial user namespace",
+    ),
+    (
+        "mknod /dev/mem's twin",
+        "device nodes need CAP_MKNOD in the initial user namespace",
+    ),
+    (
+        "read the kernel log (syslog)",
+        "the kernel log needs CAP_SYSLOG in the initial user namespace",
+    ),
+    (
+        "read kernel addresses from /proc/kallsyms",
+        "real addresses need CAP_SYSLOG in the initial user namespace",
+    ),
+    (
+        "load a bpf program",
+        "bpf needs CAP_BPF or CAP_SYS_ADMIN in the initial user namespace",
+    ),
+];
+
 /// Attempts whose control fails on some hosts, and why.
 pub const HOST_MAY_LACK: &[(&str, &str)] = &[
     (

@@ -151,6 +151,17 @@ fn service_object(sb: &Value) -> Value {
     })
 }
 
+/// Writes the Sandbox's status as `Ready=False` for `reason` alone.
+fn not_ready(sim: &Simulator, ns: &str, name: &str, reason: &str, msg: &str) {
+    write_status(
+        sim,
+        SANDBOXES,
+        ns,
+        name,
+        json!({"conditions": [condition("Ready", false, reason, msg)]}),
+    );
+}
+
 /// The pod's `PodScheduled` condition, mirrored (status, reason and
 /// message verbatim; an empty reason becomes `PodScheduled` when True,
 /// else `PodSchedulingUnknown`), as `computePodScheduledCondition`.
@@ -306,24 +317,12 @@ impl Controller {
                 if ready_reason(&sb) != Some("MultiplePods") {
                     record_event(sim, &sb, "Warning", "MultiplePods", "Reconciling", &msg);
                 }
-                write_status(
-                    sim,
-                    SANDBOXES,
-                    ns,
-                    name,
-                    json!({"conditions": [condition("Ready", false, "MultiplePods", &msg)]}),
-                );
+                not_ready(sim, ns, name, "MultiplePods", &msg);
                 continue;
             }
             if let Err(e) = reconcile_pvcs(sim, &sb) {
                 let msg = format!("Error seen: {e}");
-                write_status(
-                    sim,
-                    SANDBOXES,
-                    ns,
-                    name,
-                    json!({"conditions": [condition("Ready", false, "ReconcilerError", &msg)]}),
-                );
+                not_ready(sim, ns, name, "ReconcilerError", &msg);
                 continue;
             }
             let Some(pod) = pod else {
@@ -339,13 +338,7 @@ impl Controller {
                     let msg = format!(
                         "Error seen: failed to create service: Service {name:?} is invalid: metadata.name: {why}"
                     );
-                    write_status(
-                        sim,
-                        SANDBOXES,
-                        ns,
-                        name,
-                        json!({"conditions": [condition("Ready", false, "ReconcilerError", &msg)]}),
-                    );
+                    not_ready(sim, ns, name, "ReconcilerError", &msg);
                     continue;
                 }
                 sim.put(SERVICES, service_object(&sb));
