@@ -91,24 +91,33 @@ async fn run_claims_a_pod_runs_the_command_and_gives_it_back() {
     c.stop().await;
 }
 
-#[test]
-fn kubernetes_flags_on_another_tier_are_refused_by_name() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `namzu ARGS` with no cluster, asserts it fails, gives its stderr.
+fn refused(state: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args(["run", "--tier", "local", "--warm-pool", "p", "--", "true"])
-        .env("NAMZU_STATE_DIR", dir.path())
+        .args(args)
+        .env("NAMZU_STATE_DIR", state)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn kubernetes_flags_on_another_tier_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = refused(
+        dir.path(),
+        &["run", "--tier", "local", "--warm-pool", "p", "--", "true"],
+    );
     assert!(
         err.contains("--warm-pool") && err.contains("--tier kubernetes"),
         "{err}"
     );
     // A docker runtime on a cluster is refused, not ignored.
-    let out = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args([
+    let err = refused(
+        dir.path(),
+        &[
             "create",
             "--tier",
             "kubernetes",
@@ -116,23 +125,11 @@ fn kubernetes_flags_on_another_tier_are_refused_by_name() {
             "runsc",
             "--warm-pool",
             "p",
-        ])
-        .env("NAMZU_STATE_DIR", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_ne!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+        ],
+    );
     assert!(err.contains("--runtime") && err.contains("not kubernetes"), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args(["create", "--tier", "kubernetes"])
-        .env("NAMZU_STATE_DIR", dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
     // Where to acquire is required, and said so by option name.
-    assert_ne!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(dir.path(), &["create", "--tier", "kubernetes"]);
     assert!(
         err.contains("warm_pool_name") && err.contains("SandboxTemplate"),
         "{err}"

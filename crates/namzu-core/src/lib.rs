@@ -13,6 +13,7 @@ pub mod check;
 pub mod client;
 pub mod egress;
 pub mod error;
+pub mod fsutil;
 pub mod handle;
 pub mod image;
 pub mod provider;

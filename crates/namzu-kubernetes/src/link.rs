@@ -240,31 +240,9 @@ fn private_dir(dir: &Path) -> Result<(), LinkError> {
         .map_err(file_error(dir))
 }
 
-/// Writes `bytes` to `path` whole or not at all: a temporary file (0600),
-/// synced, renamed over it; removed on failure.
+/// [`namzu_core::fsutil::write_private`], its error naming the file.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LinkError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(file_error(path))
+    namzu_core::fsutil::write_private(path, bytes).map_err(file_error(path))
 }
 
 /// The host's side of the pod link: the CA an agent must prove itself by,

@@ -79,18 +79,8 @@ pub struct Reply {
 
 /// Writes `config` to `dir` atomically (a temporary file renamed over).
 pub fn write_config(dir: &Path, config: &EgressConfig) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = dir.join(format!(".{CONFIG_FILE}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(config).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(CONFIG_FILE))
+    let bytes = serde_json::to_vec_pretty(config).map_err(std::io::Error::other)?;
+    namzu_core::fsutil::write_private(&dir.join(CONFIG_FILE), &bytes)
 }
 
 /// Reads the configuration saved in `dir`.
