@@ -3,7 +3,7 @@
 //! over a single authenticated HTTP/2 link.
 //!
 //! Modules, each owning one job:
-//! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd), the preface gate,
+//! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd, virtio port), the preface gate,
 //!   shutdown on SIGTERM;
 //! * [`service`]: the gRPC service;
 //! * [`op_error`]: an operation's typed error and its status;
@@ -20,7 +20,9 @@
 //! * [`tcp`]: TCP connections into the sandbox, relayed;
 //! * [`egress`]: the loopback proxy and resolver, every decision the host's;
 //! * [`quiesce`]: stopping every process but the agent; flush;
-//! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent.
+//! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent;
+//! * [`guest`]: the agent as a microVM's init (disks, overlay, switch root);
+//! * [`port`]: a virtio-serial port as a byte stream (the microVM link).
 
 // Errors here are `tonic::Status` (fixed by the generated service trait) or
 // the wire error it carries; both are built on cold paths only, so their size
@@ -35,9 +37,11 @@ mod exec_pipes;
 pub mod fence;
 pub mod files;
 pub mod files_watch;
+pub mod guest;
 pub mod identity;
 pub mod jail;
 pub mod op_error;
+pub mod port;
 pub mod quiesce;
 pub mod reaper;
 pub mod relay;

@@ -173,7 +173,20 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match run() {
+    // PID 1 is a microVM's init: nothing else starts the agent as PID 1 (the
+    // local launcher's sandbox init is a fork of it, never an exec).
+    let args = if std::process::id() == 1 {
+        match namzu_agent::guest::boot() {
+            Ok(argv) => Args::parse_from(argv),
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        Args::parse()
+    };
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -182,8 +195,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<(), String> {
-    let args = Args::parse();
+fn run(args: Args) -> Result<(), String> {
     if let Some(dest) = &args.install {
         install(dest).map_err(|e| format!("install to {}: {e}", dest.display()))?;
         if let (Some(from), Some(to)) = (&args.install_tls_from, &args.install_tls_to) {

@@ -41,6 +41,9 @@ pub enum Listen {
     /// An already connected stream socket inherited from the parent; the
     /// agent serves that one link and exits when it closes.
     Fd(RawFd),
+    /// The device node of a virtio-serial port (a microVM guest): every
+    /// host link is a stream multiplexed on it (`namzu_proto::mux`).
+    Port(PathBuf),
 }
 
 impl std::str::FromStr for Listen {
@@ -58,7 +61,12 @@ impl std::str::FromStr for Listen {
         if let Some(fd) = s.strip_prefix("fd:") {
             return fd.parse().map(Self::Fd).map_err(|e| format!("bad fd {fd:?}: {e}"));
         }
-        Err(format!("listen address {s:?} must start with unix:, tcp: or fd:"))
+        if let Some(dev) = s.strip_prefix("port:") {
+            return Ok(Self::Port(dev.into()));
+        }
+        Err(format!(
+            "listen address {s:?} must start with unix:, tcp:, fd: or port:"
+        ))
     }
 }
 
@@ -289,6 +297,24 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             })?;
             gate.admit(s, Some(closed_tx));
             tokio::spawn(async {})
+        }
+        Source::Listen(Listen::Port(dev)) => {
+            let what = format!("virtio port {}", dev.display());
+            let port = crate::port::Port::open(&dev).map_err(|source| ServeError::Listen {
+                what: what.clone(),
+                source,
+            })?;
+            tracing::info!(port = %dev.display(), "listening");
+            let mux = namzu_proto::mux::MuxLimits {
+                max_streams: Limits::usize(limits.max_pending_links).max(1) * 4,
+                ..Default::default()
+            };
+            tokio::spawn(async move {
+                let ended = namzu_proto::mux::serve(port, mux, |s| gate.admit(s, None)).await;
+                // Nothing can reach the agent any more: only the host holds
+                // the port's other end, and it never closes it while the VM runs.
+                tracing::error!(?ended, "{what} closed");
+            })
         }
     };
     let tcp_task = match tcp {

@@ -77,7 +77,13 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
     let features = match features {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("conformance[{backend}]: cannot create a probe sandbox: {e}");
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("conformance[{backend}]: cannot create a probe sandbox: {why}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -138,7 +144,7 @@ pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
     use namzu::features::{ALL, EGRESS};
     let with_egress = || ALL.iter().copied().chain([EGRESS]).collect();
     match backend {
-        "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" => Some(with_egress()),
+        "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" | "microvm" => Some(with_egress()),
         "host" => Some(ALL.to_vec()),
         _ => None,
     }

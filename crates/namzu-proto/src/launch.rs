@@ -88,3 +88,36 @@ pub struct LaunchSpec {
     #[serde(default)]
     pub tcp_tls: Option<crate::link_tls::ServerFiles>,
 }
+
+/// What a microVM's agent, booting as the guest's init, is told by the
+/// host: written as `namzu/guest.json` on the sandbox's writable disk (not
+/// the shared initramfs, which holds no secret), read and removed by the
+/// agent before any command runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestSpec {
+    /// The sandbox's id (its hostname is "namzu").
+    pub id: String,
+    /// The bind token every link must present.
+    pub token: String,
+    /// The name of the virtio-serial port the link travels on.
+    pub port: String,
+    /// The image's user commands run as (`uid`, `name`, `uid:gid` …).
+    pub command_user: String,
+    /// Environment every command starts with (the image's, then the spec's).
+    pub env: Vec<(String, String)>,
+    /// Agent limit overrides, by name.
+    pub limits: Vec<(String, u64)>,
+    /// Resource limits the agent applies to every process in the guest.
+    pub rlimits: Vec<Rlimit>,
+    /// KEY=VALUE lines for Health's hardening map (what the host applied).
+    pub reports: Vec<String>,
+}
+
+/// Where [`GuestSpec`] lives on the writable disk.
+pub const GUEST_SPEC_PATH: &str = "namzu/guest.json";
+/// The label of a microVM's read-only base disk (the image).
+pub const BASE_DISK_LABEL: &str = "namzu-base";
+/// The label of its writable disk (overlay upper layer, the guest spec).
+pub const RW_DISK_LABEL: &str = "namzu-rw";
+/// The list of kernel modules to load, in order, inside the initramfs.
+pub const GUEST_MODULES_LIST: &str = "etc/namzu/modules";

@@ -9,11 +9,13 @@
 //! * the [`features`] names and the [`PROTOCOL_VERSION`] a host checks before
 //!   it calls an optional op, and the codec for the typed error carried in a
 //!   gRPC status ([`status_with_error`], [`error_from_status`]);
-//! * the pod link's mutual TLS ([`link_tls`]), configured alike on both ends.
+//! * the pod link's mutual TLS ([`link_tls`]), configured alike on both ends;
+//! * the microVM link's multiplexer ([`mux`]): many links over one port.
 
 pub mod accept;
 pub mod launch;
 pub mod link_tls;
+pub mod mux;
 pub mod preface;
 
 /// Generated messages, client and server for `namzu.agent.v1`.

@@ -10,6 +10,7 @@ use crate::backend::host::HostProvider;
 #[cfg(feature = "kubernetes")]
 use crate::backend::kubernetes::{KubernetesOptions, KubernetesProvider};
 use crate::backend::local::LocalProvider;
+use crate::backend::microvm::{MicroVmOptions, MicroVmProvider};
 use crate::error::{Error, Result};
 use crate::provider::Provider;
 use crate::spec::Tier;
@@ -25,6 +26,8 @@ pub struct ProviderOptions {
     /// Options of the docker tier.
     #[cfg(feature = "docker")]
     pub docker: DockerOptions,
+    /// Options of the microvm tier.
+    pub microvm: MicroVmOptions,
     /// Options of the kubernetes tier; it cannot be built without them.
     #[cfg(feature = "kubernetes")]
     pub kubernetes: Option<KubernetesOptions>,
@@ -79,9 +82,8 @@ pub async fn provider(tier: Tier, opts: ProviderOptions) -> Result<Box<dyn Provi
             tier,
             reason: "this build of namzu has no kubernetes tier (cargo feature `kubernetes`)".into(),
         }),
-        Tier::MicroVm => Err(Error::TierUnavailable {
-            tier,
-            reason: "the microvm tier is not built yet".into(),
-        }),
+        Tier::MicroVm => Ok(Box::new(
+            MicroVmProvider::with_agent(dir, agent()?).options(opts.microvm),
+        )),
     }
 }

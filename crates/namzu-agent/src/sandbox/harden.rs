@@ -303,11 +303,12 @@ fn drop_all_caps() -> Result<(), HardenError> {
     Ok(())
 }
 
-/// Applies every step, in order. Returns what was applied, for Health.
-pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
+/// Sets each limit (soft = hard) on this process and so on everything it
+/// starts. Returns what was set, for Health.
+pub fn set_rlimits(rlimits: &[Rlimit]) -> Result<Vec<(String, String)>, HardenError> {
     use nix::sys::resource::{setrlimit, Resource};
     let mut report = Vec::new();
-    for r in &spec.rlimits {
+    for r in rlimits {
         let (which, res, v) = match *r {
             Rlimit::Nofile(v) => ("NOFILE", Resource::RLIMIT_NOFILE, v),
             Rlimit::Fsize(v) => ("FSIZE", Resource::RLIMIT_FSIZE, v),
@@ -317,6 +318,12 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
         setrlimit(res, v, v).map_err(|source| HardenError::Rlimit { which, source })?;
         report.push((format!("rlimit.{}", which.to_ascii_lowercase()), v.to_string()));
     }
+    Ok(report)
+}
+
+/// Applies every step, in order. Returns what was applied, for Health.
+pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
+    let mut report = set_rlimits(&spec.rlimits)?;
     let pe = |step| move |source| HardenError::Prctl { step, source };
     nix::sys::prctl::set_dumpable(false).map_err(pe("set non-dumpable"))?;
     nix::sys::prctl::set_no_new_privs().map_err(pe("no_new_privs"))?;

@@ -413,8 +413,9 @@ impl Provider for LocalProvider {
         }
         // Id-range claims whose sandbox directory is gone (a host that died
         // mid-create) are released too.
+        let base = self.state.root().parent().unwrap_or(self.state.root()).to_path_buf();
         self.slots()
-            .sweep(|owner| self.state.dir(owner).is_ok_and(|d| d.exists()));
+            .sweep(|owner| crate::backend::uid_slots::claim_owner_exists(&base, owner));
         Ok(removed)
     }
 

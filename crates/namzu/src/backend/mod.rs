@@ -8,6 +8,7 @@ pub mod host;
 #[cfg(feature = "kubernetes")]
 pub use namzu_kubernetes as kubernetes;
 pub mod local;
+pub mod microvm;
 pub mod procid;
 pub(crate) mod state;
 pub mod uid_slots;

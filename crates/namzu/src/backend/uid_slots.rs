@@ -23,6 +23,16 @@ pub const UID_RANGE: u32 = 65_536;
 /// Ranges available, so ids stay below 2^31.
 pub const UID_SLOTS: u32 = 16_000;
 
+/// Whether the sandbox `owner` of a claim still has its state directory
+/// under `base` (the state directory every tier shares): the table is
+/// shared by the local tier's sandboxes and the microvm tier's VMMs, so
+/// one host id range never serves both at once, and a sweep by either
+/// tier keeps the other's claims.
+pub fn claim_owner_exists(base: &Path, owner: &str) -> bool {
+    let plain = owner.starts_with("sb-") && owner[3..].bytes().all(|b| b.is_ascii_hexdigit());
+    plain && ["local", "microvm"].iter().any(|t| base.join(t).join(owner).exists())
+}
+
 /// The claims of one state directory.
 #[derive(Debug, Clone)]
 pub struct UidSlots {

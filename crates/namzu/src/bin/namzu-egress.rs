@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use namzu::{Provider, Tier};
 
-const USAGE: &str = "usage: namzu-egress --state-dir DIR --tier local|docker --id ID";
+const USAGE: &str = "usage: namzu-egress --state-dir DIR --tier local|docker|microvm --id ID";
 
 /// The arguments the spawning provider passes.
 struct Args {
@@ -83,11 +83,11 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> namzu::Result<()> {
     let tier: Tier = args.tier.parse()?;
-    if !matches!(tier, Tier::Local | Tier::Docker) {
+    if !matches!(tier, Tier::Local | Tier::Docker | Tier::MicroVm) {
         return Err(namzu::Error::OptionRefused {
             tier,
             option: "egress".into(),
-            reason: "only local and docker sandboxes have an egress supervisor".into(),
+            reason: "only local, docker and microvm sandboxes have an egress supervisor".into(),
         });
     }
     let provider: Box<dyn Provider> = namzu::factory::provider(

@@ -4,6 +4,7 @@
 //! Layout under `<state>/images/`:
 //! * `sha256/<id>/rootfs/` — the unpacked root filesystem of the image whose
 //!   config blob hashes to `<id>` (the image id, as Docker computes it);
+//! * `sha256/<id>/config.json` — that image's config (its user, its env);
 //! * `refs/<name>` — a name (`repo:tag`) pointing at an id;
 //! * `tmp/` — staging, removed after each import.
 //!
@@ -36,6 +37,15 @@ pub struct ImageInfo {
     pub names: Vec<String>,
     /// Its unpacked root filesystem.
     pub rootfs: PathBuf,
+}
+
+/// What an image's config asks of the process it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// The user (`name`, `uid`, `uid:gid` …), `0` when the image names none.
+    pub user: String,
+    /// The environment, PATH always set.
+    pub env: Vec<(String, String)>,
 }
 
 /// The image cache of one state directory.
@@ -185,6 +195,9 @@ impl ImageStore {
             for layer in &layers {
                 apply_layer(file, layer, &rootfs)?;
             }
+            // Kept for the tiers that run the image's own user and
+            // environment (the microvm tier).
+            std::fs::copy(&config, partial.path().join("config.json")).map_err(local(OP))?;
             // One rename publishes the image; a concurrent identical import
             // that won the race is just as good.
             match std::fs::rename(partial.path(), &dir) {
@@ -246,6 +259,47 @@ impl ImageStore {
             Err(Error::ImageNotFound {
                 reference: reference.into(),
             })
+        }
+    }
+
+    /// The user and environment the image's config asks for (`User`,
+    /// `Env`), for a rootfs [`ImageStore::resolve`] returned; an image
+    /// without a kept config (a rootfs directory, an older import) runs as
+    /// root with the usual PATH.
+    pub fn runtime_config(rootfs: &Path) -> RuntimeConfig {
+        #[derive(Deserialize, Default)]
+        struct Inner {
+            #[serde(rename = "User", default)]
+            user: Option<String>,
+            #[serde(rename = "Env", default)]
+            env: Option<Vec<String>>,
+        }
+        #[derive(Deserialize)]
+        struct Outer {
+            #[serde(default)]
+            config: Option<Inner>,
+        }
+        let inner = rootfs
+            .parent()
+            .and_then(|d| std::fs::read(d.join("config.json")).ok())
+            .and_then(|b| serde_json::from_slice::<Outer>(&b).ok())
+            .and_then(|o| o.config)
+            .unwrap_or_default();
+        let mut env: Vec<(String, String)> = inner
+            .env
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect();
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            env.push((
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ));
+        }
+        RuntimeConfig {
+            user: inner.user.filter(|u| !u.is_empty()).unwrap_or_else(|| "0".into()),
+            env,
         }
     }
 

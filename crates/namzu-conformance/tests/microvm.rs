@@ -1,0 +1,23 @@
+//! The conformance suite on the `microvm` tier: one qemu `microvm` guest
+//! per sandbox (TCG where KVM is unusable, as on these machines), the
+//! static agent as the guest's init, booting the debootstrapped Debian
+//! image (`scripts/images.sh`) with the kernel `scripts/microvm-up.sh`
+//! fetched (`NAMZU_MICROVM_KERNEL`). Without qemu or a kernel every case is
+//! reported ignored, unless `NAMZU_REQUIRE_MICROVM=1`.
+
+#[path = "support/microvm.rs"]
+mod microvm;
+
+fn main() -> std::process::ExitCode {
+    let provider = match microvm::provider("conformance") {
+        Ok(p) => p,
+        Err(why) => return microvm::skip_all("microvm", &why),
+    };
+    let factory: namzu_conformance::Factory = std::sync::Arc::new(move |spec| {
+        let p = provider.clone();
+        Box::pin(async move { namzu::Provider::create(&p, spec).await })
+    });
+    let code = namzu_conformance::run_main_except("microvm", factory, microvm::CANNOT);
+    microvm::cleanup("conformance");
+    code
+}

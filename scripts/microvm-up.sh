@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What the microvm tier needs on this host, installed if missing and
+# idempotent: qemu (Debian's qemu-system-x86), e2fsprogs (mkfs.ext4 -d),
+# and a guest kernel: Debian's linux-image-cloud-amd64, fetched with
+# `apt-get download` (a registry package, never a URL), unpacked into
+# target/microvm/kernel/<package>_<version>/ and cached by version.
+# Prints the kernel directory last (the tier takes it as
+# NAMZU_MICROVM_KERNEL). Needs root and apt-get for the installs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v mkfs.ext4 >/dev/null || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "microvm-up: need ${need[*]} (root and apt-get to install them)" >&2
+        exit 1
+    fi
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The metapackage names the current kernel package; its version is the
+# cache key.
+meta=${NAMZU_MICROVM_KERNEL_PACKAGE:-linux-image-cloud-amd64}
+pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
+if [ -z "$pkg" ]; then
+    apt-get update -qq >/dev/null || true
+    pkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-/{print $2; exit}')
+fi
+[ -n "$pkg" ] || { echo "microvm-up: cannot resolve $meta to a kernel package" >&2; exit 1; }
+ver=$(apt-cache policy "$pkg" | awk '/Candidate:/{print $2}')
+dir=target/microvm/kernel/${pkg}_${ver}
+if ! [ -d "$dir/boot" ]; then
+    work=$(mktemp -d target/microvm-kernel.XXXXXX)
+    trap 'rm -rf "$work"' EXIT
+    (cd "$work" && apt-get download "$pkg=$ver" >/dev/null 2>&1) || {
+        echo "microvm-up: apt-get download $pkg=$ver failed" >&2
+        exit 1
+    }
+    dpkg-deb -x "$work"/*.deb "$work/root"
+    # Only what a guest boots: the kernel and its modules.
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.part"
+    mkdir "$dir.part"
+    mv "$work/root/boot" "$dir.part/boot"
+    mkdir -p "$dir.part/lib"
+    if [ -d "$work/root/lib/modules" ]; then mv "$work/root/lib/modules" "$dir.part/lib/modules"; else mv "$work/root/usr/lib/modules" "$dir.part/lib/modules"; fi
+    chmod -R a+rX "$dir.part"
+    mv "$dir.part" "$dir"
+fi
+echo "$(pwd)/$dir"
