@@ -3,7 +3,8 @@
 # CLI), then runs every test of the workspace, and ends with one summary line
 # over all test binaries. Safe to run on a fresh machine with the Rust
 # toolchain: protoc comes from a crate, nothing else is needed for the host
-# tier; as root it also brings up Docker for the docker tier. Idempotent.
+# tier; as root it also brings up Docker for the docker tier and qemu with a
+# guest kernel for the microvm tier. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,8 +28,18 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 
 # The kubernetes tier's simulated pods run a real distribution image
-# (Debian bookworm, debootstrapped once into target/images/).
+# (Debian bookworm, debootstrapped once into target/images/); the microvm
+# tier boots the same image.
 ./scripts/images.sh
+
+# The microvm tier: qemu, e2fsprogs and a guest kernel (Debian's cloud
+# kernel, by apt-get download), installed and fetched here (root), and then
+# required. Its tests run under TCG where KVM is unusable.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    NAMZU_MICROVM_KERNEL=$(./scripts/microvm-up.sh | tail -1)
+    export NAMZU_MICROVM_KERNEL
+    export NAMZU_REQUIRE_MICROVM=1
+fi
 
 # Binaries first: the conformance and link tests exec target/.../namzu-agent.
 cargo build --workspace --bins --locked

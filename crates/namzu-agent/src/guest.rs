@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 use namzu_proto::launch::{GuestSpec, BASE_DISK_LABEL, GUEST_MODULES_LIST, GUEST_SPEC_PATH, RW_DISK_LABEL};
 use nix::mount::{mount, MsFlags};
 
+/// The directories commands may write (on the writable disk); the rest of
+/// the image is read-only to them.
+pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/var/tmp", "/run", "/home", "/root"];
+
 /// How long the disks have to appear once their driver is loaded.
 const DISK_WAIT: Duration = Duration::from_secs(10);
 
@@ -87,35 +91,41 @@ pub fn boot() -> Result<Vec<String>, BootError> {
         MsFlags::MS_NODEV,
         "lowerdir=/mnt/base,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work",
     )?;
-    for d in ["proc", "sys", "dev"] {
-        let to = format!("/mnt/root/{d}");
-        std::fs::create_dir_all(&to).map_err(|e| fail(format!("mkdir {to}"))(e.to_string()))?;
-        mount(
-            Some(&*format!("/{d}")),
-            &*to,
-            None::<&str>,
-            MsFlags::MS_MOVE,
-            None::<&str>,
-        )
-        .map_err(|e| fail(format!("move /{d}"))(e.to_string()))?;
+    // What commands may write: these directories, on the writable disk;
+    // the rest of the image is read-only, as the docker tier's root is.
+    for d in WRITABLE {
+        let at = format!("/mnt/root{d}");
+        std::fs::create_dir_all(&at).map_err(|e| fail(format!("mkdir {at}"))(e.to_string()))?;
+        mount(Some(&*at), &*at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| fail(format!("bind {at}"))(e.to_string()))?;
     }
-    switch_root("/mnt/root")?;
-    // Terminals and POSIX shared memory, as every container has them.
-    mnt(
-        "devpts",
-        "/dev/pts",
-        "devpts",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        "newinstance,ptmxmode=0666,mode=0620",
-    )?;
-    let _ = std::fs::remove_file("/dev/ptmx");
-    std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx").map_err(|e| fail("link /dev/ptmx")(e.to_string()))?;
-    mnt("tmpfs", "/dev/shm", "tmpfs", nosuid, "mode=1777,size=64m")?;
-    for d in ["/workspace", "/tmp"] {
+    for d in ["/mnt/root/proc", "/mnt/root/dev"] {
         std::fs::create_dir_all(d).map_err(|e| fail(format!("mkdir {d}"))(e.to_string()))?;
     }
-    // /tmp is the world's: sticky, as every distribution has it.
-    let _ = std::fs::set_permissions("/tmp", std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+    // /tmp and /var/tmp are the world's: sticky, as every distribution has them.
+    for t in ["/mnt/root/tmp", "/mnt/root/var/tmp"] {
+        let _ = std::fs::set_permissions(t, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+    }
+    mount(
+        None::<&str>,
+        "/mnt/root",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|e| fail("make the image read-only")(e.to_string()))?;
+    // A fresh /dev with the safe nodes only (never the disks or the link's
+    // port), and a fresh /proc with the kernel's knobs masked or read-only:
+    // the local tier's, built from the initramfs's devtmpfs, which stays
+    // behind, unreachable, with /sys.
+    let root = Path::new("/mnt/root");
+    crate::sandbox::rootfs::build_dev(root, "size=64m").map_err(|e| fail("build /dev")(e.to_string()))?;
+    crate::sandbox::rootfs::build_proc(root).map_err(|e| fail("build /proc")(e.to_string()))?;
+    // The link's port, opened now (its node stays in the initramfs's /dev):
+    // the agent serves on this descriptor.
+    let port = crate::port::wait_for(&spec.port, DISK_WAIT).map_err(|e| fail("find the link's port")(e.to_string()))?;
+    let port_fd = crate::port::open_fd(&port).map_err(|e| fail(format!("open {}", port.display()))(e.to_string()))?;
+    switch_root("/mnt/root")?;
     nix::unistd::sethostname("namzu").map_err(|e| fail("hostname")(e.to_string()))?;
     crate::sandbox::harden::loopback_up().map_err(|e| fail("bring up lo")(e.to_string()))?;
     let mut reports = crate::sandbox::harden::set_rlimits(&spec.rlimits).map_err(|e| fail("rlimits")(e.to_string()))?;
@@ -129,12 +139,10 @@ pub fn boot() -> Result<Vec<String>, BootError> {
         std::env::set_var(namzu_proto::limits::env_var(name), value.to_string());
     }
     std::env::set_var("NAMZU_AGENT_TOKEN", &spec.token);
-    // Found now: the agent detaches /sys (--tighten-mounts) before it listens.
-    let port = crate::port::wait_for(&spec.port, DISK_WAIT).map_err(|e| fail("find the link's port")(e.to_string()))?;
     let mut argv: Vec<String> = [
         "namzu-agent",
         "--listen",
-        &format!("port:{}", port.display()),
+        &format!("portfd:{port_fd}"),
         "--root",
         "/workspace",
         "--root",

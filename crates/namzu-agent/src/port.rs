@@ -18,14 +18,22 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// An open port.
 pub struct Port(AsyncFd<File>);
 
+/// Opens the port at `path` (exclusive: the driver admits one opener)
+/// and returns its descriptor, for [`Port::from_fd`] once a runtime runs.
+pub fn open_fd(path: &Path) -> std::io::Result<std::os::fd::RawFd> {
+    use std::os::fd::IntoRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)?;
+    Ok(f.into_raw_fd())
+}
+
 impl Port {
-    /// Opens the port at `path` (exclusive: the driver admits one opener).
-    pub fn open(path: &Path) -> std::io::Result<Self> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-            .open(path)?;
+    /// The port open on `fd` ([`open_fd`]), owned from here on.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> std::io::Result<Self> {
+        let f = std::fs::File::from(fd);
         #[allow(unsafe_code)]
         // SAFETY: `f` is an open File this AsyncFd owns for its whole life;
         // its descriptor never changes.

@@ -41,9 +41,10 @@ pub enum Listen {
     /// An already connected stream socket inherited from the parent; the
     /// agent serves that one link and exits when it closes.
     Fd(RawFd),
-    /// The device node of a virtio-serial port (a microVM guest): every
-    /// host link is a stream multiplexed on it (`namzu_proto::mux`).
-    Port(PathBuf),
+    /// A virtio-serial port the agent already holds open on this fd (a
+    /// microVM guest's init opened it): every host link is a stream
+    /// multiplexed on it (`namzu_proto::mux`).
+    PortFd(RawFd),
 }
 
 impl std::str::FromStr for Listen {
@@ -61,11 +62,11 @@ impl std::str::FromStr for Listen {
         if let Some(fd) = s.strip_prefix("fd:") {
             return fd.parse().map(Self::Fd).map_err(|e| format!("bad fd {fd:?}: {e}"));
         }
-        if let Some(dev) = s.strip_prefix("port:") {
-            return Ok(Self::Port(dev.into()));
+        if let Some(fd) = s.strip_prefix("portfd:") {
+            return fd.parse().map(Self::PortFd).map_err(|e| format!("bad fd {fd:?}: {e}"));
         }
         Err(format!(
-            "listen address {s:?} must start with unix:, tcp:, fd: or port:"
+            "listen address {s:?} must start with unix:, tcp:, fd: or portfd:"
         ))
     }
 }
@@ -298,13 +299,17 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             gate.admit(s, Some(closed_tx));
             tokio::spawn(async {})
         }
-        Source::Listen(Listen::Port(dev)) => {
-            let what = format!("virtio port {}", dev.display());
-            let port = crate::port::Port::open(&dev).map_err(|source| ServeError::Listen {
+        Source::Listen(Listen::PortFd(fd)) => {
+            let what = format!("virtio port on fd {fd}");
+            #[allow(unsafe_code)]
+            // SAFETY: the guest's init opened the port on `fd` for the agent
+            // alone; nothing else in this process owns it.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            let port = crate::port::Port::from_fd(owned).map_err(|source| ServeError::Listen {
                 what: what.clone(),
                 source,
             })?;
-            tracing::info!(port = %dev.display(), "listening");
+            tracing::info!(%what, "listening");
             let mux = namzu_proto::mux::MuxLimits {
                 max_streams: Limits::usize(limits.max_pending_links).max(1) * 4,
                 ..Default::default()

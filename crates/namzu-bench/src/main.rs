@@ -14,7 +14,6 @@
 //! * exec round trip of `true` vs fork+exec on the host;
 //! * host memory (PSS) of 100 idle sandboxes.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,9 @@ use namzu::backend::host::HostProvider;
 use namzu::backend::local::LocalProvider;
 use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
+
+mod raw;
+use raw::raw_socket_write;
 
 const GIB: u64 = 1 << 30;
 
@@ -50,26 +52,6 @@ fn ratio(a: Duration, b: Duration) -> String {
 }
 
 /// A raw copy of `len` zero bytes over a unix socket into `dst`, fsynced.
-fn raw_socket_write(dst: &Path, len: u64) -> std::io::Result<Duration> {
-    let (mut a, mut b) = std::os::unix::net::UnixStream::pair()?;
-    let t0 = Instant::now();
-    let sender = std::thread::spawn(move || -> std::io::Result<()> {
-        let buf = vec![0u8; 1 << 20];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            a.write_all(&buf[..n])?;
-            left -= n as u64;
-        }
-        Ok(())
-    });
-    let mut f = std::fs::File::create(dst)?;
-    std::io::copy(&mut (&mut b).take(len), &mut f)?;
-    f.sync_all()?;
-    sender.join().map_err(|_| std::io::Error::other("sender panicked"))??;
-    Ok(t0.elapsed())
-}
-
 /// A raw send of `src` over a unix socket, read and discarded.
 fn raw_socket_read(src: &Path) -> std::io::Result<Duration> {
     let (mut a, mut b) = std::os::unix::net::UnixStream::pair()?;

@@ -29,6 +29,7 @@ pub struct ResourceArgs {
     /// local: an imported image (name or sha256:id) or a rootfs directory;
     /// default: a read-only view of the host's /usr and friends.
     /// docker: an image reference (required), pulled if the daemon lacks it.
+    /// microvm: an imported image (required), booted from its disk.
     #[arg(long)]
     pub image: Option<String>,
     /// docker: the OCI runtime, runc (the daemon's default) or runsc (gVisor).
@@ -46,6 +47,13 @@ pub struct ResourceArgs {
     /// Process limit.
     #[arg(long)]
     pub pids: Option<u64>,
+    /// microvm: the guest kernel (a vmlinuz, or an unpacked kernel package;
+    /// default NAMZU_MICROVM_KERNEL, else <state>/microvm/kernel).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// microvm: the accelerator, auto (KVM where usable, else TCG), kvm or tcg.
+    #[arg(long, value_parser = parse_accel)]
+    pub accel: Option<namzu::backend::microvm::vmm::AccelChoice>,
     #[command(flatten)]
     pub network: NetworkArgs,
 }
@@ -286,6 +294,10 @@ pub enum NetworkAction {
     },
     /// Print the policy in force (JSON) and how many connections are open.
     Show,
+}
+
+fn parse_accel(s: &str) -> Result<namzu::backend::microvm::vmm::AccelChoice, String> {
+    s.parse()
 }
 
 pub fn parse_signal(s: &str) -> Result<namzu::SessionSignal, String> {

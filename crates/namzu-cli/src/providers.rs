@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use namzu::backend::docker::DockerOptions;
+use namzu::backend::microvm::{MicroVmOptions, Progress};
 use namzu::factory::ProviderOptions;
 use namzu::{Provider, Sandbox, Tier};
 
@@ -16,6 +17,68 @@ pub async fn provider(
     tier: Tier,
     runtime: Option<String>,
 ) -> Result<Box<dyn Provider>, Fail> {
+    provider_with(state_dir, tier, runtime, MicroVmOptions::default()).await
+}
+
+/// The provider of `tier` for a create: the docker runtime and the microvm
+/// flags given are refused by name on any other tier.
+pub async fn create_provider(
+    state_dir: &Option<PathBuf>,
+    tier: Tier,
+    resources: &crate::args::ResourceArgs,
+) -> Result<Box<dyn Provider>, Fail> {
+    if tier != Tier::MicroVm && (resources.kernel.is_some() || resources.accel.is_some()) {
+        return Err(Fail(format!(
+            "--kernel and --accel apply to --tier microvm, not {tier}"
+        )));
+    }
+    let microvm = MicroVmOptions {
+        kernel: resources.kernel.clone(),
+        accel: resources.accel.unwrap_or_default(),
+        on_progress: Some(microvm_progress()),
+        ..Default::default()
+    };
+    provider_with(state_dir, tier, resources.runtime.clone(), microvm).await
+}
+
+/// A spinner line while a microVM's base disk is built; other steps (the
+/// accelerator chosen) are printed once.
+fn microvm_progress() -> Progress {
+    let bar = std::sync::Arc::new(std::sync::Mutex::new(None::<indicatif::ProgressBar>));
+    Progress(std::sync::Arc::new(move |what: &str, done: bool| {
+        let Ok(mut slot) = bar.lock() else { return };
+        match (slot.take(), done) {
+            // A step's last word stays on the screen (and is the only line
+            // where stderr is no terminal and the spinner draws nothing).
+            (b, true) => {
+                if let Some(b) = b {
+                    b.finish_and_clear();
+                }
+                eprintln!("microvm: {what}");
+            }
+            (Some(b), false) => {
+                b.set_message(format!("microvm: {what}"));
+                *slot = Some(b);
+            }
+            (None, false) => {
+                let b = indicatif::ProgressBar::new_spinner().with_message(format!("microvm: {what}"));
+                b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                if b.is_hidden() {
+                    eprintln!("microvm: {what}");
+                }
+                b.enable_steady_tick(std::time::Duration::from_millis(120));
+                *slot = Some(b);
+            }
+        }
+    }))
+}
+
+async fn provider_with(
+    state_dir: &Option<PathBuf>,
+    tier: Tier,
+    runtime: Option<String>,
+    microvm: MicroVmOptions,
+) -> Result<Box<dyn Provider>, Fail> {
     if runtime.is_some() && tier != Tier::Docker {
         return Err(Fail(format!("--runtime applies to --tier docker, not {tier}")));
     }
@@ -26,6 +89,7 @@ pub async fn provider(
     }
     let opts = ProviderOptions {
         state_dir: state_dir.clone(),
+        microvm,
         docker: DockerOptions {
             runtime,
             on_pull: Some(pull_progress()),
@@ -54,14 +118,14 @@ fn pull_progress() -> namzu::backend::docker::PullCallback {
 }
 
 /// The tiers whose sandboxes are recorded in the state directory.
-const STATE_TIERS: [Tier; 3] = [Tier::Local, Tier::Host, Tier::Docker];
+const STATE_TIERS: [Tier; 4] = [Tier::Local, Tier::Host, Tier::Docker, Tier::MicroVm];
 
 /// Tiers that have ever made a sandbox in this state directory.
 pub fn used_tiers(state_dir: &Option<PathBuf>) -> Vec<Tier> {
     let dir = state_dir.clone().unwrap_or_else(namzu::backend::default_state_dir);
     STATE_TIERS
         .into_iter()
-        .filter(|t| *t != Tier::Docker || dir.join(t.name()).is_dir())
+        .filter(|t| !matches!(t, Tier::Docker | Tier::MicroVm) || dir.join(t.name()).is_dir())
         .collect()
 }
 

@@ -49,7 +49,7 @@ pub async fn ensure_test_curl_image(docker: &bollard::Docker) -> Result<&'static
 }
 
 /// `program` and every library `ldd` says it loads (the loader included).
-fn with_libraries(program: &str) -> Result<Vec<String>, String> {
+pub fn with_libraries(program: &str) -> Result<Vec<String>, String> {
     let out = std::process::Command::new("ldd").arg(program).output().ctx("ldd")?;
     let mut files = vec![program.to_owned()];
     for line in String::from_utf8_lossy(&out.stdout).lines() {

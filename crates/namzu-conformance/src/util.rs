@@ -24,9 +24,19 @@ pub trait Ctx<T> {
     fn ctx(self, what: &str) -> Result<T, String>;
 }
 
-impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
+impl<T, E: std::error::Error> Ctx<T> for Result<T, E> {
+    /// The error and every cause beneath it (a tier's own error is the
+    /// cause of `Error::Tier`).
     fn ctx(self, what: &str) -> Result<T, String> {
-        self.map_err(|e| format!("{what}: {e}"))
+        self.map_err(|e| {
+            let mut msg = format!("{what}: {e}");
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                msg.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            msg
+        })
     }
 }
 

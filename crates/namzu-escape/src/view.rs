@@ -128,6 +128,8 @@ const OURS: &[&str] = &[
     "/opt",
     "/etc",
     "/tmp",
+    // The docker tier's tmpfs, the microvm guest's writable bind.
+    "/var/tmp",
     "/run",
     "/home",
     "/root",

@@ -320,7 +320,10 @@ fn build_etc(root: &Path, ro: MsFlags) -> Result<(), RootfsError> {
     Ok(())
 }
 
-fn build_dev(root: &Path, size: &str) -> Result<(), RootfsError> {
+/// A minimal /dev under `root`: a tmpfs with the safe nodes bound from the
+/// current /dev, its own devpts, /dev/shm (`size`, e.g. `size=64m`) and
+/// the fd links. Also the microVM guest's /dev (`crate::guest`).
+pub(crate) fn build_dev(root: &Path, size: &str) -> Result<(), RootfsError> {
     let dev = root.join("dev");
     // Not nodev: the bound host nodes must work. noexec instead.
     mkdir(&dev)?;
@@ -362,7 +365,10 @@ fn build_dev(root: &Path, size: &str) -> Result<(), RootfsError> {
     Ok(())
 }
 
-fn build_proc(root: &Path) -> Result<(), RootfsError> {
+/// A fresh /proc under `root`, with the paths a sandbox must not read or
+/// write masked or made read-only (`root/dev/null` must exist). Also the
+/// microVM guest's.
+pub(crate) fn build_proc(root: &Path) -> Result<(), RootfsError> {
     let proc = root.join("proc");
     mkdir(&proc)?;
     mount(

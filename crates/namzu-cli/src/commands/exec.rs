@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::args::{ExecArgs, KubeArgs, ResourceArgs};
 use crate::fail::{Fail, EXIT_NAMZU};
-use crate::providers::{provider, provider_of, warn_host};
+use crate::providers::{create_provider, provider_of, warn_host};
 use crate::ui::exit_code;
 
 /// Runs one command, streaming its output; Ctrl-C cancels it (and
@@ -142,11 +142,14 @@ async fn tier_provider(
         Tier::Kubernetes if resources.runtime.is_some() => {
             Err(Fail("--runtime applies to --tier docker, not kubernetes".into()))
         }
+        Tier::Kubernetes if resources.kernel.is_some() || resources.accel.is_some() => {
+            Err(Fail("--kernel and --accel apply to --tier microvm, not kubernetes".into()))
+        }
         Tier::Kubernetes => kube.provider(state_dir).await,
         _ if !kube.is_empty() => Err(Fail(format!(
             "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
         ))),
-        _ => provider(state_dir, tier, resources.runtime.clone()).await,
+        _ => create_provider(state_dir, tier, resources).await,
     }
 }
 

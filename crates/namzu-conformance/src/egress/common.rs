@@ -8,6 +8,7 @@ use namzu::egress::{EgressConfig, EgressPolicy, HostRule};
 use namzu::{Sandbox, SandboxSpec};
 
 use crate::netlab::NetLab;
+use crate::util::Ctx;
 use crate::Factory;
 
 /// What the cases run against.
@@ -62,7 +63,7 @@ pub(super) async fn sandbox_of(env: &Env, mut config: EgressConfig) -> Result<Sa
         ..Default::default()
     })
     .await
-    .map_err(|e| format!("create: {e}"))?;
+    .ctx("create")?;
     sb.files()
         .write(Path::new("/workspace/ca.pem"), env.cert.clone())
         .await

@@ -10,6 +10,7 @@ use namzu::{Sandbox, SandboxSpec};
 
 use super::common::{allow, check, curl, sh, Env};
 use crate::netlab::NetLab;
+use crate::util::Ctx;
 use crate::Outcome;
 
 /// The supervisor's pid, from the sandbox's state directory.
@@ -48,7 +49,7 @@ pub async fn the_agents_egress_limits_hold(env: &Env) -> Outcome {
         ..Default::default()
     })
     .await
-    .map_err(|e| format!("create: {e}"))?;
+    .ctx("create")?;
     let r = limits_hold(env, &sb).await;
     sb.destroy().await.map_err(|e| e.to_string())?;
     r

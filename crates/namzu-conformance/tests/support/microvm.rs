@@ -1,5 +1,6 @@
-//! What the microvm tier's test binaries share: the provider on a state
-//! directory of their own, with the Debian image imported and the kernel
+#![allow(dead_code)] // each test binary uses part of it
+//! What the microvm tier's test binaries share: the provider on one state
+//! directory, with the Debian image imported and the kernel
 //! the setup script fetched.
 
 use std::path::PathBuf;
@@ -16,8 +17,31 @@ pub const CANNOT: &[(&str, &str)] = &[(
 /// The image every microvm test boots.
 pub const IMAGE: &str = "debian:bookworm";
 
-fn state(what: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("namzu-microvm-{what}-{}", std::process::id()))
+/// One state directory for every microvm test binary, kept across runs:
+/// the image is imported and its base disk built once (cargo runs test
+/// binaries one after another, so they never share it at the same time).
+fn state(_what: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm/test-state")
+}
+
+/// Destroys what an earlier run left in the state directory (a run that
+/// panicked before destroying its VMs), once per test process.
+fn sweep_stale(dir: &std::path::Path) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dir = dir.to_path_buf();
+        // On a thread of its own: the caller may be inside a runtime.
+        let _ = std::thread::spawn(move || {
+            let Ok(p) = MicroVmProvider::new(&dir) else { return };
+            let Ok(rt) = tokio::runtime::Runtime::new() else { return };
+            rt.block_on(async {
+                for s in namzu::Provider::list(&p).await.unwrap_or_default() {
+                    let _ = namzu::Provider::destroy(&p, &s.id).await;
+                }
+            });
+        })
+        .join();
+    });
 }
 
 /// Why this machine cannot run the tier, if it cannot.
@@ -42,8 +66,13 @@ pub fn provider(what: &str) -> Result<MicroVmProvider, String> {
         return Err(why);
     }
     let dir = state(what);
+    sweep_stale(&dir);
     let tar = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/images/debian-bookworm.tar");
-    let imported = namzu::image::ImageStore::new(&dir).import(&tar, Some(IMAGE), &|_, _| {});
+    let store = namzu::image::ImageStore::new(&dir);
+    let imported = match store.resolve(IMAGE) {
+        Ok(_) => Ok(()),
+        Err(_) => store.import(&tar, Some(IMAGE), &|_, _| {}).map(drop),
+    };
     if let Err(e) = imported {
         panic!("import {}: {e}", tar.display());
     }
@@ -62,10 +91,12 @@ pub fn skip_all(backend: &str, why: &str) -> std::process::ExitCode {
     namzu_conformance::ignore_all(backend, why)
 }
 
-/// Removes the state directory (every VM in it destroyed first).
+/// Destroys every VM in the state directory (the image and its base disk
+/// stay for the next run).
 pub fn cleanup(what: &str) {
     let dir = state(what);
-    if let Ok(rt) = tokio::runtime::Runtime::new() {
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Runtime::new() else { return };
         rt.block_on(async {
             if let Ok(p) = MicroVmProvider::new(&dir) {
                 for s in namzu::Provider::list(&p).await.unwrap_or_default() {
@@ -73,6 +104,49 @@ pub fn cleanup(what: &str) {
                 }
             }
         });
+    })
+    .join();
+}
+
+/// The Debian image with the host's curl and getent (and the libraries
+/// they load) added, as a rootfs directory beside the state: what the
+/// egress cases drive inside (the minbase image has no curl). Built once.
+pub fn curl_rootfs(p: &MicroVmProvider) -> Result<PathBuf, String> {
+    let out = state("egress")
+        .parent()
+        .map(|d| d.join("curl-rootfs"))
+        .ok_or("no state parent")?;
+    if out.join(".complete").is_file() {
+        return Ok(out);
     }
-    let _ = std::fs::remove_dir_all(dir);
+    let base = namzu::image::ImageStore::new(p.state_root().parent().ok_or("no state root")?)
+        .resolve(IMAGE)
+        .map_err(|e| e.to_string())?;
+    let part = out.with_extension("part");
+    let _ = std::fs::remove_dir_all(&part);
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&base)
+        .arg(&part)
+        .status()
+        .map_err(|e| format!("cp: {e}"))?;
+    if !st.success() {
+        return Err(format!("cp -a {}: {st}", base.display()));
+    }
+    for program in ["/usr/bin/curl", "/usr/bin/getent"] {
+        for f in namzu_conformance::docker::with_libraries(program)? {
+            let to = part.join(f.trim_start_matches('/'));
+            if let Some(d) = to.parent() {
+                std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            }
+            // The image's own copy of a library is replaced by the host's,
+            // which curl was linked against (both Debian 12).
+            let _ = std::fs::remove_file(&to);
+            std::fs::copy(&f, &to).map_err(|e| format!("{f}: {e}"))?;
+        }
+    }
+    std::fs::write(part.join(".complete"), b"").map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::rename(&part, &out).map_err(|e| e.to_string())?;
+    Ok(out)
 }

@@ -404,19 +404,7 @@ impl Provider for LocalProvider {
     }
 
     async fn gc(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
-        for s in self.state.list()? {
-            if !s.alive {
-                self.destroy(&s.id).await?;
-                removed.push(s.id);
-            }
-        }
-        // Id-range claims whose sandbox directory is gone (a host that died
-        // mid-create) are released too.
-        let base = self.state.root().parent().unwrap_or(self.state.root()).to_path_buf();
-        self.slots()
-            .sweep(|owner| crate::backend::uid_slots::claim_owner_exists(&base, owner));
-        Ok(removed)
+        crate::backend::state::gc_dead(self, &self.state).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

@@ -257,6 +257,23 @@ impl StateDir {
     }
 }
 
+/// `gc` of the single-host tiers that claim host id ranges: destroys every
+/// sandbox of `p` whose anchor is dead, then releases the claims whose
+/// sandbox directory is gone (a host that died mid-create).
+pub(crate) async fn gc_dead(p: &dyn Provider, state: &StateDir) -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for s in state.list()? {
+        if !s.alive {
+            p.destroy(&s.id).await?;
+            removed.push(s.id);
+        }
+    }
+    let base = state.base().to_path_buf();
+    crate::backend::uid_slots::UidSlots::new(base.join("local/.uids"))
+        .sweep(|owner| crate::backend::uid_slots::claim_owner_exists(&base, owner));
+    Ok(removed)
+}
+
 /// True if `pid` is a live (not zombie) process whose command line names
 /// `dir` — ours, not an unrelated process that reused the pid.
 pub(crate) fn alive(pid: u32, dir: &Path) -> bool {

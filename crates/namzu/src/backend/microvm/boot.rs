@@ -201,6 +201,22 @@ pub fn initramfs(cache: &Path, agent: &Path, kernel: &Kernel) -> Result<PathBuf,
         return Ok(out);
     }
     std::fs::create_dir_all(cache).map_err(|e| io("create", cache, e))?;
+    super::disk::locked(&out, || write_initramfs(cache, &key, &out, agent_bytes, &modules))
+        .map_err(|e| io("lock", &out, e))?
+}
+
+/// Writes the initramfs (unless a build that held the lock first did).
+fn write_initramfs(
+    cache: &Path,
+    key: &str,
+    out: &Path,
+    agent_bytes: Vec<u8>,
+    modules: &[PathBuf],
+) -> Result<PathBuf, MicroVmError> {
+    let io = |what: &str, p: &Path, e: std::io::Error| initramfs_err(format!("{what} {}: {e}", p.display()));
+    if out.is_file() {
+        return Ok(out.to_path_buf());
+    }
     // Readable by the VMM's own uid (see `jail`).
     let _ = std::fs::set_permissions(cache, std::os::unix::fs::PermissionsExt::from_mode(0o755));
     let mut entries: Vec<(String, u32, Vec<u8>)> = Vec::new();
@@ -241,11 +257,11 @@ pub fn initramfs(cache: &Path, agent: &Path, kernel: &Kernel) -> Result<PathBuf,
         let f = f.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        std::fs::rename(&tmp, &out)
+        std::fs::rename(&tmp, out)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(io("write", &out, e));
+        return Err(io("write", out, e));
     }
-    Ok(out)
+    Ok(out.to_path_buf())
 }

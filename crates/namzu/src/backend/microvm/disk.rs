@@ -51,6 +51,21 @@ fn usage(root: &Path) -> (u64, u64) {
     (bytes, inodes)
 }
 
+/// Runs `f` holding an exclusive lock on `<path>.lock`: one build of a
+/// shared artifact (a base disk, an initramfs) at a time, across threads
+/// and processes; whoever waited finds it built.
+pub fn locked<T>(path: &Path, f: impl FnOnce() -> T) -> std::io::Result<T> {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path.with_extension("lock"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
+    let out = f();
+    drop(lock);
+    Ok(out)
+}
+
 /// Runs `mkfs.ext4` to make `out` (via a temporary file) of `bytes`.
 fn make(out: &Path, bytes: u64, label: &str, content: &Path, extra: &[&str]) -> Result<(), MicroVmError> {
     let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
@@ -105,8 +120,9 @@ fn make(out: &Path, bytes: u64, label: &str, content: &Path, extra: &[&str]) -> 
 }
 
 /// The base disk of the image whose rootfs is `rootfs`, built into `cache`
-/// unless already there. `key` names the image (its id).
-pub fn base(cache: &Path, key: &str, rootfs: &Path, progress: &dyn Fn(&str)) -> Result<PathBuf, MicroVmError> {
+/// unless already there. `key` names the image (its id); `progress` hears
+/// of a build (its last word with `true`).
+pub fn base(cache: &Path, key: &str, rootfs: &Path, progress: &dyn Fn(&str, bool)) -> Result<PathBuf, MicroVmError> {
     let out = cache.join(format!("{key}.ext4"));
     if out.is_file() {
         return Ok(out);
@@ -116,24 +132,45 @@ pub fn base(cache: &Path, key: &str, rootfs: &Path, progress: &dyn Fn(&str)) -> 
         reason: e.to_string(),
     };
     std::fs::create_dir_all(cache).map_err(io)?;
+    locked(&out, || build_base(cache, key, rootfs, &out, progress)).map_err(io)?
+}
+
+fn build_base(
+    cache: &Path,
+    key: &str,
+    rootfs: &Path,
+    out: &Path,
+    progress: &dyn Fn(&str, bool),
+) -> Result<PathBuf, MicroVmError> {
+    if out.is_file() {
+        return Ok(out.to_path_buf());
+    }
+    let io = |e: std::io::Error| MicroVmError::Disk {
+        path: cache.to_path_buf(),
+        reason: e.to_string(),
+    };
     // Readable by the VMM's own uid (see `jail`); the disk is the image,
     // which holds nothing the image's users may not read.
     std::fs::set_permissions(cache, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(io)?;
-    progress(&format!("building the base disk of {key}"));
+    progress(&format!("building the base disk of image {key}"), false);
     let (bytes, inodes) = usage(rootfs);
     // ext4's own metadata and a margin: the base is read-only, so it only
     // needs to hold the tree.
     let size = (bytes + bytes / 5 + (64 << 20)).div_ceil(1 << 20) << 20;
     let inodes = (inodes + inodes / 5 + 4096).to_string();
     make(
-        &out,
+        out,
         size,
         namzu_proto::launch::BASE_DISK_LABEL,
         rootfs,
         &["-N", &inodes, "-O", "^has_journal"],
     )?;
-    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(io)?;
-    Ok(out)
+    std::fs::set_permissions(out, std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(io)?;
+    progress(
+        &format!("built the base disk of image {key} ({} MiB)", size >> 20),
+        true,
+    );
+    Ok(out.to_path_buf())
 }
 
 /// The sandbox's writable disk, `bytes` large, holding `seed` (the guest

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::vmm::Accel;
+use super::accel::Accel;
 
 /// Why a microVM could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,14 @@ pub enum MicroVmError {
         tool: &'static str,
         /// Where it looked.
         searched: Vec<PathBuf>,
+    },
+    /// The VMM offers no link transport the anchor speaks.
+    #[error("{vmm} offers no link the anchor speaks (offered {offered}; the anchor speaks virtio-serial)")]
+    TransportUnavailable {
+        /// The VMM.
+        vmm: &'static str,
+        /// What it offered.
+        offered: String,
     },
     /// The accelerator asked for cannot be used here.
     #[error("accelerator {accel} is unusable here: {reason}")]

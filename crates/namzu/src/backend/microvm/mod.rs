@@ -16,6 +16,7 @@
 //! The guest has no NIC: egress goes through the agent's proxy and
 //! resolver, each decision the host's egress supervisor's, over the link.
 
+mod accel;
 pub mod anchor;
 pub mod boot;
 pub mod disk;
@@ -46,9 +47,26 @@ pub const ANCHOR_BINARY: &str = "namzu-vmm";
 /// The name of the link's virtio-serial port.
 pub const PORT_NAME: &str = "namzu.link";
 
+/// Told what a create is doing while it takes long (building an image's
+/// base disk, the initramfs) and which accelerator it chose; the CLI draws
+/// it as a progress line. `done` is true on a step's last word.
+#[derive(Clone)]
+pub struct Progress(pub ProgressFn);
+
+/// What [`Progress`] calls: the step's words, and whether it is its last.
+pub type ProgressFn = Arc<dyn Fn(&str, bool) + Send + Sync>;
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
 /// Tunables of the `microvm` tier, each with a safe default.
 #[derive(Debug, Clone)]
 pub struct MicroVmOptions {
+    /// Where create's long steps are reported (none by default).
+    pub on_progress: Option<Progress>,
     /// The guest kernel (a `vmlinuz`, or an unpacked kernel package);
     /// default: `NAMZU_MICROVM_KERNEL`, else `<state>/microvm/kernel`.
     pub kernel: Option<PathBuf>,
@@ -83,6 +101,7 @@ pub struct MicroVmOptions {
 impl Default for MicroVmOptions {
     fn default() -> Self {
         Self {
+            on_progress: None,
             kernel: None,
             accel: AccelChoice::Auto,
             vmm: Arc::new(Qemu::default()),
@@ -163,6 +182,12 @@ impl MicroVmProvider {
         self
     }
 
+    /// Where this provider's sandboxes' state directories are
+    /// (`<state>/microvm`; one directory per sandbox id).
+    pub fn state_root(&self) -> &Path {
+        self.state.root()
+    }
+
     fn cache(&self) -> PathBuf {
         self.state.root().join(".cache")
     }
@@ -228,7 +253,25 @@ impl MicroVmProvider {
         )
         .map_err(tier_err)?;
         self.opts.vmm.binary().map_err(tier_err)?;
+        // The anchor carries the link over a virtio-serial port; a VMM that
+        // offers none (vsock only) is refused until the anchor speaks vsock.
+        if !self.opts.vmm.transports().contains(&vmm::Transport::VirtioSerial) {
+            return Err(tier_err(MicroVmError::TransportUnavailable {
+                vmm: self.opts.vmm.name(),
+                offered: format!("{:?}", self.opts.vmm.transports()),
+            }));
+        }
         let accel = vmm::choose_accel(self.opts.accel).map_err(tier_err)?;
+        let say = |what: &str, done: bool| {
+            tracing::info!("{what}");
+            if let Some(p) = &self.opts.on_progress {
+                (p.0)(what, done);
+            }
+        };
+        if self.opts.accel == AccelChoice::Auto {
+            let why = vmm::kvm_unusable().map_or_else(|| "KVM is usable".to_owned(), |r| format!("KVM unusable: {r}"));
+            say(&format!("accel {accel} ({why})"), true);
+        }
         let vmm_bin = self.agent_bin.with_file_name(ANCHOR_BINARY);
         if !vmm_bin.is_file() {
             return Err(Error::AgentBinaryNotFound {
@@ -237,10 +280,7 @@ impl MicroVmProvider {
         }
         let cache = self.cache();
         let initramfs = boot::initramfs(&cache.join("initramfs"), &self.agent_bin, &kernel).map_err(tier_err)?;
-        let base = disk::base(&cache.join("disks"), &disk::image_key(&rootfs), &rootfs, &|m| {
-            tracing::info!("{m}")
-        })
-        .map_err(tier_err)?;
+        let base = disk::base(&cache.join("disks"), &disk::image_key(&rootfs), &rootfs, &say).map_err(tier_err)?;
         let runtime = crate::image::ImageStore::runtime_config(&rootfs);
 
         let (id, dir, token, made) = self.state.create(None)?;
@@ -380,6 +420,7 @@ impl MicroVmProvider {
             accel,
             control_socket: vm_dir.join("qmp.sock"),
             port_name: PORT_NAME.into(),
+            tsc_khz: vmm::host_tsc_khz(),
         };
         let argv = self.opts.vmm.argv(&config).map_err(tier_err)?;
         let ids = slot.map(|s| {
@@ -550,17 +591,7 @@ impl Provider for MicroVmProvider {
     }
 
     async fn gc(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
-        for s in self.state.list()? {
-            if !s.alive {
-                self.destroy(&s.id).await?;
-                removed.push(s.id);
-            }
-        }
-        let base = self.state.root().parent().unwrap_or(self.state.root()).to_path_buf();
-        self.slots()
-            .sweep(|owner| crate::backend::uid_slots::claim_owner_exists(&base, owner));
-        Ok(removed)
+        crate::backend::state::gc_dead(self, &self.state).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

@@ -2,8 +2,8 @@
 //! cloud-hypervisor can follow qemu without touching the provider.
 //!
 //! A [`Vmm`] turns one [`VmConfig`] into a command line whose process
-//! finds the link on fd [`LINK_FD`](super::anchor::LINK_FD) and the serial
-//! console on fd [`CONSOLE_FD`](super::anchor::CONSOLE_FD), and says which
+//! finds the link on fd [`LINK_FD`] and the serial
+//! console on fd [`CONSOLE_FD`], and says which
 //! link [`Transport`] it offers. [`Qemu`] drives qemu's `microvm` machine:
 //! virtio-mmio devices only, no default devices, no NIC, no display, no
 //! option ROMs, qemu's seccomp sandbox on, QMP on a host-side socket.
@@ -13,67 +13,7 @@ use std::path::{Path, PathBuf};
 use super::anchor::{CONSOLE_FD, LINK_FD};
 use super::MicroVmError;
 
-/// How the guest's CPU runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Accel {
-    /// Hardware virtualisation (needs a usable /dev/kvm with VMX or SVM).
-    Kvm,
-    /// qemu's software emulation: works anywhere, much slower.
-    Tcg,
-}
-
-impl std::fmt::Display for Accel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        })
-    }
-}
-
-/// What the caller asked for: one accelerator, or whichever works.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AccelChoice {
-    /// KVM where it is usable, else TCG (the choice is reported).
-    #[default]
-    Auto,
-    /// This one, or a typed refusal.
-    Only(Accel),
-}
-
-impl std::str::FromStr for AccelChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "kvm" => Ok(Self::Only(Accel::Kvm)),
-            "tcg" => Ok(Self::Only(Accel::Tcg)),
-            _ => Err(format!("accel {s:?}: expected auto, kvm or tcg")),
-        }
-    }
-}
-
-/// Why KVM cannot be used here, or `None` when it can: /dev/kvm must open
-/// read-write and the CPU must offer VMX or SVM (a guest of a PVM host has
-/// /dev/kvm but no VMX, and stock kernels hang under it).
-pub fn kvm_unusable() -> Option<String> {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        return Some(format!("/dev/kvm: {e}"));
-    }
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect::<Vec<_>>();
-    if !flags.contains(&"vmx") && !flags.contains(&"svm") {
-        return Some(
-            "the CPU offers neither VMX nor SVM (/dev/kvm exists, but a stock guest kernel would hang)".into(),
-        );
-    }
-    None
-}
+pub use super::accel::{kvm_unusable, Accel, AccelChoice};
 
 /// Resolves a choice against this host.
 pub fn choose_accel(choice: AccelChoice) -> Result<Accel, MicroVmError> {
@@ -117,6 +57,42 @@ pub struct VmConfig {
     pub control_socket: PathBuf,
     /// The name of the link's port (the guest finds it by name).
     pub port_name: String,
+    /// The host's TSC rate in kHz, where it is constant ([`host_tsc_khz`]).
+    pub tsc_khz: Option<u64>,
+}
+
+/// The host's TSC rate in kHz, measured once (20 ms against the monotonic
+/// clock, rounded to 1 MHz), where the CPU says its TSC is constant and
+/// does not stop; `None` elsewhere.
+pub fn host_tsc_khz() -> Option<u64> {
+    static KHZ: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *KHZ.get_or_init(|| {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags"))?;
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        if !(has("constant_tsc") && has("nonstop_tsc")) {
+            return None;
+        }
+        measure_tsc_khz()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn measure_tsc_khz() -> Option<u64> {
+    #[allow(unsafe_code)]
+    // SAFETY: rdtsc reads a counter every x86_64 CPU has; no memory is touched.
+    let tsc = || unsafe { std::arch::x86_64::_rdtsc() };
+    let (t0, c0) = (std::time::Instant::now(), tsc());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (c1, ns) = (tsc(), t0.elapsed().as_nanos());
+    let khz = u128::from(c1.checked_sub(c0)?) * 1_000_000 / ns.max(1);
+    // Rounded to 1 MHz: the guest needs the rate, not this run's jitter.
+    u64::try_from((khz + 500) / 1000 * 1000).ok().filter(|k| *k > 0)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn measure_tsc_khz() -> Option<u64> {
+    None
 }
 
 /// A virtual machine monitor.
@@ -201,7 +177,15 @@ impl Vmm for Qemu {
         push(&["-kernel", &s(&vm.kernel), "-initrd", &s(&vm.initramfs)]);
         // quiet: under emulation every console byte costs; panic=-1: the
         // agent's exit ends the VM (with -no-reboot).
-        push(&["-append", "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init"]);
+        let mut cmdline = String::from("console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init");
+        // Under emulation the guest's TSC runs at the host's rate, and its
+        // own calibration against the emulated PIT fails whenever the host
+        // is busy (then the boot hangs with no usable clocksource): it is
+        // told the rate instead.
+        if let (Accel::Tcg, Some(khz)) = (vm.accel, vm.tsc_khz) {
+            cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
+        }
+        push(&["-append", &cmdline]);
         push(&[
             "-chardev",
             &format!("socket,id=con,fd={CONSOLE_FD}"),

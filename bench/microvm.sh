@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The microvm tier's figures next to what they are made of, in one run:
+# boot to the agent against the same kernel booting a trivial init, create
+# + first exec, the exec round trip against host fork+exec, a 1 GiB copy in
+# against a raw socket copy. Installs what the tier needs (scripts/
+# microvm-up.sh) and the image (scripts/images.sh). Under TCG where KVM is
+# unusable. Not a test: nothing here gates anything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/images.sh
+NAMZU_MICROVM_KERNEL=$(./scripts/microvm-up.sh | tail -1)
+export NAMZU_MICROVM_KERNEL
+cargo build --release --locked --bins
+exec ./target/x86_64-unknown-linux-gnu/release/namzu-bench-microvm "$@"

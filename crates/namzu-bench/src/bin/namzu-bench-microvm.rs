@@ -1,0 +1,193 @@
+//! The microvm tier's figures, side by side with what they are made of, in
+//! one run (`bench/microvm.sh`): the same kernel booting to a trivial init
+//! (busybox `poweroff -f`) against boot to the agent answering, create +
+//! first exec, the exec round trip against host fork+exec, and a 1 GiB copy
+//! in against a raw socket copy into a file. Under TCG where KVM is
+//! unusable (these machines); the stage split says what KVM would change.
+//! Not a test: nothing here gates anything.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use namzu::backend::microvm::{vmm, MicroVmOptions, MicroVmProvider};
+use namzu::{ExecRequest, Provider, SandboxSpec, WriteOptions};
+use tokio::io::AsyncReadExt;
+
+#[path = "../raw.rs"]
+mod raw;
+use raw::raw_socket_write;
+
+const GIB: u64 = 1 << 30;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// The kernel booting to a trivial init: an initramfs whose /init is a
+/// busybox script that powers off at once. qemu start to exit.
+fn trivial_boot(kernel: &Path, accel: vmm::Accel, work: &Path) -> Result<Duration, Box<dyn std::error::Error>> {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or("busybox (static) is needed for the trivial-init line")?;
+    let cpio = work.join("trivial.cpio");
+    let mut f = std::fs::File::create(&cpio)?;
+    let entries: Vec<(&str, u32, Vec<u8>)> = vec![
+        ("bin", 0o040_755, Vec::new()),
+        ("bin/busybox", 0o100_755, std::fs::read(&busybox)?),
+        (
+            "init",
+            0o100_755,
+            b"#!/bin/busybox sh\n/bin/busybox poweroff -f\n".to_vec(),
+        ),
+    ];
+    for (i, (name, mode, data)) in entries.iter().enumerate() {
+        let mut w = cpio::NewcBuilder::new(name)
+            .ino(i as u32 + 1)
+            .mode(*mode)
+            .nlink(1)
+            .write(&mut f, data.len() as u32);
+        w.write_all(data)?;
+        w.finish()?;
+    }
+    cpio::newc::trailer(&mut f)?;
+    drop(f);
+    let machine = format!("microvm,accel={accel},x-option-roms=off");
+    let t = Instant::now();
+    let st = std::process::Command::new("qemu-system-x86_64")
+        .args([
+            "-M",
+            &machine,
+            "-cpu",
+            if accel == vmm::Accel::Kvm { "host" } else { "max" },
+        ])
+        .args([
+            "-m",
+            "512M",
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(&cpio)
+        .args(["-append", "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    let took = t.elapsed();
+    if !st.success() {
+        return Err(format!("trivial boot: qemu {st}").into());
+    }
+    Ok(took)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let image = std::env::var("NAMZU_BENCH_IMAGE").unwrap_or_else(|_| "target/images/debian-bookworm.tar".into());
+    let state = tempfile::tempdir_in("target")?;
+    namzu::image::ImageStore::new(state.path()).import(Path::new(&image), Some("bench:1"), &|_, _| {})?;
+    let accel = vmm::choose_accel(vmm::AccelChoice::Auto)?;
+    let kernel = namzu::backend::microvm::boot::Kernel::find(None, state.path())?;
+    let p = MicroVmProvider::new(state.path())?.options(MicroVmOptions {
+        default_image: Some("bench:1".into()),
+        disk_bytes: 3 << 30,
+        ..Default::default()
+    });
+    // Warm: the initramfs and the base disk are built once per image.
+    let t = Instant::now();
+    let first = p.create(SandboxSpec::default()).await?;
+    let cold = t.elapsed();
+    first.destroy().await?;
+
+    let mut trivial = Vec::new();
+    let mut boots = Vec::new();
+    let mut first_exec = Vec::new();
+    for _ in 0..runs {
+        trivial.push(trivial_boot(&kernel.vmlinuz, accel, state.path())?);
+        let t = Instant::now();
+        let sb = p.create(SandboxSpec::default()).await?;
+        let booted = t.elapsed();
+        sb.commands().run(ExecRequest::new("true")).await?;
+        first_exec.push(t.elapsed());
+        boots.push(booted);
+        sb.destroy().await?;
+    }
+    let sb = p.create(SandboxSpec::default()).await?;
+    let mut rtt = Vec::new();
+    let mut host = Vec::new();
+    for i in 0..60 {
+        let t = Instant::now();
+        sb.commands().run(ExecRequest::new("true")).await?;
+        if i >= 10 {
+            rtt.push(t.elapsed());
+        }
+        let t = Instant::now();
+        std::process::Command::new("true").status()?;
+        if i >= 10 {
+            host.push(t.elapsed());
+        }
+    }
+    let t = Instant::now();
+    let zeros = tokio::io::repeat(0).take(GIB);
+    sb.files()
+        .write_from(Path::new("big"), Box::new(zeros), WriteOptions::default())
+        .await?;
+    let copy_in = t.elapsed();
+    let raw = raw_socket_write(&state.path().join("raw.bin"), GIB)?;
+    sb.destroy().await?;
+
+    let (trivial, boot, first_exec) = (median(trivial), median(boots), median(first_exec));
+    println!("## microvm tier, accel {accel}, {runs} runs, medians");
+    println!();
+    if accel == vmm::Accel::Tcg {
+        println!(
+            "Under TCG (software emulation): KVM is unusable here ({}).",
+            vmm::kvm_unusable().unwrap_or_default()
+        );
+        println!();
+    }
+    println!("| what | namzu | alternative | alternative is | ratio |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| boot → agent answers (create) | {} | {} | same kernel, busybox init that powers off | {:.2}x |",
+        ms(boot),
+        ms(trivial),
+        boot.as_secs_f64() / trivial.as_secs_f64()
+    );
+    println!("| create + first exec | {} | | | |", ms(first_exec));
+    println!(
+        "| exec `true` round trip | {} | {} | host fork+exec | {:.2}x |",
+        ms(median(rtt.clone())),
+        ms(median(host.clone())),
+        median(rtt).as_secs_f64() / median(host).as_secs_f64()
+    );
+    println!(
+        "| 1 GiB copy in (atomic, fsync) | {:.0} MiB/s | {:.0} MiB/s | raw socket copy into a file + fsync | {:.2}x |",
+        1024.0 / copy_in.as_secs_f64(),
+        1024.0 / raw.as_secs_f64(),
+        raw.as_secs_f64() / copy_in.as_secs_f64()
+    );
+    println!("| first create (initramfs + base disk built) | {} | | | |", ms(cold));
+    println!();
+    let agent_part = boot.saturating_sub(trivial);
+    println!(
+        "Stages: the kernel to a trivial init and back out takes {}; the rest of create, {} (disk made, \
+         VMM jailed, modules, disks, overlay, switch root, agent, link, privilege probe, egress supervisor), \
+         is namzu's. Under KVM the kernel's part shrinks to tens of milliseconds (no instruction \
+         emulation), and so does most of namzu's guest part, which is CPU-bound in the guest.",
+        ms(trivial),
+        ms(agent_part)
+    );
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! `namzu --tier microvm` end to end: image import, `run` with the
+//! accelerator said and the base disk's progress line, `create` in one
+//! process, `exec`, `cp` and a persistent terminal from others, `ls`,
+//! `rm`; `--kernel`/`--accel` refused on other tiers and a missing kernel
+//! named. Needs qemu and a kernel (`scripts/microvm-up.sh`, which the test
+//! command runs and then requires with `NAMZU_REQUIRE_MICROVM=1`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+mod common;
+use common::*;
+
+/// The image tarball, or why this machine cannot run the tier.
+fn image() -> Option<PathBuf> {
+    let tar = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/images/debian-bookworm.tar");
+    let ready = std::env::var_os("NAMZU_MICROVM_KERNEL").is_some() && tar.is_file();
+    if !ready {
+        assert!(
+            std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"),
+            "NAMZU_REQUIRE_MICROVM=1 but NAMZU_MICROVM_KERNEL or {} is missing",
+            tar.display()
+        );
+        eprintln!("skipped: the microvm tier is unavailable here");
+        return None;
+    }
+    Some(tar)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn a_microvm_is_made_used_from_other_processes_and_removed() {
+    let Some(tar) = image() else { return };
+    let st = tempfile::tempdir().unwrap();
+    let o = namzu(
+        st.path(),
+        &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    // run: the guest's own kernel answers; the choice of accelerator and
+    // the base disk's build are said on stderr.
+    let o = namzu(
+        st.path(),
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--image",
+            "deb:cli",
+            "--accel",
+            "auto",
+            "--",
+            "sh",
+            "-c",
+            "uname -r; id -u",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let host = text(&std::process::Command::new("uname").arg("-r").output().unwrap().stdout);
+    assert_ne!(
+        out.lines().next(),
+        host.lines().next(),
+        "the command ran on the host's kernel"
+    );
+    let err = text(&o.stderr);
+    assert!(err.contains("microvm: accel "), "{err}");
+    assert!(err.contains("built the base disk of image"), "{err}");
+    // create in one process; exec, cp and ls from others.
+    let o = namzu(st.path(), &["create", "--tier", "microvm", "--image", "deb:cli"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let id = text(&o.stdout).trim().to_owned();
+    let o = namzu(
+        st.path(),
+        &["exec", &id, "--", "sh", "-c", "echo kept > /workspace/s.txt"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "/workspace/s.txt"]);
+    assert_eq!(text(&o.stdout), "kept\n");
+    let local = st.path().join("down.txt");
+    let o = namzu(st.path(), &["cp", &format!("{id}:s.txt"), local.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&local).unwrap(), "kept\n");
+    let ls = text(&namzu(st.path(), &["ls"]).stdout);
+    assert!(ls.lines().any(|l| l.contains(&id) && l.contains("microvm")), "{ls}");
+    let o = namzu(st.path(), &["rm", &id]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(!st.path().join("microvm").join(&id).exists());
+    second_process_attaches_to_a_persistent_terminal(st.path(), &["--tier", "microvm", "--image", "deb:cli"]);
+}
+
+#[test]
+fn microvm_flags_are_refused_where_they_mean_nothing() {
+    let st = tempfile::tempdir().unwrap();
+    let o = namzu(st.path(), &["run", "--tier", "local", "--accel", "tcg", "--", "true"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--kernel and --accel apply to --tier microvm"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = namzu(
+        st.path(),
+        &["run", "--tier", "microvm", "--accel", "fast", "--", "true"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("expected auto, kvm or tcg"),
+        "{}",
+        text(&o.stderr)
+    );
+    let Some(tar) = image() else { return };
+    let o = namzu(
+        st.path(),
+        &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"],
+    );
+    assert!(o.status.success());
+    let o = namzu(
+        st.path(),
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--image",
+            "deb:cli",
+            "--kernel",
+            "/nonexistent/vmlinuz",
+            "--",
+            "true",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("no guest kernel") && err.contains("/nonexistent/vmlinuz"),
+        "{err}"
+    );
+}
