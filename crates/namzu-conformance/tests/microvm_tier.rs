@@ -436,11 +436,7 @@ async fn a_guest_that_never_serves_fails_with_its_console() -> R {
     }
     // The same, made to hang (panic=0 waits forever): the boot budget.
     let Some(p) = provider(|o| {
-        o.vmm = Arc::new(EditedCmdline(
-            Qemu::default(),
-            "panic=-1 rdinit=/init",
-            "panic=0 rdinit=/nonexistent",
-        ));
+        o.vmm = Arc::new(edited_cmdline("panic=-1 rdinit=/init", "panic=0 rdinit=/nonexistent"));
         o.boot_budget = Duration::from_secs(20);
     }) else {
         return Ok(());
