@@ -1,7 +1,7 @@
 //! `namzu-agent` as a microVM's init (PID 1 of the guest).
 //!
 //! The kernel starts the agent from the initramfs namzu built (the agent
-//! and the kernel modules it lists, nothing else). [`boot`] then does what
+//! and the kernel modules it lists, nothing else) as PID 1 with `--guest`. [`boot`] then does what
 //! an initramfs's init does and no more: mounts /dev, /proc and /sys, loads
 //! the listed modules in order, finds the two disks by their ext4 labels
 //! (the image, read-only, and the sandbox's writable disk), reads and

@@ -162,6 +162,9 @@ fn parse_report(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
+/// The argument the guest kernel passes the agent as its init.
+const GUEST_FLAG: &str = "--guest";
+
 fn main() -> ExitCode {
     // Launch mode is told by its first argument; decided before anything opens.
     let launching = std::env::args().any(|a| a == "--launch");
@@ -173,9 +176,15 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    // PID 1 is a microVM's init: nothing else starts the agent as PID 1 (the
-    // local launcher's sandbox init is a fork of it, never an exec).
-    let args = if std::process::id() == 1 {
+    // A microVM's init: the kernel starts it as PID 1 with `--guest` (its
+    // command line ends `-- --guest`). A container's PID 1 (the docker
+    // tier's agent) has its own arguments and is never booted.
+    let guest = std::env::args().nth(1).as_deref() == Some(GUEST_FLAG);
+    if guest && std::process::id() != 1 {
+        tracing::error!("{GUEST_FLAG} is the microVM init's mode: only the guest's PID 1 takes it");
+        return ExitCode::from(2);
+    }
+    let args = if guest {
         match namzu_agent::guest::boot() {
             Ok(argv) => Args::parse_from(argv),
             Err(e) => {

@@ -185,6 +185,9 @@ impl Vmm for Qemu {
         if let (Accel::Tcg, Some(khz)) = (vm.accel, vm.tsc_khz) {
             cmdline.push_str(&format!(" tsc_early_khz={khz} tsc=reliable"));
         }
+        // After `--`, the init's own arguments: the agent boots the guest
+        // only when told so.
+        cmdline.push_str(" -- --guest");
         push(&["-append", &cmdline]);
         push(&[
             "-chardev",
