@@ -21,7 +21,11 @@ pub const IMAGE: &str = "debian:bookworm";
 /// the image is imported and its base disk built once (cargo runs test
 /// binaries one after another, so they never share it at the same time).
 fn state(_what: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm/test-state")
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/microvm/test-state");
+    // Canonical: the sockets beneath it must fit a sockaddr_un (108 bytes),
+    // and `crates/namzu-conformance/../../` alone is 35 of them.
+    let _ = std::fs::create_dir_all(&dir);
+    std::fs::canonicalize(&dir).unwrap_or(dir)
 }
 
 /// Destroys what an earlier run left in the state directory (a run that

@@ -143,7 +143,7 @@ async fn stop(child: &mut tokio::process::Child) -> i32 {
 /// the guest serves and a dial succeeds.
 fn namzu_agent_socket(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = path.with_extension("sock.tmp");
+    let tmp = path.with_file_name(".agent.tmp");
     let _ = std::fs::remove_file(&tmp);
     let l = std::os::unix::net::UnixListener::bind(&tmp)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
