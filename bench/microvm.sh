@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 ./scripts/images.sh
 NAMZU_MICROVM_KERNEL=$(./scripts/microvm-up.sh | tail -1)
 export NAMZU_MICROVM_KERNEL
-cargo build --release --locked --bins
+cargo build --release --locked --bin namzu-agent --bin namzu-vmm --bin namzu-egress --bin namzu-bench-microvm
 exec ./target/x86_64-unknown-linux-gnu/release/namzu-bench-microvm "$@"
