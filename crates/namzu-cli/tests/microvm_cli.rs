@@ -12,29 +12,24 @@ use std::path::PathBuf;
 mod common;
 use common::*;
 
-/// The image tarball, or why this machine cannot run the tier.
-fn image() -> Option<PathBuf> {
-    let tar = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/images/debian-bookworm.tar");
-    let ready = std::env::var_os("NAMZU_MICROVM_KERNEL").is_some() && tar.is_file();
-    if !ready {
-        assert!(
-            std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"),
-            "NAMZU_REQUIRE_MICROVM=1 but NAMZU_MICROVM_KERNEL or {} is missing",
-            tar.display()
-        );
-        eprintln!("skipped: the microvm tier is unavailable here");
-        return None;
+fn image_tar() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/images/debian-bookworm.tar")
+}
+
+/// Why this machine cannot run the tier, if it cannot.
+fn missing() -> Option<String> {
+    if std::env::var_os("NAMZU_MICROVM_KERNEL").is_none() {
+        return Some("NAMZU_MICROVM_KERNEL is not set (scripts/microvm-up.sh prints it)".into());
     }
-    Some(tar)
+    (!image_tar().is_file()).then(|| format!("{} is missing (scripts/images.sh)", image_tar().display()))
 }
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[test]
 fn a_microvm_is_made_used_from_other_processes_and_removed() {
-    let Some(tar) = image() else { return };
+    let tar = image_tar();
     let st = tempfile::tempdir().unwrap();
     let o = namzu(
         st.path(),
@@ -93,7 +88,6 @@ fn a_microvm_is_made_used_from_other_processes_and_removed() {
     second_process_attaches_to_a_persistent_terminal(st.path(), &["--tier", "microvm", "--image", "deb:cli"]);
 }
 
-#[test]
 fn microvm_flags_are_refused_where_they_mean_nothing() {
     let st = tempfile::tempdir().unwrap();
     let o = namzu(st.path(), &["run", "--tier", "local", "--accel", "tcg", "--", "true"]);
@@ -113,7 +107,11 @@ fn microvm_flags_are_refused_where_they_mean_nothing() {
         "{}",
         text(&o.stderr)
     );
-    let Some(tar) = image() else { return };
+}
+
+fn a_missing_kernel_is_named() {
+    let st = tempfile::tempdir().unwrap();
+    let tar = image_tar();
     let o = namzu(
         st.path(),
         &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"],
@@ -139,4 +137,32 @@ fn microvm_flags_are_refused_where_they_mean_nothing() {
         err.contains("no guest kernel") && err.contains("/nonexistent/vmlinuz"),
         "{err}"
     );
+}
+
+fn main() -> std::process::ExitCode {
+    use libtest_mimic::{Arguments, Trial};
+    let args = Arguments::from_args();
+    let unavailable = missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
+    let needs_tier = |name: &'static str, f: fn()| {
+        let t = Trial::test(name, move || {
+            f();
+            Ok(())
+        });
+        match &unavailable {
+            Some(why) => t.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
+            None => t,
+        }
+    };
+    let trials = vec![
+        Trial::test("microvm_flags_are_refused_where_they_mean_nothing", || {
+            microvm_flags_are_refused_where_they_mean_nothing();
+            Ok(())
+        }),
+        needs_tier(
+            "a_microvm_is_made_used_from_other_processes_and_removed",
+            a_microvm_is_made_used_from_other_processes_and_removed,
+        ),
+        needs_tier("a_missing_kernel_is_named", a_missing_kernel_is_named),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
 }

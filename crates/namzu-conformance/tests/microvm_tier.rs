@@ -27,14 +27,10 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     LOCK.lock().await
 }
 
+/// The provider with these options; `None` only where the tier is
+/// unavailable, and then `main` has reported every test ignored already.
 fn provider(opts: impl FnOnce(&mut MicroVmOptions)) -> Option<MicroVmProvider> {
-    let p = match microvm::provider("tier") {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipped: microvm tier unavailable: {why}");
-            return None;
-        }
-    };
+    let p = microvm::provider("tier").ok()?;
     let mut o = MicroVmOptions {
         default_image: Some(microvm::IMAGE.into()),
         ..Default::default()
@@ -87,7 +83,6 @@ async fn gone_within(pid: u32, within: Duration) -> bool {
     false
 }
 
-#[tokio::test]
 async fn the_vmm_runs_confined() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -153,7 +148,6 @@ async fn the_vmm_runs_confined() -> R {
     Ok(())
 }
 
-#[tokio::test]
 async fn the_guest_has_only_the_configured_devices() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -189,7 +183,6 @@ async fn the_guest_has_only_the_configured_devices() -> R {
     Ok(())
 }
 
-#[tokio::test]
 async fn resources_reach_the_guest() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|o| o.disk_bytes = 96 << 20) else {
@@ -234,7 +227,6 @@ async fn resources_reach_the_guest() -> R {
     Ok(())
 }
 
-#[tokio::test]
 async fn options_the_tier_cannot_honour_are_refused_by_name() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -293,7 +285,6 @@ fn tier_error(e: &Error) -> Option<&MicroVmError> {
     e.tier_error::<MicroVmError>()
 }
 
-#[tokio::test]
 async fn missing_parts_are_typed_errors() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -415,7 +406,6 @@ impl Vmm for Reshaped {
     }
 }
 
-#[tokio::test]
 async fn a_guest_that_never_serves_fails_with_its_console() -> R {
     let _serial = serial().await;
     // No init: the kernel panics; with panic=-1 the VM ends at once.
@@ -462,7 +452,6 @@ async fn a_guest_that_never_serves_fails_with_its_console() -> R {
     Ok(())
 }
 
-#[tokio::test]
 async fn destroy_stops_the_vm_and_removes_its_disk() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -483,7 +472,6 @@ async fn destroy_stops_the_vm_and_removes_its_disk() -> R {
     Ok(())
 }
 
-#[tokio::test]
 async fn a_vm_without_its_anchor_or_its_state_does_not_run_on() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -524,7 +512,6 @@ async fn guest_dirty(sb: &namzu::Sandbox) -> Result<u64, Box<dyn std::error::Err
         << 10)
 }
 
-#[tokio::test]
 async fn flush_writes_back_the_guests_dirty_pages() -> R {
     let _serial = serial().await;
     let Some(p) = provider(|_| {}) else { return Ok(()) };
@@ -550,4 +537,51 @@ async fn flush_writes_back_the_guests_dirty_pages() -> R {
     );
     sb.destroy().await?;
     Ok(())
+}
+
+type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = R>>>;
+
+fn main() -> std::process::ExitCode {
+    use libtest_mimic::{Arguments, Failed, Trial};
+    let args = Arguments::from_args();
+    let unavailable = microvm::missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
+    let tests: Vec<(&str, Body)> = vec![
+        ("the_vmm_runs_confined", || Box::pin(the_vmm_runs_confined())),
+        ("the_guest_has_only_the_configured_devices", || {
+            Box::pin(the_guest_has_only_the_configured_devices())
+        }),
+        ("resources_reach_the_guest", || Box::pin(resources_reach_the_guest())),
+        ("options_the_tier_cannot_honour_are_refused_by_name", || {
+            Box::pin(options_the_tier_cannot_honour_are_refused_by_name())
+        }),
+        ("missing_parts_are_typed_errors", || {
+            Box::pin(missing_parts_are_typed_errors())
+        }),
+        ("a_guest_that_never_serves_fails_with_its_console", || {
+            Box::pin(a_guest_that_never_serves_fails_with_its_console())
+        }),
+        ("destroy_stops_the_vm_and_removes_its_disk", || {
+            Box::pin(destroy_stops_the_vm_and_removes_its_disk())
+        }),
+        ("a_vm_without_its_anchor_or_its_state_does_not_run_on", || {
+            Box::pin(a_vm_without_its_anchor_or_its_state_does_not_run_on())
+        }),
+        ("flush_writes_back_the_guests_dirty_pages", || {
+            Box::pin(flush_writes_back_the_guests_dirty_pages())
+        }),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, body)| {
+            let trial = Trial::test(name, move || {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(body()).map_err(|e| Failed::from(e.to_string()))
+            });
+            match &unavailable {
+                Some(why) => trial.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
+                None => trial,
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
 }
