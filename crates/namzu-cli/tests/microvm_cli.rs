@@ -24,18 +24,20 @@ fn missing() -> Option<String> {
     (!image_tar().is_file()).then(|| format!("{} is missing (scripts/images.sh)", image_tar().display()))
 }
 
+/// Imports the Debian image as `deb:cli` into the state at `st`.
+fn import_image(st: &std::path::Path) {
+    let tar = image_tar();
+    let o = namzu(st, &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"]);
+    assert!(o.status.success(), "{o:?}");
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 fn a_microvm_is_made_used_from_other_processes_and_removed() {
-    let tar = image_tar();
     let st = tempfile::tempdir().unwrap();
-    let o = namzu(
-        st.path(),
-        &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"],
-    );
-    assert!(o.status.success(), "{o:?}");
+    import_image(st.path());
     // run: the guest's own kernel answers; the choice of accelerator and
     // the base disk's build are said on stderr.
     let o = namzu(
@@ -111,12 +113,7 @@ fn microvm_flags_are_refused_where_they_mean_nothing() {
 
 fn a_missing_kernel_is_named() {
     let st = tempfile::tempdir().unwrap();
-    let tar = image_tar();
-    let o = namzu(
-        st.path(),
-        &["image", "import", tar.to_str().unwrap(), "--name", "deb:cli"],
-    );
-    assert!(o.status.success());
+    import_image(st.path());
     let o = namzu(
         st.path(),
         &[

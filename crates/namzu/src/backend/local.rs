@@ -378,21 +378,10 @@ impl Provider for LocalProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
-        let client = self.agent_link(id).await?;
-        let dir = self.state.dir(id)?;
+        let provider = std::sync::Arc::new(self.clone());
         self.state
-            .supervisor(id, &dir, &self.agent_bin)
-            .with_binary(self.egress_bin.clone())
-            .ensure()
-            .await?;
-        Ok(Sandbox::new(StateSandbox {
-            id: id.into(),
-            tier: Tier::Local,
-            provider: std::sync::Arc::new(self.clone()),
-            client,
-            _child: None,
-            egress_dir: Some(self.state.dir(id)?),
-        }))
+            .reconnect(id, &self.client, provider, &self.agent_bin, self.egress_bin.clone())
+            .await
     }
 
     async fn agent_link(&self, id: &str) -> Result<crate::client::AgentClient> {

@@ -86,6 +86,33 @@ impl StateDir {
         crate::egress::supervisor::Supervisor::new(id, self.tier, self.base(), dir, agent_bin)
     }
 
+    /// `connect` of the single-host tiers with an egress supervisor: the
+    /// agent reached by id, its supervisor made sure of (`egress_bin`
+    /// where it is not beside `agent_bin`), and a handle owned by `provider`.
+    pub async fn reconnect(
+        &self,
+        id: &str,
+        opts: &ClientOptions,
+        provider: std::sync::Arc<dyn Provider>,
+        agent_bin: &Path,
+        egress_bin: Option<PathBuf>,
+    ) -> Result<crate::handle::Sandbox> {
+        let client = self.reattach(id, opts).await?.1;
+        let dir = self.dir(id)?;
+        self.supervisor(id, &dir, agent_bin)
+            .with_binary(egress_bin)
+            .ensure()
+            .await?;
+        Ok(crate::handle::Sandbox::new(StateSandbox {
+            id: id.into(),
+            tier: self.tier,
+            provider,
+            client,
+            _child: None,
+            egress_dir: Some(dir),
+        }))
+    }
+
     pub fn dir(&self, id: &str) -> Result<PathBuf> {
         // Ids are ours ("sb-" + hex); anything else could walk the state dir.
         let ok = id.len() <= 64 && id.starts_with("sb-") && id[3..].bytes().all(|b| b.is_ascii_hexdigit());

@@ -569,17 +569,9 @@ impl Provider for MicroVmProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
-        let client = self.agent_link(id).await?;
-        let dir = self.state.dir(id)?;
-        self.state.supervisor(id, &dir, &self.agent_bin).ensure().await?;
-        Ok(Sandbox::new(StateSandbox {
-            id: id.into(),
-            tier: Tier::MicroVm,
-            provider: Arc::new(self.clone()),
-            client,
-            _child: None,
-            egress_dir: Some(dir),
-        }))
+        self.state
+            .reconnect(id, &self.client, Arc::new(self.clone()), &self.agent_bin, None)
+            .await
     }
 
     async fn agent_link(&self, id: &str) -> Result<crate::client::AgentClient> {
