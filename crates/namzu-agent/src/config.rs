@@ -185,6 +185,11 @@ pub struct AgentConfig {
     /// [`namzu_proto::link_tls`]); unix sockets and inherited fds are the
     /// host's own channels and stay as they are.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// `/proc/self/status` of a child forked once the agent had hardened
+    /// itself, before it served (the local sandbox's init makes one while
+    /// it is still single-threaded, where a fork is cheap): Health's
+    /// `probe_child` answers with it instead of forking again.
+    pub startup_child_status: Option<String>,
 }
 
 impl AgentConfig {

@@ -23,12 +23,7 @@
 //!   `execution_retained_ttl_ms`.
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -522,20 +517,14 @@ impl Execs {
         sink: Sink,
         mut cancel_rx: mpsc::Receiver<CancelReply>,
     ) -> Result<ExecExit, OpError> {
-        const OP: &str = "exec";
         let execution_id = start.execution_id.clone();
         let timeout_ms = self.timeout_ms(&start)?;
         let detached = matches!(sink, Sink::Log(_));
 
-        let mut cmd = self.command(&start).map_err(|e| with_id(e, &execution_id))?;
         let started_at = Instant::now();
-        let (mut child, mut exit_rx) = self.reaper.spawn(&mut cmd).map_err(|io| {
-            let mut e = agent_err(Kind::SpawnFailed, OP, &format!("cannot start command: {io}"));
-            e.errno = io.raw_os_error().unwrap_or(0);
-            e.path = bytes::Bytes::copy_from_slice(&start.command);
-            with_id(e, &execution_id)
-        })?;
-        let pid = child.id();
+        let (child, mut exit_rx) = crate::spawn::start_command(&start, &self.default_cwd, &self.reaper)
+            .map_err(|e| with_id(e, &execution_id))?;
+        let pid = child.pid;
         let pgid = Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
         tracing::debug!(%execution_id, pid, detached, "started");
         match &sink {
@@ -555,15 +544,9 @@ impl Execs {
         }
 
         let cap = self.limits.max_output_bytes;
-        let stdout = child.stdout.take().map(OwnedFd::from);
-        let stderr = child.stderr.take().map(OwnedFd::from);
         let mut pumps = tokio::task::JoinSet::new();
-        if let Some(fd) = stdout {
-            pumps.spawn(pump(fd, sink.clone(), cap, true));
-        }
-        if let Some(fd) = stderr {
-            pumps.spawn(pump(fd, sink.clone(), cap, false));
-        }
+        pumps.spawn(pump(child.stdout, sink.clone(), cap, true));
+        pumps.spawn(pump(child.stderr, sink.clone(), cap, false));
         // One task owns the request stream for the whole execution: it feeds
         // stdin, swallows heartbeats, and says when the host has gone silent.
         // A detachable command does not care: the host going only ends its
@@ -574,7 +557,7 @@ impl Execs {
         } else {
             None
         };
-        let stdin_fd = child.stdin.take().map(OwnedFd::from);
+        let stdin_fd = child.stdin;
         let input_task = tokio::spawn(watch_input(
             input,
             stdin_fd,
@@ -715,57 +698,6 @@ impl Execs {
             let _ = killpg(pgid, Signal::SIGKILL);
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-    }
-
-    fn command(&self, start: &ExecStart) -> Result<std::process::Command, OpError> {
-        const OP: &str = "exec";
-        if start.command.is_empty() {
-            return Err(agent_err(Kind::InvalidArgument, OP, "command is empty"));
-        }
-        let mut cmd = std::process::Command::new(OsStr::from_bytes(&start.command));
-        crate::identity::prepare(&mut cmd);
-        cmd.args(start.args.iter().map(|a| OsStr::from_bytes(a)));
-        let cwd = if start.cwd.is_empty() {
-            self.default_cwd.clone()
-        } else {
-            self.default_cwd.join(OsStr::from_bytes(&start.cwd))
-        };
-        cmd.current_dir(cwd);
-        if start.clear_env {
-            cmd.env_clear();
-        }
-        for kv in &start.env {
-            if kv.key.is_empty() || kv.key.contains(&b'=') || kv.key.contains(&0) || kv.value.contains(&0) {
-                let mut e = agent_err(Kind::InvalidArgument, OP, "invalid environment variable");
-                e.path = bytes::Bytes::copy_from_slice(&kv.key);
-                return Err(e);
-            }
-            cmd.env(OsStr::from_bytes(&kv.key), OsStr::from_bytes(&kv.value));
-        }
-        let wants_stdin = start.stdin_stream || !start.stdin.is_empty();
-        cmd.stdin(if wants_stdin { Stdio::piped() } else { Stdio::null() });
-        cmd.stdout(Stdio::piped());
-        cmd.stderr(Stdio::piped());
-        #[allow(unsafe_code)]
-        // SAFETY: only async-signal-safe syscalls run between fork and exec
-        // (setsid, open, write, close) on no memory but a static string.
-        // setsid gives the command its own session and process group, so a
-        // kill of the group reaches everything it started and nothing of
-        // the agent.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from)?;
-                // Under memory pressure the command, not the agent, is the
-                // one to go. Raising one's own score needs no privilege;
-                // opening a C-string literal with rustix does not allocate.
-                let adj = c"/proc/self/oom_score_adj";
-                if let Ok(fd) = rustix::fs::open(adj, rustix::fs::OFlags::WRONLY, rustix::fs::Mode::empty()) {
-                    let _ = rustix::io::write(&fd, b"1000");
-                }
-                Ok(())
-            });
-        }
-        Ok(cmd)
     }
 }
 

@@ -393,6 +393,12 @@ pub fn command_user() -> Option<&'static CommandUser> {
     COMMAND_USER.get().map(|(u, _)| u)
 }
 
+/// Whether commands run as a user of their own (a container's), entered
+/// by a pre-exec hook ([`prepare`]).
+pub fn command_user_set() -> bool {
+    COMMAND_USER.get().is_some()
+}
+
 /// Registers, as the first pre-exec step of `cmd`, the switch to the
 /// command user (see [`enter_command_identity`]). A no-op where the agent
 /// did not take an identity of its own.

@@ -10,6 +10,7 @@
 //! * [`fence`]: the retiring fence in front of every RPC;
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
+//! * [`spawn`]: commands started with posix_spawn (a vfork, not a fork);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
 //! * [`identity`]: the agent's own uid and its commands' user, where no
 //!   user namespace separates them (containers);
@@ -22,7 +23,8 @@
 //! * [`quiesce`]: stopping every process but the agent; flush;
 //! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent;
 //! * [`guest`]: the agent as a microVM's init (disks, overlay, switch root);
-//! * [`port`]: a virtio-serial port as a byte stream (the microVM link).
+//! * [`port`]: a virtio-serial port as a byte stream (the microVM link);
+//! * [`timeline`]: when each step of the agent's start happened (Health).
 
 // Errors here are `tonic::Status` (fixed by the generated service trait) or
 // the wire error it carries; both are built on cold paths only, so their size
@@ -49,8 +51,10 @@ pub mod sandbox;
 pub mod serve;
 pub mod service;
 pub mod sessions;
+pub mod spawn;
 pub mod tcp;
 pub mod terminal;
+pub mod timeline;
 
 pub use config::{AgentConfig, Limits};
 pub use serve::{serve, serve_listener, Listen, ServeError};

@@ -166,6 +166,7 @@ fn parse_report(s: &str) -> Result<(String, String), String> {
 const GUEST_FLAG: &str = "--guest";
 
 fn main() -> ExitCode {
+    namzu_agent::timeline::mark("agent.main");
     // Launch mode is told by its first argument; decided before anything opens.
     let launching = std::env::args().any(|a| a == "--launch");
     seal_inherited_fds(launching);
@@ -363,6 +364,7 @@ fn run(args: Args) -> Result<(), String> {
         egress,
         tcp: None,
         tls,
+        startup_child_status: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -52,11 +52,20 @@ impl Reaper {
 
     /// Spawns `cmd` and returns the child with a receiver for its exit.
     pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<(Child, oneshot::Receiver<ExitInfo>)> {
+        self.spawn_with(|| cmd.spawn().map(|c| (c.id(), c)))
+    }
+
+    /// Runs `start`, which starts one child and returns its pid with
+    /// whatever handle it made, and registers the pid for its exit status
+    /// under the lock the reaping loop takes.
+    pub fn spawn_with<T>(
+        &self,
+        start: impl FnOnce() -> std::io::Result<(u32, T)>,
+    ) -> std::io::Result<(T, oneshot::Receiver<ExitInfo>)> {
         let mut waiters = self.lock();
-        let child = cmd.spawn()?;
+        let (pid, child) = start()?;
         let (tx, rx) = oneshot::channel();
-        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-        waiters.insert(pid, tx);
+        waiters.insert(i32::try_from(pid).unwrap_or(i32::MAX), tx);
         Ok((child, rx))
     }
 
@@ -94,58 +103,104 @@ impl Reaper {
     }
 }
 
-/// Forks a child that writes its own `/proc/self/status` to a pipe and
-/// exits, and returns what it wrote. The child inherits exactly what a
+/// Starts a child that reads its own `/proc/self/status` and exits, and
+/// returns what it read. The child inherits exactly what a
 /// command inherits (no_new_privs, capabilities, seccomp, landlock), so this
 /// is the privilege probe's view from inside, without needing any binary in
 /// the sandbox. The reaper collects the child like any orphan.
 pub fn probe_child_status() -> std::io::Result<String> {
-    use std::io::Read;
-    let (mut r, w) = std::os::unix::net::UnixStream::pair()?;
-    let path = c"/proc/self/status";
+    probe_child().map(|(_, status)| status)
+}
+
+/// As [`probe_child_status`], and reaps the child itself: for a process
+/// with no reaper running yet (the local sandbox's init before it serves,
+/// which keeps the answer for Health).
+pub fn probe_child_status_reaped() -> std::io::Result<String> {
+    let (pid, status) = probe_child()?;
+    let _ = waitpid(Pid::from_raw(pid), None);
+    Ok(status)
+}
+
+/// What the probe child writes, in memory it shares with the parent.
+struct ProbeOut {
+    buf: [u8; 8192],
+    len: usize,
+}
+
+/// The probe child's body: a command's own first step, then its status.
+extern "C" fn probe_body(arg: *mut libc::c_void) -> libc::c_int {
     #[allow(unsafe_code)]
-    // SAFETY: after fork in this multi-threaded process the child runs only
-    // async-signal-safe syscalls (open, read, write, _exit) on a stack
-    // buffer and a static string; it allocates nothing and takes no lock.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        #[allow(unsafe_code)]
-        // SAFETY: see above; all arguments are valid for the calls.
-        unsafe {
-            // A command's own first step; should it fail, the caps it
-            // leaves show in the status and the probe refuses.
-            let _ = crate::identity::enter_command_identity();
-            let mut buf = [0u8; 8192];
-            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                let mut n = 0usize;
-                loop {
-                    let k = libc::read(fd, buf.as_mut_ptr().add(n).cast(), buf.len() - n);
-                    if k <= 0 {
-                        break;
-                    }
-                    n += k as usize;
+    // SAFETY: `arg` is the parent's `ProbeOut`, which outlives this child
+    // (the parent is suspended until it exits: CLONE_VFORK); only raw
+    // syscalls run here, on this child's own stack, and nothing allocates
+    // or takes a lock.
+    unsafe {
+        let out = &mut *arg.cast::<ProbeOut>();
+        // Should the identity switch fail, the caps it leaves show in the
+        // status and the probe refuses.
+        let _ = crate::identity::enter_command_identity();
+        let fd = libc::open(c"/proc/self/status".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            loop {
+                let k = libc::read(
+                    fd,
+                    out.buf.as_mut_ptr().add(out.len).cast(),
+                    out.buf.len() - out.len - 32,
+                );
+                if k <= 0 {
+                    break;
                 }
-                use std::os::fd::AsRawFd;
-                let _ = libc::write(w.as_raw_fd(), buf.as_ptr().cast(), n);
+                out.len += k as usize;
             }
-            // Some kernels (gVisor's) leave no_new_privs out of the status
-            // file; the prctl answer is appended so it is checked anyway.
-            let line: &[u8] = match libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) {
-                1 => b"PrctlNoNewPrivs:\t1\n",
-                0 => b"PrctlNoNewPrivs:\t0\n",
-                _ => b"PrctlNoNewPrivs:\t?\n",
-            };
-            use std::os::fd::AsRawFd;
-            let _ = libc::write(w.as_raw_fd(), line.as_ptr().cast(), line.len());
-            libc::_exit(0);
+            libc::close(fd);
         }
+        // Some kernels (gVisor's) leave no_new_privs out of the status
+        // file; the prctl answer is appended so it is checked anyway.
+        let line: &[u8] = match libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) {
+            1 => b"PrctlNoNewPrivs:\t1\n",
+            0 => b"PrctlNoNewPrivs:\t0\n",
+            _ => b"PrctlNoNewPrivs:\t?\n",
+        };
+        std::ptr::copy_nonoverlapping(line.as_ptr(), out.buf.as_mut_ptr().add(out.len), line.len());
+        out.len += line.len();
     }
+    0
+}
+
+/// Starts the probe child: a clone sharing this process's memory
+/// (CLONE_VM | CLONE_VFORK, as posix_spawn does), so nothing is copied and
+/// the caller resumes once it has exited; it is a task of its own with
+/// its own copy of the credentials, so what it reports is what a command
+/// starts with. Every signal stays blocked while it runs, so no handler
+/// of this process ever runs on its stack. Its pid and what it wrote.
+fn probe_child() -> std::io::Result<(i32, String)> {
+    const STACK: usize = 64 << 10;
+    let mut stack = vec![0u8; STACK];
+    let mut out = Box::new(ProbeOut { buf: [0; 8192], len: 0 });
+    #[allow(unsafe_code)]
+    // SAFETY: the stack and `out` are allocations owned here that outlive
+    // the child (CLONE_VFORK suspends this thread until it exits); the
+    // stack pointer handed over is the top of `stack`, 16-byte aligned;
+    // the signal masks are saved and restored around the clone.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let top = stack.as_mut_ptr().add(STACK);
+        let top = top.sub(top as usize % 16);
+        let pid = libc::clone(
+            probe_body,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(*out).cast(),
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        pid
+    };
     if pid < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    drop(w);
-    let mut out = String::new();
-    r.read_to_string(&mut out)?;
-    Ok(out)
+    drop(stack);
+    Ok((pid, String::from_utf8_lossy(&out.buf[..out.len]).into_owned()))
 }

@@ -138,6 +138,8 @@ struct Gate {
     deadline: Duration,
     pending: Arc<tokio::sync::Semaphore>,
     links: mpsc::Sender<std::io::Result<Conn>>,
+    /// Answers a hello preface: what Health would say.
+    service: Arc<AgentService>,
 }
 
 impl Gate {
@@ -156,7 +158,23 @@ impl Gate {
                     Some(tls) => Box::pin(tls.accept(s).await.map_err(|e| format!("TLS: {e}"))?),
                     None => Box::pin(s),
                 };
-                namzu_proto::preface::accept(&mut io, &me.token, me.max_token)
+                use namzu_proto::preface::{self, Offer};
+                let offer = preface::read_offer(&mut io, &me.token, me.max_token)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let hello = match offer {
+                    Offer::Plain => None,
+                    Offer::Hello { flags } => {
+                        let probe = flags & preface::HELLO_PROBE_CHILD != 0;
+                        let h = me
+                            .service
+                            .health_response(probe)
+                            .await
+                            .map_err(|s| s.message().to_owned())?;
+                        Some(prost::Message::encode_to_vec(&h))
+                    }
+                };
+                preface::answer(&mut io, hello.as_deref())
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok::<_, String>(io)
@@ -224,7 +242,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             source,
         })?;
     }
-    let service = AgentService::new(cfg.clone(), jail, execs.clone(), egress);
+    let service = Arc::new(AgentService::new(cfg.clone(), jail, execs.clone(), egress));
     let msg_max = Limits::usize(limits.max_message_bytes);
 
     let (links_tx, links_rx) = mpsc::channel(16);
@@ -237,11 +255,13 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         deadline: limits.preface_timeout(),
         pending: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_pending_links))),
         links: links_tx.clone(),
+        service: service.clone(),
     };
     let gate_for_tcp = Gate { tls, ..gate.clone() };
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;
+    crate::timeline::mark("agent.serving");
     let accept_task = match source {
         Source::Inherited(l) => {
             let l = UnixListener::from_std(l).map_err(|source| ServeError::Listen {
@@ -398,7 +418,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(crate::fence::Fence::new(
-            AgentServer::new(service)
+            AgentServer::from_arc(service)
                 .max_decoding_message_size(msg_max)
                 .max_encoding_message_size(msg_max),
             {

@@ -99,19 +99,22 @@ fn rss() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-#[tonic::async_trait]
-impl Agent for AgentService {
-    async fn health(&self, req: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
-        let child_status = if req.into_inner().probe_child {
+impl AgentService {
+    /// What Health answers (also the hello of a hello preface):
+    /// `probe_child` adds a probe child's status.
+    pub async fn health_response(&self, probe_child: bool) -> Result<HealthResponse, Status> {
+        let child_status = if !probe_child {
+            String::new()
+        } else if let Some(status) = &self.cfg.startup_child_status {
+            status.clone()
+        } else {
             tokio::task::spawn_blocking(crate::reaper::probe_child_status)
                 .await
                 .map_err(|e| agent_err(Kind::Io, "health", &e.to_string()).into_status())?
                 .map_err(|e| agent_err(Kind::Io, "health", &format!("probe child: {e}")).into_status())?
-        } else {
-            String::new()
         };
         let (rss_bytes, peak_rss_bytes) = rss();
-        Ok(Response::new(HealthResponse {
+        Ok(HealthResponse {
             protocol_version: namzu_proto::PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
             boot_id: self.boot_id.clone(),
@@ -126,6 +129,14 @@ impl Agent for AgentService {
                 .collect(),
             retiring: self.execs.retiring(),
             pid: std::process::id(),
+            egress_refused_unattended: self.egress.refused_unattended(),
+            startup: crate::timeline::marks()
+                .into_iter()
+                .map(|(stage, monotonic_ns)| v1::StartupMark {
+                    stage: stage.into(),
+                    monotonic_ns,
+                })
+                .collect(),
             rss_bytes,
             peak_rss_bytes,
             limits: self
@@ -137,7 +148,14 @@ impl Agent for AgentService {
                     value,
                 })
                 .collect(),
-        }))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn health(&self, req: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        self.health_response(req.get_ref().probe_child).await.map(Response::new)
     }
 
     async fn reserve_exec(&self, req: Request<ReserveExecRequest>) -> Result<Response<ReserveExecResponse>, Status> {

@@ -24,6 +24,7 @@ use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
 mod raw;
+mod stages;
 use raw::raw_socket_write;
 
 const GIB: u64 = 1 << 30;
@@ -295,14 +296,104 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// The cold start, stage by stage: `namzu run -- true` through the CLI and
+/// create + `exec true` + destroy through the library, each mark's cost
+/// the time since the one before it.
+async fn startup_stages(runs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let provider = LocalProvider::new(state.path())?;
+    let mut lib = stages::Table::default();
+    for i in 0..runs + 3 {
+        stages::take();
+        stages::mark("bench.create");
+        let sb = provider.create(SandboxSpec::default()).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
+        stages::mark("bench.exec-done");
+        sb.destroy().await?;
+        if i >= 3 {
+            lib.add(stages::take());
+        }
+    }
+    let cli = std::env::current_exe()?.with_file_name("namzu");
+    let mut whole = stages::Table::default();
+    for i in 0..runs + 3 {
+        let t0 = namzu::timeline::now_ns();
+        let out = std::process::Command::new(&cli)
+            .args(["run", "--", "true"])
+            .env("NAMZU_STATE_DIR", state.path())
+            .env("NAMZU_LOG", "namzu::timeline=trace")
+            .output()?;
+        let t1 = namzu::timeline::now_ns();
+        if !out.status.success() {
+            return Err(format!("namzu run failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+        let mut marks = stages::parse_cli(&String::from_utf8_lossy(&out.stderr));
+        marks.push(("bench.spawn".into(), t0));
+        marks.push(("bench.cli-exited".into(), t1));
+        if i >= 3 {
+            whole.add(marks);
+        }
+    }
+    println!("## where a cold start spends its time (local tier)");
+    println!();
+    whole.print("`namzu run -- true`, the whole CLI", &stages::describe);
+    lib.print("library: create + `exec true` + destroy", &stages::describe);
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let rt = if std::env::var("NAMZU_BENCH_RT").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?
+    } else {
+        tokio::runtime::Runtime::new()?
+    };
+    rt.block_on(bench())
+}
+
+async fn bench() -> Result<(), Box<dyn std::error::Error>> {
+    stages::install();
     let iters: usize = std::env::var("NAMZU_BENCH_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
+    // `NAMZU_BENCH_ONLY=exec-loop`: one local sandbox running `true` in a
+    // loop and nothing else, to profile the exec path with perf.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("health-loop") {
+        let state = tempfile::tempdir()?;
+        let sb = LocalProvider::new(state.path())?.create(SandboxSpec::default()).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = Instant::now();
+        for _ in 0..iters {
+            sb.agent().health().await?;
+        }
+        println!("{iters} health calls, {} each", fmt_dur(t.elapsed() / iters as u32));
+        sb.destroy().await?;
+        return Ok(());
+    }
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("exec-loop") {
+        let state = tempfile::tempdir()?;
+        let sb = LocalProvider::new(state.path())?.create(SandboxSpec::default()).await?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            sb.commands().run(ExecRequest::new("true")).await?;
+        }
+        println!("{iters} execs, {} each", fmt_dur(t.elapsed() / iters as u32));
+        let t = Instant::now();
+        for _ in 0..iters {
+            sb.agent().health().await?;
+        }
+        println!("{iters} health calls, {} each", fmt_dur(t.elapsed() / iters as u32));
+        let t = Instant::now();
+        for _ in 0..iters {
+            std::process::Command::new("true").status()?;
+        }
+        println!("{iters} host fork+exec, {} each", fmt_dur(t.elapsed() / iters as u32));
+        sb.destroy().await?;
+        return Ok(());
+    }
     println!("# namzu benchmark (release build)");
     println!();
+    startup_stages(30).await?;
     local_tier(iters).await?;
     host_tier(iters).await?;
     Ok(())

@@ -36,6 +36,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    let started = namzu::timeline::now_ns();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e)
@@ -60,20 +61,34 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("NAMZU_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
         )
         .init();
-    let rt = match tokio::runtime::Runtime::new() {
+    tracing::trace!(target: namzu::timeline::TARGET, stage = "cli.main", mono_ns = started);
+    // One thread serves every command but the server: nothing else here
+    // runs work in parallel, and starting (and at exit joining) worker
+    // threads costs a command's start more than it could ever give back.
+    let rt = if matches!(cli.cmd, commands::Cmd::Serve(_)) {
+        tokio::runtime::Runtime::new()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("namzu: cannot start: {e}");
             return ExitCode::from(EXIT_NAMZU);
         }
     };
+    namzu::timeline::mark("cli.runtime");
     match rt.block_on(commands::run(cli.state_dir, cli.cmd)) {
-        Ok(code) => code,
+        Ok(code) => {
+            namzu::timeline::mark("cli.exit");
+            code
+        }
         Err(Fail(msg)) => {
             eprintln!("namzu: {msg}");
             ExitCode::from(EXIT_NAMZU)

@@ -7,9 +7,14 @@ use crate::client::AgentClient;
 use crate::error::{Error, Result};
 use crate::spec::{SandboxSpec, Tier};
 
-/// Checks a command's view of its own privileges.
+/// Checks a command's view of its own privileges: from the status the
+/// link's connect-time Health brought (when it was asked for one), else
+/// with a Health call of its own.
 pub async fn privilege_probe(id: &str, client: &AgentClient) -> Result<()> {
-    let status = client.probe_child_status().await?;
+    let status = match &client.info().child_status {
+        s if !s.is_empty() => s.clone(),
+        _ => client.probe_child_status().await?,
+    };
     unprivileged(&status).map_err(|(field, value)| Error::PrivilegeProbe {
         id: id.into(),
         field,

@@ -16,8 +16,10 @@ pub mod error;
 pub mod fsutil;
 pub mod handle;
 pub mod image;
+pub mod pool;
 pub mod provider;
 pub mod spec;
+pub mod timeline;
 pub mod types;
 
 pub use client::{AgentClient, ByteStream, CancelOutcome, ClientOptions, ExecStream, FileInfoStream, Terminal};

@@ -458,6 +458,14 @@ pub struct AgentInfo {
     pub hardening: std::collections::BTreeMap<String, String>,
     /// Directories file operations are confined beneath.
     pub roots: Vec<PathBuf>,
+    /// When each step of the agent's start ended: (stage, `CLOCK_MONOTONIC`
+    /// nanoseconds), in order (see [`crate::timeline`]).
+    pub startup: Vec<(String, u64)>,
+    /// Egress asks the agent refused by itself, with no host deciding.
+    pub egress_refused_unattended: u64,
+    /// `/proc/self/status` of a child the agent forked for this answer,
+    /// when asked ([`crate::ClientOptions::probe_child`]); else empty.
+    pub child_status: String,
 }
 
 /// How to open a terminal.

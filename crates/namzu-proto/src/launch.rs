@@ -87,6 +87,11 @@ pub struct LaunchSpec {
     /// pod's link; see [`crate::link_tls`]).
     #[serde(default)]
     pub tcp_tls: Option<crate::link_tls::ServerFiles>,
+    /// Host directory holding shared read-only copies of the curated
+    /// host `/etc`, one per state of the host's files (made by the
+    /// launcher); `None`: each sandbox copies its own.
+    #[serde(default)]
+    pub etc_cache: Option<String>,
 }
 
 /// What a microVM's agent, booting as the guest's init, is told by the

@@ -4,17 +4,35 @@
 //! ```text
 //! host -> agent:  "NZL1" | token_len: u16 big-endian | token bytes
 //! agent -> host:  0x00   (accepted; HTTP/2 starts right after)
+//!
+//! host -> agent:  "NZL2" | token_len: u16 big-endian | token bytes | flags: u8
+//! agent -> host:  0x00 | hello_len: u32 big-endian | hello (a HealthResponse)
 //! ```
+//!
+//! The second form asks the agent to say at once what `Health` would say
+//! (with [`HELLO_PROBE_CHILD`] in the flags: with its probe child's status),
+//! so a host learns the agent's version, features and limits in the round
+//! trip that authenticates it, instead of one more call after HTTP/2 is up.
+//! An agent older than it refuses the magic like any other, and the host
+//! dials again with the first form.
 //!
 //! A rejected peer gets no answer, only a closed stream: a wrong token, a wrong
 //! magic and a token longer than the agent's bound are indistinguishable from
-//! outside. The agent never reads more than `HEADER_LEN + max_token_bytes`
-//! bytes from an unauthenticated peer.
+//! outside. The agent never reads more than `HEADER_LEN + max_token_bytes + 1`
+//! bytes from an unauthenticated peer; the host reads at most
+//! [`MAX_HELLO_BYTES`] of a hello.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Magic and version of the preface.
 pub const MAGIC: [u8; 4] = *b"NZL1";
+/// The preface that asks for a hello.
+pub const MAGIC_HELLO: [u8; 4] = *b"NZL2";
+/// Hello flag: fork a probe child and report its status, as Health's
+/// `probe_child` does.
+pub const HELLO_PROBE_CHILD: u8 = 1;
+/// Longest hello a host reads.
+pub const MAX_HELLO_BYTES: usize = 1 << 20;
 /// Magic plus the length field.
 pub const HEADER_LEN: usize = 6;
 /// The single byte the agent answers with when it accepts the link.
@@ -39,6 +57,17 @@ pub enum PrefaceError {
     Refused,
     #[error("i/o during the preface: {0}")]
     Io(String),
+    #[error("the agent's hello is {len} bytes, over the bound of {limit}")]
+    HelloTooLong { len: usize, limit: usize },
+}
+
+/// What a peer asked for in its preface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// `NZL1`: just the link.
+    Plain,
+    /// `NZL2`: the link, after a hello; the flags it gave.
+    Hello { flags: u8 },
 }
 
 /// Parses a complete or partial preface held in `buf`.
@@ -95,30 +124,75 @@ pub fn token_matches(expected: &[u8], got: &[u8]) -> bool {
     expected.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-/// Agent side: reads one preface, at most `HEADER_LEN + max_token_bytes`
-/// bytes, and answers [`ACCEPTED`] if the token matches. The caller bounds the
-/// time this may take.
-pub async fn accept<S>(stream: &mut S, expected: &[u8], max_token_bytes: usize) -> Result<(), PrefaceError>
+/// Agent side: reads one preface of either form, at most `HEADER_LEN +
+/// max_token_bytes + 1` bytes, and says what it asked for if the token
+/// matches. Writes nothing: the caller answers with [`answer`]. The caller
+/// bounds the time this may take.
+pub async fn read_offer<S>(stream: &mut S, expected: &[u8], max_token_bytes: usize) -> Result<Offer, PrefaceError>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + Unpin,
 {
     let mut buf = vec![0u8; HEADER_LEN];
     read_exact(stream, &mut buf).await?;
+    let hello = buf[..4] == MAGIC_HELLO;
+    if hello {
+        // Validated as the plain form: the rest of the header is the same.
+        buf[..4].copy_from_slice(&MAGIC);
+    }
     // Validates the magic and the length before reading the token.
     parse(&buf, max_token_bytes)?;
     let len = usize::from(u16::from_be_bytes([buf[4], buf[5]]));
     buf.resize(HEADER_LEN + len, 0);
     read_exact(stream, &mut buf[HEADER_LEN..]).await?;
+    let mut flags = [0u8; 1];
+    if hello {
+        // Read before the token is judged, so a refused peer leaves
+        // nothing unread (and sees a close, not a reset).
+        read_exact(stream, &mut flags).await?;
+    }
     match parse(&buf, max_token_bytes)? {
         Some((token, _)) if token_matches(expected, token) => {}
         Some(_) => return Err(PrefaceError::WrongToken),
         None => return Err(PrefaceError::Truncated),
     }
+    Ok(if hello {
+        Offer::Hello { flags: flags[0] }
+    } else {
+        Offer::Plain
+    })
+}
+
+/// Agent side: accepts the link, with `hello` when the peer asked for one.
+pub async fn answer<S>(stream: &mut S, hello: Option<&[u8]>) -> Result<(), PrefaceError>
+where
+    S: AsyncWrite + Unpin,
+{
+    let mut out = vec![ACCEPTED];
+    if let Some(h) = hello {
+        let len = u32::try_from(h.len()).map_err(|_| PrefaceError::HelloTooLong {
+            len: h.len(),
+            limit: MAX_HELLO_BYTES,
+        })?;
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(h);
+    }
     stream
-        .write_all(&[ACCEPTED])
+        .write_all(&out)
         .await
         .map_err(|e| PrefaceError::Io(e.to_string()))?;
     stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))
+}
+
+/// Agent side: reads a plain preface and answers [`ACCEPTED`] if the token
+/// matches (a hello preface is refused).
+pub async fn accept<S>(stream: &mut S, expected: &[u8], max_token_bytes: usize) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match read_offer(stream, expected, max_token_bytes).await? {
+        Offer::Plain => answer(stream, None).await,
+        Offer::Hello { .. } => Err(PrefaceError::BadMagic),
+    }
 }
 
 /// Host side: sends the preface and waits for the agent's acceptance.
@@ -132,13 +206,50 @@ where
         .await
         .map_err(|e| PrefaceError::Io(e.to_string()))?;
     stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))?;
+    read_accepted(stream).await
+}
+
+async fn read_accepted<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), PrefaceError> {
     let mut answer = [0u8; 1];
     match stream.read(&mut answer).await {
         Ok(0) => Err(PrefaceError::Refused),
         Ok(_) if answer[0] == ACCEPTED => Ok(()),
         Ok(_) => Err(PrefaceError::Refused),
+        // A peer that closes with bytes of ours unread resets the stream:
+        // a refusal as much as a plain close.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Err(PrefaceError::Refused),
         Err(e) => Err(PrefaceError::Io(e.to_string())),
     }
+}
+
+/// Host side: sends the hello form of the preface and returns the agent's
+/// hello (an encoded `HealthResponse`). [`PrefaceError::Refused`] from an
+/// agent that does not know the form, as from a wrong token.
+pub async fn offer_hello<S>(stream: &mut S, token: &[u8], flags: u8) -> Result<Vec<u8>, PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut bytes = encode(token)?;
+    bytes[..4].copy_from_slice(&MAGIC_HELLO);
+    bytes.push(flags);
+    stream
+        .write_all(&bytes)
+        .await
+        .map_err(|e| PrefaceError::Io(e.to_string()))?;
+    stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))?;
+    read_accepted(stream).await?;
+    let mut len = [0u8; 4];
+    read_exact(stream, &mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_HELLO_BYTES {
+        return Err(PrefaceError::HelloTooLong {
+            len,
+            limit: MAX_HELLO_BYTES,
+        });
+    }
+    let mut hello = vec![0u8; len];
+    read_exact(stream, &mut hello).await?;
+    Ok(hello)
 }
 
 async fn read_exact<S: AsyncRead + Unpin>(s: &mut S, buf: &mut [u8]) -> Result<(), PrefaceError> {
@@ -152,6 +263,38 @@ async fn read_exact<S: AsyncRead + Unpin>(s: &mut S, buf: &mut [u8]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_hello_preface_gets_the_hello_and_a_plain_accept_refuses_it() {
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move {
+            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+            assert_eq!(
+                offer,
+                Offer::Hello {
+                    flags: HELLO_PROBE_CHILD
+                }
+            );
+            answer(&mut agent, Some(b"hello bytes")).await.unwrap();
+            agent
+        });
+        let hello = offer_hello(&mut host, b"tok", HELLO_PROBE_CHILD).await.unwrap();
+        assert_eq!(hello, b"hello bytes");
+        served.await.unwrap();
+
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move { accept(&mut agent, b"tok", 16).await });
+        // An agent that only knows the plain form closes without a word.
+        let refused = tokio::spawn(async move { offer_hello(&mut host, b"tok", 0).await });
+        assert_eq!(served.await.unwrap(), Err(PrefaceError::BadMagic));
+        assert_eq!(refused.await.unwrap(), Err(PrefaceError::Refused));
+
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move { read_offer(&mut agent, b"tok", 16).await });
+        let wrong = tokio::spawn(async move { offer_hello(&mut host, b"bad", 0).await });
+        assert_eq!(served.await.unwrap(), Err(PrefaceError::WrongToken));
+        assert_eq!(wrong.await.unwrap(), Err(PrefaceError::Refused));
+    }
 
     #[test]
     fn round_trip() {

@@ -34,7 +34,7 @@ pub mod factory;
 pub mod image;
 
 pub use namzu_core::types::*;
-pub use namzu_core::{check, client, error, fsutil, handle, provider, spec, types};
+pub use namzu_core::{check, client, error, fsutil, handle, pool, provider, spec, timeline, types};
 pub use namzu_core::{
     features, limits, AgentClient, AttachRefusal, Bind, ByteStream, CancelOutcome, CancellationToken, ClientOptions,
     Commands, Error, ExecStream, FileInfoStream, Files, Network, Provider, Resources, Result, Sandbox, SandboxBackend,

@@ -133,6 +133,39 @@ pub struct Broker {
     decision_timeout: Duration,
     /// `egress_max_head_bytes`: the HTTP proxy's request head bound.
     pub max_head: usize,
+    /// Asks refused because no host held the `Egress` call.
+    unattended: Unattended,
+}
+
+/// Refusals made with nobody on the host's side (a `NoNetwork` sandbox
+/// runs no supervisor): counted for Health, and logged at most once a
+/// second, so a command asking in a loop cannot flood the agent's log.
+#[derive(Default)]
+struct Unattended {
+    refused: AtomicU64,
+    /// When the last line was written, and refusals since.
+    log: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl Unattended {
+    fn refuse(&self, what: &egress_ask::What) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.1 += 1;
+        if log.0.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        let dest = match what {
+            egress_ask::What::Connect(c) => format!("connect {:?}:{}", c.host, c.port),
+            egress_ask::What::Resolve(r) => format!("resolve {:?}", r.name),
+        };
+        tracing::info!(
+            refused = log.1,
+            last = %dest,
+            "egress refused: no egress service is attached (the sandbox's policy lets nothing out)"
+        );
+        *log = (Some(std::time::Instant::now()), 0);
+    }
 }
 
 #[derive(Default)]
@@ -153,6 +186,7 @@ impl Broker {
             max_pending,
             decision_timeout,
             max_head,
+            unattended: Unattended::default(),
         }
     }
 
@@ -239,6 +273,11 @@ impl Broker {
         Ok(rx)
     }
 
+    /// Asks refused so far because no host held the `Egress` call.
+    pub fn refused_unattended(&self) -> u64 {
+        self.unattended.refused.load(Ordering::Relaxed)
+    }
+
     /// Sends `what` to the host and waits for its answer.
     pub async fn ask(&self, what: egress_ask::What) -> Answer {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -246,6 +285,8 @@ impl Broker {
         let host = {
             let mut inner = self.lock();
             let Some((_, host)) = inner.host.clone() else {
+                drop(inner);
+                self.unattended.refuse(&what);
                 return Answer::Refused("no egress service is attached: nothing leaves this sandbox".into());
             };
             if inner.pending.len() >= self.max_pending {

@@ -339,12 +339,14 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
     } else {
         report.push(("landlock".into(), apply_landlock(spec)?));
     }
+    crate::timeline::mark("harden.landlock");
     if in_spec(spec, "probe-bait") {
         report.push(("capabilities".into(), REMOVED.into()));
     } else {
         drop_all_caps()?;
         report.push(("capabilities".into(), "none (all five sets empty)".into()));
     }
+    crate::timeline::mark("harden.capabilities");
     if in_spec(spec, "seccomp") {
         apply_allow_all()?;
         report.push(("seccomp".into(), REMOVED.into()));

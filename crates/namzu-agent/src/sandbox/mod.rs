@@ -22,6 +22,7 @@
 //! the token and the listening socket travel in memory and by inheritance,
 //! and no path outside the sandbox has to be reachable from inside.
 
+pub mod etc;
 pub mod harden;
 pub mod rootfs;
 pub mod weaken;
@@ -39,6 +40,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
 use crate::config::{AgentConfig, Limits};
+use crate::timeline::mark;
 
 /// A failed step of building the sandbox, named so the host can report it.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +97,16 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
         (None, _) => None,
     };
     let link = Link { token, tls };
+    mark("launch.spec-read");
+    // The host view's /etc, shared read-only by every sandbox while the
+    // host's files stay as they are; made here, with host credentials.
+    let etc = match (&spec.etc_cache, &spec.rootfs) {
+        (Some(cache), None) if !weaken::in_spec(&spec, "etc") => Some(
+            etc::cached(Path::new(cache), &spec.hostname, crate::egress::RESOLV_CONF).map_err(io("the shared /etc"))?,
+        ),
+        _ => None,
+    };
+    mark("launch.etc-cached");
     let _ = std::fs::remove_file(&spec.socket);
     let listener = UnixListener::bind(&spec.socket).map_err(io("bind agent socket"))?;
     {
@@ -103,6 +115,7 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
             .map_err(io("chmod agent socket"))?;
     }
 
+    mark("launch.socket-bound");
     let (to_l_r, to_l_w) = std::os::unix::net::UnixStream::pair().map_err(io("pipe"))?;
     let (to_c_r, to_c_w) = std::os::unix::net::UnixStream::pair().map_err(io("pipe"))?;
 
@@ -113,7 +126,7 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
     match fork_c {
         ForkResult::Child => {
             drop((to_l_r, to_c_w));
-            let code = match child_c(&spec, link, listener, to_l_w, to_c_r) {
+            let code = match child_c(&spec, link, etc.as_deref(), listener, to_l_w, to_c_r) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox setup failed: {e}");
@@ -255,10 +268,21 @@ struct Link {
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
+/// An `O_PATH` descriptor of directory `path`, a bind source for G.
+fn open_dir(path: impl AsRef<Path>, step: &'static str) -> Result<OwnedFd, LaunchError> {
+    rustix::fs::open(
+        path.as_ref(),
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| LaunchError::Os { step, source: e.into() })
+}
+
 /// C: enters the new namespaces and starts G.
 fn child_c(
     spec: &LaunchSpec,
     link: Link,
+    etc: Option<&Path>,
     listener: UnixListener,
     mut to_l: std::os::unix::net::UnixStream,
     mut from_l: std::os::unix::net::UnixStream,
@@ -276,32 +300,17 @@ fn child_c(
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWCGROUP;
     unshare(flags).map_err(os("unshare namespaces"))?;
+    mark("launch.unshared");
     // Opened now: the lookup lands in the new mount namespace (a bind source
     // must belong to it), and the filesystem uid is still the host's, so an
     // owner-only state directory is still traversable.
-    let workspace = rustix::fs::open(
-        &spec.workspace,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| LaunchError::Os {
-        step: "open workspace",
-        source: e.into(),
-    })?;
-    let rootfs = match &spec.rootfs {
-        Some(path) => Some(
-            rustix::fs::open(
-                path,
-                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| LaunchError::Os {
-                step: "open image rootfs",
-                source: e.into(),
-            })?,
-        ),
-        None => None,
-    };
+    let workspace = open_dir(&spec.workspace, "open workspace")?;
+    let rootfs = spec
+        .rootfs
+        .as_ref()
+        .map(|path| open_dir(path, "open image rootfs"))
+        .transpose()?;
+    let etc = etc.map(|path| open_dir(path, "open the shared /etc")).transpose()?;
     let mut binds = Vec::with_capacity(spec.binds.len());
     for b in &spec.binds {
         let fd = rustix::fs::open(
@@ -318,6 +327,7 @@ fn child_c(
     to_l.write_all(&[1]).map_err(io("signal unshare"))?;
     let mut b = [0u8; 1];
     from_l.read_exact(&mut b).map_err(io("wait for id maps"))?;
+    mark("launch.id-mapped");
     if !spec.deny_setgroups {
         nix::unistd::setgroups(&[]).map_err(os("setgroups"))?;
     }
@@ -332,7 +342,7 @@ fn child_c(
     match fork_g {
         ForkResult::Child => {
             drop((to_l, from_l));
-            let code = match init_g(spec, link, listener, workspace, rootfs, binds) {
+            let code = match init_g(spec, link, listener, workspace, rootfs, etc, binds) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox init failed: {e}");
@@ -342,7 +352,7 @@ fn child_c(
             std::process::exit(code);
         }
         ForkResult::Parent { child } => {
-            drop((listener, workspace, rootfs, binds));
+            drop((listener, workspace, rootfs, etc, binds));
             let _ = to_l.write_all(&child.as_raw().to_le_bytes());
             Ok(wait_exit(child))
         }
@@ -356,16 +366,26 @@ fn init_g(
     listener: UnixListener,
     workspace: OwnedFd,
     image: Option<OwnedFd>,
+    etc: Option<OwnedFd>,
     binds: Vec<OwnedFd>,
 ) -> Result<i32, LaunchError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    mark("launch.init-forked");
     let bind_fds: Vec<BorrowedFd<'_>> = binds.iter().map(|f| f.as_fd()).collect();
-    rootfs::build(spec, workspace.as_fd(), image.as_ref().map(|f| f.as_fd()), &bind_fds)?;
-    drop((workspace, image, binds));
+    rootfs::build(
+        spec,
+        workspace.as_fd(),
+        image.as_ref().map(|f| f.as_fd()),
+        etc.as_ref().map(|f| f.as_fd()),
+        &bind_fds,
+    )?;
+    drop((workspace, image, etc, binds));
+    mark("launch.rootfs-pivoted");
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
     // Bound now, while G may still bind port 53.
     let egress = crate::egress::Listeners::bind().map_err(io("bind the egress proxy and resolver"))?;
+    mark("launch.network-up");
     let tcp = match &spec.tcp_listen {
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr.as_str()).map_err(io("bind the agent's TCP port"))?;
@@ -400,6 +420,11 @@ fn init_g(
         limits.set(name, *value);
     }
     let mut report = harden::apply(spec)?;
+    mark("launch.hardened");
+    // The privilege probe's child, forked now while this process is single
+    // threaded and small; Health hands its status to the host.
+    let startup_child_status = crate::reaper::probe_child_status_reaped().map_err(io("privilege probe"))?;
+    mark("launch.probed");
     report.extend(spec.notes.iter().cloned());
     let cfg = AgentConfig {
         roots: vec!["/workspace".into(), "/".into()],
@@ -411,6 +436,7 @@ fn init_g(
         egress: Some(egress),
         tcp,
         tls: link.tls,
+        startup_child_status: Some(startup_child_status),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -418,6 +444,7 @@ fn init_g(
         .enable_all()
         .build()
         .map_err(io("runtime"))?;
+    mark("launch.runtime-built");
     listener.set_nonblocking(true).map_err(io("listener"))?;
     match rt.block_on(crate::serve::serve_listener(cfg, listener)) {
         Ok(()) => Ok(0),

@@ -67,46 +67,11 @@ const NONE: Option<&str> = None;
 /// Host directories shown read-only, when the host has them.
 const HOST_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt"];
 
-/// Files of the host's /etc copied in. Anything not named here — shadow,
-/// gshadow, sudoers, ssh host keys, machine-id, credentials — stays out.
-const ETC_FILES: &[&str] = &[
-    "passwd",
-    "group",
-    "hosts",
-    "nsswitch.conf",
-    "host.conf",
-    "gai.conf",
-    "ld.so.cache",
-    "ld.so.conf",
-    "localtime",
-    "timezone",
-    "os-release",
-    "debian_version",
-    "profile",
-    "bash.bashrc",
-    "environment",
-    "shells",
-    "inputrc",
-    "protocols",
-    "services",
-    "networks",
-    "mime.types",
-    "issue",
-];
-
 /// The sandbox's resolver is the agent's, on loopback (`crate::egress`).
 use super::weaken;
 use crate::egress::RESOLV_CONF;
 
-/// Directories of the host's /etc shown read-only.
-const ETC_DIRS: &[&str] = &[
-    "ld.so.conf.d",
-    "alternatives",
-    "ssl",
-    "ca-certificates",
-    "profile.d",
-    "skel",
-];
+use super::etc::{ETC_DIRS, ETC_FILES};
 
 /// Device nodes bound in from the host (no mknod in a user namespace).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -128,10 +93,14 @@ const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs", "as
 /// Entries of an image's root that the sandbox provides itself.
 const OWN_ENTRIES: &[&str] = &["proc", "dev", "sys", "tmp", "run", "home", "root", "workspace"];
 
+/// Builds the root and pivots into it. `etc`: the shared curated copy
+/// ([`super::etc::cached`]) to bind at `/etc`; without one (or in a test
+/// build told to remove that layer) /etc is made here, file by file.
 pub fn build(
     spec: &LaunchSpec,
     workspace: BorrowedFd<'_>,
     image: Option<BorrowedFd<'_>>,
+    etc: Option<BorrowedFd<'_>>,
     binds: &[BorrowedFd<'_>],
 ) -> Result<(), RootfsError> {
     let root = Path::new(NEW_ROOT);
@@ -144,6 +113,7 @@ pub fn build(
     // Nothing done from here on propagates back to the host.
     mount(NONE, "/", NONE, MsFlags::MS_REC | MsFlags::MS_PRIVATE, NONE).map_err(m("make / private", Path::new("/")))?;
     tmpfs(root, "mode=0755,size=16m", MsFlags::empty())?;
+    crate::timeline::mark("rootfs.private");
 
     match image {
         // The image view: every top-level entry of the image, read-only,
@@ -165,16 +135,26 @@ pub fn build(
             for d in HOST_DIRS {
                 show_host_path(&Path::new("/").join(d), &root.join(d), ro)?;
             }
+            crate::timeline::mark("rootfs.host-dirs");
             if weaken::in_spec(spec, "etc") {
                 show_host_path(Path::new("/etc"), &root.join("etc"), ro)?;
+            } else if let Some(fd) = etc {
+                bind_etc(root, fd, ro)?;
             } else {
                 build_etc(root, ro)?;
             }
         }
     }
+    crate::timeline::mark("rootfs.image-or-etc");
     let size = format!("size={}", spec.tmpfs_bytes);
     for (d, mode) in [("tmp", "1777"), ("run", "0755"), ("home", "0755"), ("root", "0700")] {
         tmpfs(&root.join(d), &format!("mode={mode},{size}"), MsFlags::empty())?;
+    }
+    if image.is_none() && etc.is_some() {
+        // A fresh identity, so nothing keyed on the host's machine-id leaks
+        // in; the shared /etc links to it.
+        let id = root.join(super::etc::MACHINE_ID.trim_start_matches('/'));
+        fs::write(&id, format!("{:032x}\n", rand::random::<u128>())).map_err(fsio("write", &id))?;
     }
 
     // An image's own /etc/resolv.conf would name resolvers the sandbox
@@ -217,15 +197,20 @@ pub fn build(
         remount(&target, flags | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
     }
 
+    crate::timeline::mark("rootfs.binds");
     build_dev(root, &size)?;
+    crate::timeline::mark("rootfs.dev");
     build_proc(root)?;
+    crate::timeline::mark("rootfs.proc");
 
     // Enter it: pivot_root(".", ".") stacks the old root under the new one,
     // and the lazy unmount takes every host mount away with it.
     let step = |s| m(s, root);
     nix::unistd::chdir(root).map_err(step("chdir new root"))?;
     nix::unistd::pivot_root(".", ".").map_err(step("pivot_root"))?;
+    crate::timeline::mark("rootfs.pivot");
     umount2(".", MntFlags::MNT_DETACH).map_err(step("detach old root"))?;
+    crate::timeline::mark("rootfs.detached");
     nix::unistd::chdir("/").map_err(step("chdir /"))?;
     remount(Path::new("/"), ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
     Ok(())
@@ -291,6 +276,23 @@ fn show_host_path(host: &Path, target: &Path, ro: MsFlags) -> Result<(), RootfsE
     }
     mount(Some(host), target, NONE, MsFlags::MS_BIND | MsFlags::MS_REC, NONE).map_err(m("bind", target))?;
     remount(target, ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)
+}
+
+/// The shared curated copy at `/etc`, read-only, and the host's
+/// directories of [`ETC_DIRS`] over its empty mount points.
+fn bind_etc(root: &Path, fd: BorrowedFd<'_>, ro: MsFlags) -> Result<(), RootfsError> {
+    let etc = root.join("etc");
+    mkdir(&etc)?;
+    let src = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    mount(Some(&src), &etc, NONE, MsFlags::MS_BIND, NONE).map_err(m("bind /etc", &etc))?;
+    remount(&etc, ro | MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    for d in ETC_DIRS {
+        let target = etc.join(d);
+        if target.is_dir() {
+            show_host_path(&Path::new("/etc").join(d), &target, ro)?;
+        }
+    }
+    Ok(())
 }
 
 fn build_etc(root: &Path, ro: MsFlags) -> Result<(), RootfsError> {

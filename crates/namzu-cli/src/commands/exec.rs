@@ -101,6 +101,7 @@ pub async fn run(
     warn_host(tier);
     let sb = p.create(resources.spec(Vec::new())?).await?;
     let result = run_command(&sb, exec, None).await;
+    namzu::timeline::mark("cli.command-done");
     let destroyed = sb.destroy().await;
     let code = result?;
     destroyed?;

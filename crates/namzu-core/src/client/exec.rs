@@ -26,11 +26,14 @@ impl AgentClient {
         let cancel = req.cancel.clone();
         let (mut start, stdin_stream) = exec_start(req);
         start.host_heartbeats = self.inner.heartbeat.is_some();
-        // With a cancel token the id is reserved first, so a cancel racing
-        // the start is never lost; without one, the agent reserves it and
-        // names it in `Started`, saving a round trip.
+        // The agent reserves the id and names it in `Started`, saving a
+        // round trip; a cancel that comes before `Started` is sent once it
+        // arrives (the command then started, and its kill is confirmed),
+        // so none is lost. A token cancelled already reserves first and
+        // cancels the reservation, so nothing is ever spawned.
         let mut execution_id = String::new();
-        if cancel.is_some() {
+        let reserve_first = cancel.as_ref().is_some_and(CancellationToken::is_cancelled);
+        if reserve_first {
             execution_id = self
                 .rpc()
                 .reserve_exec(v1::ReserveExecRequest::default())
@@ -44,10 +47,16 @@ impl AgentClient {
         // From here a cancel is answered by the agent even before the start.
         // A token cancelled already is sent first, so the start is answered
         // "cancelled" without ever spawning the command.
-        if cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
+        if reserve_first {
             self.cancel_or_retire(&execution_id).await?;
         }
-        let canceller = cancel.map(|token| tokio::spawn(cancel_on(self.clone(), execution_id.clone(), token, false)));
+        let mut canceller = if reserve_first {
+            cancel
+                .clone()
+                .map(|token| tokio::spawn(cancel_on(self.clone(), execution_id.clone(), token, false)))
+        } else {
+            None
+        };
         // The forwarder keeps the request half open for the whole call; the
         // stream aborts it when dropped, which lets HTTP/2 reset the call so
         // the agent kills the command instead of running it unwatched.
@@ -64,6 +73,10 @@ impl AgentClient {
             }) => {
                 if execution_id.is_empty() {
                     execution_id = s.execution_id;
+                }
+                if canceller.is_none() {
+                    canceller =
+                        cancel.map(|token| tokio::spawn(cancel_on(self.clone(), execution_id.clone(), token, false)));
                 }
                 Some(s.pid)
             }

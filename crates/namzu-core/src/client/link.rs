@@ -42,6 +42,10 @@ pub struct ClientOptions {
     pub keepalive: Duration,
     /// Bound on dialing plus the preface.
     pub connect_timeout: Duration,
+    /// Have the connect-time Health fork a child and report its status
+    /// ([`AgentInfo::child_status`]): the privilege probe of a fresh
+    /// sandbox, riding the call every connect makes anyway.
+    pub probe_child: bool,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +54,7 @@ impl Default for ClientOptions {
             max_message_bytes: namzu_proto::DEFAULT_MAX_MESSAGE_BYTES,
             keepalive: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(10),
+            probe_child: false,
         }
     }
 }
@@ -162,7 +167,7 @@ impl AgentClient {
             let fut = dial();
             Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
         });
-        Self::connect_dialer(sandbox_id, endpoint, Arc::new(token), opts, dialer).await
+        Self::connect_dialer(sandbox_id, endpoint, Arc::new(token), opts, dialer, true).await
     }
 
     /// Connects over one already-open stream (an inherited socket, an exec's
@@ -195,6 +200,9 @@ impl AgentClient {
             Arc::new(move || token.as_ref().clone()),
             opts,
             dialer,
+            // One stream only: no second dial to fall back to the plain
+            // preface if the agent predates the hello.
+            false,
         )
         .await
     }
@@ -229,27 +237,52 @@ impl AgentClient {
         token: TokenSource,
         opts: ClientOptions,
         dialer: Dialer,
+        hello: bool,
     ) -> Result<Self> {
-        // The first link is dialed here, not inside tonic, so a refused
-        // preface or a dead socket comes back as a typed error.
-        let first = tokio::time::timeout(opts.connect_timeout, async {
-            let mut s = dialer().await.map_err(|source| Error::Connect {
+        use namzu_proto::preface::{self, PrefaceError};
+        let dial = || async {
+            dialer().await.map_err(|source| Error::Connect {
                 endpoint: endpoint.into(),
                 source,
-            })?;
-            namzu_proto::preface::offer(&mut s, &token())
-                .await
-                .map_err(|source| Error::Preface {
-                    endpoint: endpoint.into(),
-                    source,
-                })?;
-            Ok::<_, Error>(s)
+            })
+        };
+        let refused = |source| Error::Preface {
+            endpoint: endpoint.into(),
+            source,
+        };
+        // The first link is dialed here, not inside tonic, so a refused
+        // preface or a dead socket comes back as a typed error. Its preface
+        // asks for the agent's hello, which says what Health would, so
+        // connecting costs one round trip; an agent that predates the
+        // hello refuses it, and is dialed again with the plain preface.
+        let first = tokio::time::timeout(opts.connect_timeout, async {
+            let mut s = dial().await?;
+            crate::timeline::mark("link.dialed");
+            if hello {
+                let flags = if opts.probe_child {
+                    preface::HELLO_PROBE_CHILD
+                } else {
+                    0
+                };
+                match preface::offer_hello(&mut s, &token(), flags).await {
+                    Ok(h) => {
+                        crate::timeline::mark("link.hello");
+                        return Ok::<_, Error>((s, Some(h)));
+                    }
+                    Err(PrefaceError::Refused) => s = dial().await?,
+                    Err(source) => return Err(refused(source)),
+                }
+            }
+            preface::offer(&mut s, &token()).await.map_err(refused)?;
+            crate::timeline::mark("link.preface-accepted");
+            Ok::<_, Error>((s, None))
         })
         .await
         .map_err(|_| Error::Connect {
             endpoint: endpoint.into(),
             source: io::Error::new(io::ErrorKind::TimedOut, "connect and preface timed out"),
         })??;
+        let (first, hello) = first;
         let first = Arc::new(Mutex::new(Some(first)));
         let connector = tower::service_fn(move |_: Uri| {
             let first = first.lock().ok().and_then(|mut f| f.take());
@@ -270,26 +303,46 @@ impl AgentClient {
             }
         });
         // The URI is never resolved: the connector above supplies the stream.
-        let channel = Endpoint::from_static("http://namzu-agent")
+        let endpoint_cfg = Endpoint::from_static("http://namzu-agent")
             .http2_keep_alive_interval(opts.keepalive)
             .keep_alive_timeout(opts.keepalive)
             .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(4 << 20))
-            .initial_connection_window_size(Some(8 << 20))
-            .connect_with_connector(connector)
-            .await
-            .map_err(|e| Error::Connect {
-                endpoint: endpoint.into(),
-                source: io::Error::other(e),
-            })?;
-        let mut rpc = Rpc::new(channel.clone())
+            .initial_connection_window_size(Some(8 << 20));
+        let (channel, h) = match hello {
+            // HTTP/2 starts with the first call: its preface and SETTINGS
+            // travel with that call's frames instead of a round trip ahead.
+            Some(bytes) => {
+                let h = <v1::HealthResponse as prost::Message>::decode(&bytes[..]).map_err(|e| Error::Protocol {
+                    op: "connect".into(),
+                    message: format!("the agent's hello does not decode: {e}"),
+                })?;
+                (endpoint_cfg.connect_with_connector_lazy(connector), h)
+            }
+            None => {
+                let channel = endpoint_cfg
+                    .connect_with_connector(connector)
+                    .await
+                    .map_err(|e| Error::Connect {
+                        endpoint: endpoint.into(),
+                        source: io::Error::other(e),
+                    })?;
+                crate::timeline::mark("link.http2-up");
+                let h = Rpc::new(channel.clone())
+                    .max_decoding_message_size(opts.max_message_bytes)
+                    .health(v1::HealthRequest {
+                        probe_child: opts.probe_child,
+                    })
+                    .await
+                    .map_err(|s| Error::from_status("health", s))?
+                    .into_inner();
+                crate::timeline::mark("link.health");
+                (channel, h)
+            }
+        };
+        let rpc = Rpc::new(channel.clone())
             .max_decoding_message_size(opts.max_message_bytes)
             .max_encoding_message_size(opts.max_message_bytes);
-        let h = rpc
-            .health(v1::HealthRequest { probe_child: false })
-            .await
-            .map_err(|s| Error::from_status("health", s))?
-            .into_inner();
         if h.protocol_version != namzu_proto::PROTOCOL_VERSION {
             return Err(Error::ProtocolVersion {
                 agent: h.protocol_version,
@@ -475,6 +528,9 @@ pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
         ops_served: h.ops_served,
         hardening: h.hardening.into_iter().collect(),
         roots: h.roots.iter().map(|r| bytes_path(r)).collect(),
+        startup: h.startup.into_iter().map(|m| (m.stage, m.monotonic_ns)).collect(),
+        egress_refused_unattended: h.egress_refused_unattended,
+        child_status: h.child_status,
     }
 }
 

@@ -26,6 +26,12 @@ pub trait SandboxBackend: Any + Send + Sync {
     /// removed. Idempotent.
     async fn destroy(&self) -> Result<()>;
 
+    /// Whether the sandbox is still there, by a check cheaper than a call
+    /// to its agent (its processes, say); `None`: the tier has none.
+    fn alive(&self) -> Option<bool> {
+        None
+    }
+
     /// Replaces the whole egress policy; see [`Network::set_policy`](super::Network::set_policy).
     /// Default: refused, the tier has no egress boundary.
     async fn set_network_policy(&self, policy: EgressPolicy) -> Result<()> {

@@ -172,6 +172,12 @@ impl Sandbox {
         self.agent().flush(timeout).await
     }
 
+    /// Whether the sandbox is still there, by the tier's cheap check (its
+    /// processes) where it has one; `None`: ask its agent instead.
+    pub fn alive(&self) -> Option<bool> {
+        self.backend.alive()
+    }
+
     /// Tears the sandbox down: every process in it is killed and its state
     /// removed. Idempotent.
     pub async fn destroy(&self) -> Result<()> {

@@ -87,6 +87,7 @@ impl HostProvider {
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;
         self.state.record_processes(&dir, &mut meta)?;
         made.keep();
+        let anchor = meta.procs.first().copied();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
         Ok(Sandbox::new(StateSandbox {
             id,
@@ -94,7 +95,8 @@ impl HostProvider {
             provider: std::sync::Arc::new(self.clone()),
             client,
             _child: Some(child),
-            egress_dir: None,
+            anchor,
+            egress: None,
         }))
     }
 }
@@ -110,14 +112,15 @@ impl Provider for HostProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
-        let (_, client) = self.state.reattach(id, &self.client).await?;
+        let (meta, client) = self.state.reattach(id, &self.client).await?;
         Ok(Sandbox::new(StateSandbox {
             id: id.into(),
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),
             client,
             _child: None,
-            egress_dir: None,
+            anchor: meta.procs.first().copied(),
+            egress: None,
         }))
     }
 
@@ -126,7 +129,10 @@ impl Provider for HostProvider {
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        self.state.stop(id).await.map(drop)
+        self.state
+            .stop(id, crate::backend::state::Stop::Graceful)
+            .await
+            .map(drop)
     }
 }
 

@@ -33,6 +33,10 @@ use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
 pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
 
+/// Where the launchers keep the shared copies of the curated host /etc
+/// (beneath the tier's state directory; see `namzu_agent::sandbox::etc`).
+pub const ETC_CACHE: &str = ".etc";
+
 /// What the local tier keeps in a sandbox's state record.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct LocalRecord {
@@ -225,8 +229,10 @@ impl LocalProvider {
             notes: Vec::new(),
             tcp_tls: tcp_listen.as_ref().and(self.tcp_tls.clone()),
             tcp_listen,
+            etc_cache: Some(path_string(&self.state.root().join(ETC_CACHE))),
         };
         let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
+        crate::timeline::mark("create.cgroups");
         if let Some(cg) = &cgroups {
             launch.cgroup_procs = cg.procs_files().iter().map(|p| path_string(p)).collect();
             launch.notes.push(("cgroups".into(), cg.report.clone()));
@@ -255,12 +261,14 @@ impl LocalProvider {
             message: e.to_string(),
         })?;
         std::fs::write(dir.join("spec.json"), json).map_err(io(OP))?;
+        crate::timeline::mark("create.spec-written");
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         cmd.arg("--launch")
             .arg(dir.join("spec.json"))
             .env_clear()
             .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)));
         let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
+        crate::timeline::mark("create.launcher-spawned");
         let mut meta = Meta {
             id: id.into(),
             tier: Tier::Local,
@@ -275,8 +283,18 @@ impl LocalProvider {
             cgroups,
         });
         self.state.write_meta(dir, &meta)?;
-        let attached = match wait_for_agent(&self.state, dir, id, &mut child, &self.client).await {
-            Ok(client) => self.state.record_processes(dir, &mut meta).map(|()| client),
+        // The privilege probe rides the connect's Health.
+        let opts = ClientOptions {
+            probe_child: true,
+            ..self.client.clone()
+        };
+        let attached = match wait_for_agent(&self.state, dir, id, &mut child, &opts).await {
+            Ok(client) => {
+                crate::timeline::replay(&client.info().startup);
+                let recorded = self.state.record_processes(dir, &mut meta).map(|()| client);
+                crate::timeline::mark("create.processes-recorded");
+                recorded
+            }
             Err(e) => Err(e),
         };
         match attached {
@@ -286,7 +304,12 @@ impl LocalProvider {
                 provider: std::sync::Arc::new(self.clone()),
                 client,
                 _child: Some(child),
-                egress_dir: Some(dir.to_path_buf()),
+                anchor: meta.procs.first().copied(),
+                egress: Some(
+                    self.state
+                        .supervisor(id, dir, &self.agent_bin)
+                        .with_binary(self.egress_bin.clone()),
+                ),
             }),
             Err(e) => {
                 // The launcher's descendants first: the sandbox's init
@@ -325,6 +348,7 @@ impl LocalProvider {
         token: Option<Vec<u8>>,
         tcp_listen: Option<String>,
     ) -> Result<Sandbox> {
+        crate::timeline::mark("create.begin");
         check_spec(Tier::Local, &spec)?;
         if self.tcp_tls.is_some() && tcp_listen.is_none() {
             return Err(Error::OptionRefused {
@@ -334,8 +358,10 @@ impl LocalProvider {
             });
         }
         let (id, dir, _token, made) = self.state.create(token)?;
+        crate::timeline::mark("create.state-dir");
         let euid = nix::unistd::geteuid().as_raw();
         let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };
+        crate::timeline::mark("create.uid-slot");
         let sandbox = match self.start(&id, &dir, &spec, slot, tcp_listen).await {
             Ok(sb) => sb,
             Err(e) => {
@@ -351,18 +377,18 @@ impl LocalProvider {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
+        crate::timeline::mark("create.privilege-probe");
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
-        if let Err(e) = self
+        let supervisor = self
             .state
             .supervisor(&id, &dir, &self.agent_bin)
-            .with_binary(self.egress_bin.clone())
-            .start(&spec.egress)
-            .await
-        {
+            .with_binary(self.egress_bin.clone());
+        if let Err(e) = supervisor.start(&spec.egress).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
+        crate::timeline::mark("create.egress-supervisor");
         Ok(Sandbox::new(sandbox))
     }
 }
@@ -393,11 +419,17 @@ impl Provider for LocalProvider {
     }
 
     async fn gc(&self) -> Result<Vec<String>> {
-        crate::backend::state::gc_dead(self, &self.state).await
+        let removed = crate::backend::state::gc_dead(self, &self.state).await?;
+        // Copies of an /etc the host has since changed: only while no
+        // sandbox runs, since a running one may have any of them mounted.
+        if self.state.list()?.iter().all(|s| !s.alive) {
+            prune_etc_copies(&self.state.root().join(ETC_CACHE));
+        }
+        Ok(removed)
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        if let Some(meta) = self.state.stop(id).await? {
+        if let Some(meta) = self.state.stop(id, crate::backend::state::Stop::Kill).await? {
             let record = meta.record::<LocalRecord>().unwrap_or_default();
             if let Some(slot) = record.uid_slot {
                 self.release_slot(slot, id);
@@ -406,7 +438,26 @@ impl Provider for LocalProvider {
                 cg.remove();
             }
         }
+        crate::timeline::mark("destroy.end");
         Ok(())
+    }
+}
+
+/// Removes every copy beneath `cache` but the newest (the one the host's
+/// /etc is likeliest still to match; the next launch remakes it if not).
+fn prune_etc_copies(cache: &Path) {
+    let mut copies: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    copies.sort();
+    copies.pop();
+    for (_, path) in copies {
+        if let Err(e) = std::fs::remove_dir_all(&path) {
+            tracing::warn!(path = %path.display(), "could not remove an old /etc copy: {e}");
+        }
     }
 }
 

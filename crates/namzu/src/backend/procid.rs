@@ -53,8 +53,56 @@ impl ProcId {
     }
 }
 
-/// `root` and every process descending from it now, by identity.
+/// `root` and every process descending from it now, by identity: read
+/// from each process's `/proc/<pid>/task/<tid>/children`, a few small
+/// files for a sandbox's three processes, or — on a kernel without those
+/// files — from a scan of every process's parent.
 pub fn tree(root: u32) -> Vec<ProcId> {
+    tree_by_children(root).unwrap_or_else(|| tree_by_scan(root))
+}
+
+/// The children of every thread of `pid`; `None` where the kernel has no
+/// `children` files (CONFIG_PROC_CHILDREN).
+fn children(pid: u32) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut any = false;
+    for t in tasks.flatten() {
+        match std::fs::read_to_string(t.path().join("children")) {
+            Ok(text) => {
+                any = true;
+                out.extend(text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // The thread is gone (then its siblings tell), or the
+                // kernel lacks the file (then none has it).
+                if t.path().exists() {
+                    return None;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    any.then_some(out)
+}
+
+fn tree_by_children(root: u32) -> Option<Vec<ProcId>> {
+    let mut out: Vec<ProcId> = ProcId::of(root).into_iter().collect();
+    let mut i = 0;
+    while i < out.len() {
+        let pid = out[i].pid;
+        match children(pid) {
+            Some(kids) => out.extend(kids.into_iter().filter_map(ProcId::of)),
+            // A process that exited meanwhile has no children to list.
+            None if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {}
+            None => return None,
+        }
+        i += 1;
+    }
+    Some(out)
+}
+
+fn tree_by_scan(root: u32) -> Vec<ProcId> {
     let mut parents: Vec<(u32, u32, u64)> = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -90,6 +138,50 @@ pub fn tree(root: u32) -> Vec<ProcId> {
     out
 }
 
+/// SIGKILLs each of `procs` still running, deepest first (on `local` the
+/// sandbox's init, whose death takes its pid namespace, before its
+/// launcher), each through a pidfd checked against its identity after it
+/// was opened, and waits on the pidfds until every one has exited or
+/// `bound` passed. Returns how many were running.
+pub async fn kill_and_wait(procs: &[ProcId], bound: std::time::Duration) -> usize {
+    use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let mut fds = Vec::new();
+    for p in procs.iter().rev() {
+        let Some(pid) = i32::try_from(p.pid).ok().and_then(Pid::from_raw) else {
+            continue;
+        };
+        let Ok(fd) = pidfd_open(pid, PidfdFlags::NONBLOCK) else {
+            continue; // gone
+        };
+        // The pidfd names whatever held the pid when it was opened: ours
+        // only if it still has our start time now.
+        if !p.is_live() {
+            continue;
+        }
+        if pidfd_send_signal(&fd, Signal::Kill).is_ok() {
+            fds.push(fd);
+        }
+    }
+    let n = fds.len();
+    let wait = async {
+        for fd in fds {
+            // Readable once the process has exited.
+            #[allow(unsafe_code)]
+            // SAFETY: the AsyncFd takes the OwnedFd itself, so the
+            // descriptor stays open and the same until it is dropped.
+            let registered =
+                unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+            if let Ok(fd) = registered {
+                let _ = fd.readable().await;
+            }
+        }
+    };
+    if tokio::time::timeout(bound, wait).await.is_err() {
+        tracing::warn!(?bound, "processes SIGKILLed did not exit within the bound");
+    }
+    n
+}
+
 /// SIGKILLs each of `procs` still running, in rounds (10 ms apart, at
 /// most 20) until none is left; returns how many it found in the first.
 pub async fn kill_all(procs: &[ProcId]) -> usize {
@@ -117,6 +209,11 @@ mod tests {
         let id = ProcId::of(child.id()).unwrap();
         assert!(id.is_live());
         assert!(tree(me.pid).contains(&id), "the child is in our tree");
+        let mut by_children = tree_by_children(me.pid).unwrap();
+        let mut by_scan = tree_by_scan(me.pid);
+        by_children.sort_by_key(|p| p.pid);
+        by_scan.sort_by_key(|p| p.pid);
+        assert_eq!(by_children, by_scan, "both ways find the same tree");
         // Another start time is another process, even at the same pid.
         let impostor = ProcId {
             pid: id.pid,

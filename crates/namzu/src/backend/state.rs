@@ -97,19 +97,18 @@ impl StateDir {
         agent_bin: &Path,
         egress_bin: Option<PathBuf>,
     ) -> Result<crate::handle::Sandbox> {
-        let client = self.reattach(id, opts).await?.1;
+        let (meta, client) = self.reattach(id, opts).await?;
         let dir = self.dir(id)?;
-        self.supervisor(id, &dir, agent_bin)
-            .with_binary(egress_bin)
-            .ensure()
-            .await?;
+        let supervisor = self.supervisor(id, &dir, agent_bin).with_binary(egress_bin);
+        supervisor.ensure().await?;
         Ok(crate::handle::Sandbox::new(StateSandbox {
             id: id.into(),
             tier: self.tier,
             provider,
             client,
             _child: None,
-            egress_dir: Some(dir),
+            anchor: meta.procs.first().copied(),
+            egress: Some(supervisor),
         }))
     }
 
@@ -244,15 +243,25 @@ impl StateDir {
         Ok(out)
     }
 
-    /// Stops the anchor process (SIGTERM, then SIGKILL) and removes the
-    /// directory. Idempotent. Returns the meta it found, if any.
-    pub async fn stop(&self, id: &str) -> Result<Option<Meta>> {
+    /// Stops the anchor process and removes the directory. Idempotent.
+    /// Returns the meta it found, if any. [`Stop::Graceful`]: SIGTERM, so
+    /// the agent stops its commands and syncs, then SIGKILL after
+    /// [`STOP_TIMEOUT`]; [`Stop::Kill`]: SIGKILL to every process recorded
+    /// for the sandbox at once, waiting on pidfds until they are gone (a
+    /// tier whose sandbox lives in a pid namespace of its own, which dies
+    /// with its init, and whose disk goes with it).
+    pub async fn stop(&self, id: &str, how: Stop) -> Result<Option<Meta>> {
         let (dir, meta) = match self.read_meta(id) {
             Ok(x) => x,
             Err(Error::SandboxNotFound { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
+        crate::timeline::mark("destroy.begin");
         crate::egress::supervisor::stop(&dir);
+        if how == Stop::Kill && !meta.procs.is_empty() {
+            crate::backend::procid::kill_and_wait(&meta.procs, STOP_TIMEOUT).await;
+            crate::timeline::mark("destroy.anchor-exited");
+        }
         if alive(meta.pid, &dir) {
             let pid = Pid::from_raw(i32::try_from(meta.pid).unwrap_or(0));
             // SIGTERM lets the agent kill its commands' process groups first.
@@ -265,11 +274,13 @@ impl StateDir {
                 tracing::warn!(%id, "sandbox ignored SIGTERM; killing it");
                 let _ = kill(pid, Signal::SIGKILL);
             }
+            crate::timeline::mark("destroy.anchor-exited");
         }
         // An anchor killed behind namzu's back leaves the sandbox's own
         // processes orphaned, still running: those recorded at create are
         // killed by identity (on local, the init takes its pid namespace).
         let found = crate::backend::procid::kill_all(&meta.procs).await;
+        crate::timeline::mark("destroy.leftovers-killed");
         if found > 0 {
             tracing::warn!(%id, found, "killed processes left behind by a dead anchor");
         }
@@ -282,6 +293,15 @@ impl StateDir {
             }),
         }
     }
+}
+
+/// How [`StateDir::stop`] ends a sandbox's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// SIGTERM to the anchor, SIGKILL after a timeout.
+    Graceful,
+    /// SIGKILL to every recorded process at once.
+    Kill,
 }
 
 /// `gc` of the single-host tiers that claim host id ranges: destroys every
@@ -403,9 +423,20 @@ pub(crate) struct StateSandbox {
     pub client: AgentClient,
     /// Held so tokio reaps the anchor process when it exits while we live.
     pub _child: Option<tokio::process::Child>,
-    /// The sandbox's state directory, where its egress supervisor listens;
-    /// `None` on tiers without one.
-    pub egress_dir: Option<PathBuf>,
+    /// The anchor process by identity, where it was recorded: whether it
+    /// runs is [`SandboxBackend::alive`].
+    pub anchor: Option<crate::backend::procid::ProcId>,
+    /// The sandbox's egress supervisor (started when its policy needs
+    /// one); `None` on tiers without an egress boundary.
+    pub egress: Option<crate::egress::supervisor::Supervisor>,
+}
+
+impl StateSandbox {
+    fn egress(&self) -> Result<&crate::egress::supervisor::Supervisor> {
+        self.egress
+            .as_ref()
+            .ok_or_else(|| crate::egress::no_boundary(self.tier))
+    }
 }
 
 #[async_trait::async_trait]
@@ -423,18 +454,15 @@ impl SandboxBackend for StateSandbox {
         self.client.close();
         self.provider.destroy(&self.id).await
     }
+    fn alive(&self) -> Option<bool> {
+        self.anchor.map(|p| p.is_live())
+    }
     async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
-        use crate::egress::supervisor::{request, Request};
-        let dir = self
-            .egress_dir
-            .as_deref()
-            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
+        let supervisor = self.egress()?;
         policy.validate()?;
-        let current = request(&self.id, dir, &Request::Show).await?;
-        let mut config = current.config.unwrap_or_default();
+        let mut config = supervisor.show().await?.config.unwrap_or_default();
         config.policy = policy;
-        let reply = request(&self.id, dir, &Request::Set { config }).await?;
-        match reply.error {
+        match supervisor.set(&config).await?.error {
             None => Ok(()),
             Some(reason) => Err(Error::EgressUnavailable {
                 id: self.id.clone(),
@@ -443,20 +471,13 @@ impl SandboxBackend for StateSandbox {
         }
     }
     async fn network_policy(&self) -> Result<(crate::egress::EgressConfig, usize)> {
-        use crate::egress::supervisor::{request, Request};
-        let dir = self
-            .egress_dir
-            .as_deref()
-            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
-        let reply = request(&self.id, dir, &Request::Show).await?;
+        let reply = self.egress()?.show().await?;
         Ok((reply.config.unwrap_or_default(), reply.open))
     }
     async fn egress_decisions(&self) -> Result<crate::egress::Decisions> {
-        use crate::egress::supervisor::{request, Request};
-        let dir = self
-            .egress_dir
-            .as_deref()
-            .ok_or_else(|| crate::egress::no_boundary(self.tier))?;
-        Ok(request(&self.id, dir, &Request::Show).await?.decisions)
+        let mut decisions = self.egress()?.show().await?.decisions;
+        // What the agent refused by itself, with no supervisor on its call.
+        decisions.refused += self.client.health().await?.egress_refused_unattended;
+        Ok(decisions)
     }
 }

@@ -2,9 +2,11 @@
 //! N is host ids `UID_BASE + N * UID_RANGE ..` (uids and gids alike), held
 //! by a claim file `<state>/local/.uids/N` naming the sandbox.
 //!
-//! Claims are atomic: the claim is written in full under a temporary name
-//! and hard-linked into place (`link` fails if the slot is taken), so no
-//! reader ever sees an empty or half-written claim. Claims, releases and
+//! Claims are atomic: a claim is a symbolic link whose target is the
+//! sandbox's id, made in one `symlink` call that fails if the slot is
+//! taken, so no reader ever sees an empty or half-written claim, and none
+//! needs an fsync to stay whole (a crash leaves the link or nothing;
+//! claims written by older versions as regular files are still read). Claims, releases and
 //! sweeps also hold one exclusive lock (`.lock`, flock) for their few
 //! file operations: a sweep that read an owner cannot then remove a slot
 //! re-claimed under the same number since, and a release removes only its
@@ -12,7 +14,6 @@
 //! range another user holds in /etc/subuid or /etc/subgid is never handed
 //! out: those ids are that user's containers'.
 
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,16 @@ pub const UID_SLOTS: u32 = 16_000;
 pub fn claim_owner_exists(base: &Path, owner: &str) -> bool {
     let plain = owner.starts_with("sb-") && owner[3..].bytes().all(|b| b.is_ascii_hexdigit());
     plain && ["local", "microvm"].iter().any(|t| base.join(t).join(owner).exists())
+}
+
+/// The sandbox holding the claim at `path`: a symbolic link's target, or
+/// (a claim of an older version) a regular file's text.
+fn owner_of(path: &Path) -> std::io::Result<String> {
+    match std::fs::read_link(path) {
+        Ok(target) => Ok(target.to_string_lossy().into_owned()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(std::fs::read_to_string(path)?.trim().to_owned()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The claims of one state directory.
@@ -100,41 +111,28 @@ impl UidSlots {
 
     /// Claims a free slot for sandbox `id`; `None` when every slot is held.
     pub fn claim(&self, id: &str) -> std::io::Result<Option<u32>> {
-        let _lock = self.lock()?;
-        let tmp = self.dir.join(format!(".claim-{id}-{}", std::process::id()));
-        {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(id.as_bytes())?;
-            f.sync_all()?;
+        if id.is_empty() || id.contains('/') || id.contains('\0') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{id:?} cannot name a claim"),
+            ));
         }
-        let mut got = None;
+        let _lock = self.lock()?;
         for slot in (0..UID_SLOTS).filter(|s| !self.overlaps_foreign(*s)) {
-            match std::fs::hard_link(&tmp, self.dir.join(slot.to_string())) {
-                Ok(()) => {
-                    got = Some(slot);
-                    break;
-                }
+            match std::os::unix::fs::symlink(id, self.dir.join(slot.to_string())) {
+                Ok(()) => return Ok(Some(slot)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
-        let _ = std::fs::remove_file(&tmp);
-        Ok(got)
+        Ok(None)
     }
 
     /// Gives `slot` back, if sandbox `id` still holds it.
     pub fn release(&self, slot: u32, id: &str) {
         let Ok(_lock) = self.lock() else { return };
         let path = self.dir.join(slot.to_string());
-        if std::fs::read_to_string(&path).is_ok_and(|o| o.trim() == id) {
+        if owner_of(&path).is_ok_and(|o| o == id) {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -149,10 +147,10 @@ impl UidSlots {
             let Ok(slot) = e.file_name().to_string_lossy().parse::<u32>() else {
                 continue; // a temporary claim being written
             };
-            let Ok(owner) = std::fs::read_to_string(e.path()) else {
+            let Ok(owner) = owner_of(&e.path()) else {
                 continue;
             };
-            let owner = owner.trim();
+            let owner = owner.as_str();
             if !owner.is_empty() && !exists(owner) {
                 let _ = std::fs::remove_file(e.path());
                 freed.push(slot);
@@ -207,7 +205,7 @@ mod tests {
                         let slot = slots.claim(&id).unwrap().unwrap();
                         assert!(held.lock().unwrap().insert(slot), "slot {slot} handed out twice");
                         std::thread::yield_now();
-                        let owner = std::fs::read_to_string(slots.dir().join(slot.to_string())).unwrap();
+                        let owner = owner_of(&slots.dir().join(slot.to_string())).unwrap();
                         assert_eq!(owner, id, "slot {slot} was re-claimed under {id}");
                         held.lock().unwrap().remove(&slot);
                         slots.release(slot, &id);
@@ -224,6 +222,28 @@ mod tests {
         // Dead owners' claims are freed.
         let slot = slots.claim("sb-dead").unwrap().unwrap();
         assert_eq!(slots.sweep(|_| false), vec![slot]);
+    }
+
+    #[test]
+    fn claims_are_links_naming_their_sandbox_and_old_file_claims_still_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let slots = UidSlots::with_taken(tmp.path(), Vec::new());
+        // A claim an older version wrote: a regular file holding the id.
+        std::fs::create_dir_all(tmp.path()).unwrap();
+        std::fs::write(tmp.path().join("0"), "sb-old\n").unwrap();
+        assert_eq!(slots.claim("sb-new").unwrap(), Some(1), "the old claim holds slot 0");
+        assert_eq!(std::fs::read_link(tmp.path().join("1")).unwrap(), Path::new("sb-new"));
+        slots.release(0, "sb-new");
+        assert!(tmp.path().join("0").exists(), "a release frees only its own claim");
+        slots.release(0, "sb-old");
+        assert!(!tmp.path().join("0").exists());
+        assert_eq!(
+            slots.sweep(|o| o == "sb-new"),
+            Vec::<u32>::new(),
+            "a live owner keeps its claim"
+        );
+        assert_eq!(slots.sweep(|_| false), vec![1]);
+        assert!(slots.claim("a/b").is_err(), "an id that is not one name is refused");
     }
 
     #[test]

@@ -14,6 +14,13 @@
 //!   and a policy change would reach only one). A supervisor started while
 //!   the lock is held prints `held` and exits; the starter then uses the
 //!   one that holds it.
+//!
+//! Under `NoNetwork` (the default) no supervisor runs: nothing may leave, so
+//! nothing needs deciding on the host, and the agent refuses every ask by
+//! itself (it fails closed without a host on its `Egress` call, counting
+//! and logging what it refused). The first policy change to anything else
+//! starts one ([`Supervisor::set`]) before it returns; a sandbox created
+//! with any other policy has its supervisor before it is handed out.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -306,24 +313,85 @@ impl Supervisor {
     /// Writes the sandbox's egress configuration and starts its
     /// supervisor; returns once the supervisor holds the agent's `Egress`
     /// call, so the policy is in force before anyone gets the handle.
+    /// Under `NoNetwork` only the configuration is written (see the module
+    /// docs): the agent alone refuses everything.
     pub async fn start(&self, config: &EgressConfig) -> Result<()> {
-        write_config(&self.dir, config).map_err(|source| Error::LocalIo {
-            op: "create".into(),
-            source,
-        })?;
-        self.spawn().await
+        // No file is the default configuration (see `saved`).
+        if *config != EgressConfig::default() {
+            write_config(&self.dir, config).map_err(|source| Error::LocalIo {
+                op: "create".into(),
+                source,
+            })?;
+        }
+        if needs_host(config) {
+            self.spawn().await
+        } else {
+            Ok(())
+        }
     }
 
-    /// Restarts the supervisor of a running sandbox if one is configured
-    /// and none answers: after a crash of the supervisor, the sandbox's
-    /// egress stays closed (every ask refused) until the next connect
-    /// brings it back with the saved policy.
+    /// Restarts the supervisor of a running sandbox if its configuration
+    /// needs one and none answers: after a crash of the supervisor, the
+    /// sandbox's egress stays closed (every ask refused) until the next
+    /// connect brings it back with the saved policy.
     pub async fn ensure(&self) -> Result<()> {
-        if !self.dir.join(CONFIG_FILE).is_file() || request(&self.id, &self.dir, &Request::Show).await.is_ok() {
+        let Ok(config) = self.saved() else {
+            return Ok(());
+        };
+        if !needs_host(&config) || request(&self.id, &self.dir, &Request::Show).await.is_ok() {
             return Ok(());
         }
         tracing::warn!(sandbox = %self.id, "egress supervisor not answering; starting one");
         self.spawn().await
+    }
+
+    /// The configuration in force and the open connections: the running
+    /// supervisor's answer, or — where none needs to run — the saved
+    /// configuration with nothing open.
+    pub async fn show(&self) -> Result<Reply> {
+        match request(&self.id, &self.dir, &Request::Show).await {
+            Ok(reply) => Ok(reply),
+            Err(e) => match self.saved() {
+                Ok(config) if !needs_host(&config) => Ok(Reply {
+                    config: Some(config),
+                    ..Default::default()
+                }),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// The saved configuration; none saved is the default one.
+    fn saved(&self) -> std::io::Result<EgressConfig> {
+        match read_config(&self.dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(EgressConfig::default()),
+            other => other,
+        }
+    }
+
+    /// Replaces the whole configuration: through the running supervisor,
+    /// or by saving it and — unless it is `NoNetwork` — starting one that
+    /// holds the agent's call before this returns. The change is sent to
+    /// the supervisor in force even when this call started it, so two
+    /// programs changing one sandbox at once end with one supervisor and
+    /// the policy of whichever change came last.
+    pub async fn set(&self, config: &EgressConfig) -> Result<Reply> {
+        config.validate()?;
+        if request(&self.id, &self.dir, &Request::Show).await.is_err() {
+            write_config(&self.dir, config).map_err(|source| Error::LocalIo {
+                op: "set network policy".into(),
+                source,
+            })?;
+            if !needs_host(config) {
+                return Ok(Reply {
+                    config: Some(config.clone()),
+                    ..Default::default()
+                });
+            }
+            tracing::info!(sandbox = %self.id, policy = config.policy.kind(), "egress: starting the supervisor the new policy needs");
+            self.spawn().await?;
+        }
+        request(&self.id, &self.dir, &Request::Set { config: config.clone() }).await
     }
 
     /// Starts the supervisor process and waits until it holds the agent's
@@ -399,6 +467,11 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Whether `config` lets anything out, and so needs a host to decide.
+pub fn needs_host(config: &EgressConfig) -> bool {
+    !matches!(config.policy, super::EgressPolicy::NoNetwork)
 }
 
 fn find_binary(agent_bin: &Path) -> Option<PathBuf> {

@@ -147,3 +147,66 @@ async fn tcp_link_works() {
         b"tcp\n"
     );
 }
+
+/// The hello the preface brings says what a Health call says, and a
+/// connect to an agent that only knows the plain preface (a proxy in front
+/// refusing the hello form as an older agent's gate does) still works,
+/// through a second dial.
+#[tokio::test]
+async fn the_hello_is_health_and_an_agent_without_it_is_dialed_again() {
+    let a = spawn_unix(&[]).await;
+    let c = connect(&a).await.unwrap();
+    let fresh = c.health().await.unwrap();
+    assert_eq!(c.info().boot_id, fresh.boot_id);
+    assert_eq!(c.info().features, fresh.features);
+    assert_eq!(c.info().limits, fresh.limits);
+    assert!(c.info().child_status.is_empty(), "no probe was asked for");
+    let probed = AgentClient::connect_unix(
+        "t",
+        &a.sock(),
+        TOKEN.to_vec(),
+        ClientOptions {
+            probe_child: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        probed.info().child_status.contains("CapEff:"),
+        "{}",
+        probed.info().child_status
+    );
+
+    // An "old agent": NZL2 is closed unanswered, NZL1 reaches the agent.
+    let old = a.dir.path().join("old.sock");
+    let listener = tokio::net::UnixListener::bind(&old).unwrap();
+    let target = a.sock();
+    let dials = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = dials.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let target = target.clone();
+            tokio::spawn(async move {
+                let mut magic = [0u8; 4];
+                if s.read_exact(&mut magic).await.is_err() || &magic != b"NZL1" {
+                    return;
+                }
+                let mut up = tokio::net::UnixStream::connect(target).await.unwrap();
+                up.write_all(&magic).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut s, &mut up).await;
+            });
+        }
+    });
+    let c = AgentClient::connect_unix("t", &old, TOKEN.to_vec(), ClientOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        dials.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one refused hello, one plain dial"
+    );
+    assert_eq!(c.info().boot_id, fresh.boot_id);
+    assert!(c.exec(ExecRequest::new("true")).await.unwrap().status.success());
+}

@@ -443,7 +443,12 @@ impl DockerProvider {
             provider: Arc::new(self.clone()),
             client,
             _child: None,
-            egress_dir: self.state.dir(id).ok(),
+            anchor: None,
+            egress: self
+                .state
+                .dir(id)
+                .ok()
+                .map(|dir| self.state.supervisor(id, &dir, &self.agent_bin)),
         })
     }
 

@@ -493,7 +493,8 @@ impl MicroVmProvider {
                 provider: Arc::new(self.clone()),
                 client,
                 _child: Some(child),
-                egress_dir: Some(dir.to_path_buf()),
+                anchor: meta.procs.first().copied(),
+                egress: Some(self.state.supervisor(id, dir, &self.agent_bin)),
             }),
             Err(e) => {
                 crate::backend::procid::kill_all(&crate::backend::procid::tree(meta.pid)).await;
@@ -587,7 +588,7 @@ impl Provider for MicroVmProvider {
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        if let Some(meta) = self.state.stop(id).await? {
+        if let Some(meta) = self.state.stop(id, crate::backend::state::Stop::Graceful).await? {
             let record = meta.record::<VmRecord>().unwrap_or_default();
             if let Some(slot) = record.uid_slot {
                 self.slots().release(slot, id);
