@@ -441,6 +441,54 @@ def test_sigterm_ends_streams_within_the_grace_and_keeps_sandboxes(fresh_server)
         assert c.post(f"{p}/run", json={"script": "echo kept"}).json()["stdout"] == "kept\n"
 
 
+def test_warm_pool_serves_default_creates_and_leaves_nothing_behind(fresh_server):
+    s = fresh_server("--warm-pool", "2")
+    ledger = s.state_dir / "state" / "server" / "pool" / "local-default"
+    local = s.state_dir / "state" / "local"
+
+    def pooled():
+        return sorted(p.name for p in ledger.iterdir()) if ledger.is_dir() else []
+
+    def running():
+        return sorted(p.name for p in local.iterdir() if p.name.startswith("sb-")) if local.is_dir() else []
+
+    def wait_for(pred, what):
+        deadline = time.monotonic() + 60
+        while not pred():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    wait_for(lambda: len(pooled()) == 2, "the pool did not fill")
+    waiting = pooled()
+    with s.client() as c:
+        warm = c.post("/v1/sandboxes", json={}).json()["id"]
+        assert warm in waiting, "a default create is served from the pool"
+        assert warm not in pooled(), "a claimed sandbox leaves the ledger"
+        assert c.post(f"/v1/sandboxes/{warm}/commands/run", json={"script": "echo warm"}).json()["stdout"] == "warm\n"
+        cold = c.post("/v1/sandboxes", json={"env": {"A": "1"}}).json()["id"]
+        assert cold not in waiting, "a create asking for more starts cold"
+        wait_for(lambda: len(pooled()) == 2, "the pool did not refill")
+        left = pooled()
+        # A server killed outright leaves its pool's sandboxes running: the
+        # next one destroys them before it fills again.
+        s.kill9()
+        assert set(left) <= set(running())
+        s.start()
+        wait_for(lambda: not (set(left) & set(running())), "the old pool's sandboxes survived the restart")
+        wait_for(lambda: len(pooled()) == 2, "the restarted pool did not fill")
+    # A clean shutdown destroys the pool's own and keeps the callers'.
+    refilled = pooled()
+    assert s.stop() == 0
+    assert not (set(refilled) & set(running())), "a clean shutdown left pooled sandboxes"
+    assert {warm, cold} <= set(running()), "the callers' sandboxes are kept"
+    s.start()
+    with s.client() as c:
+        for sid in (warm, cold):
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code in (200, 204)
+    assert s.stop() == 0
+    assert running() == [], "sandboxes outlived the test"
+
+
 def test_open_listener_without_keys_is_refused():
     r = subprocess.run([namzu_bin(), "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 125

@@ -9,6 +9,9 @@
 //! * 1 GiB streamed out of a sandbox vs a file sent over a raw unix socket;
 //! * the agent's idle resident memory.
 //!
+//! Warm pool: claim to first exec; 1,000 sequential and 100 concurrent
+//! create + exec + destroy with and without it.
+//!
 //! Local tier (namespaces):
 //! * create + first `exec true` vs `bwrap … true` and `unshare … true`;
 //! * exec round trip of `true` vs fork+exec on the host;
@@ -23,6 +26,7 @@ use namzu::backend::local::LocalProvider;
 use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
+mod pool;
 mod raw;
 mod stages;
 use raw::raw_socket_write;
@@ -394,6 +398,13 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     println!("# namzu benchmark (release build)");
     println!();
     startup_stages(30).await?;
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() != Ok("no-pool") {
+        let n = std::env::var("NAMZU_BENCH_POOL_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        pool::bench(n, 100, 8).await.map_err(|e| e.to_string())?;
+    }
     local_tier(iters).await?;
     host_tier(iters).await?;
     Ok(())

@@ -17,7 +17,11 @@
 //! * **Bounded.** At most `size` wait, at most `max_starting` start at
 //!   once; a claim on an empty pool starts one itself (a cold start).
 //! * **Nothing left behind.** [`Pool::close`] destroys what it holds; a
-//!   sandbox already claimed is the caller's.
+//!   sandbox already claimed is the caller's. With a ledger
+//!   ([`PoolOptions::ledger`]) the pool also survives its process dying:
+//!   every waiting sandbox is a file there until it is claimed or
+//!   destroyed, and the next pool on that ledger destroys what it finds
+//!   before it starts any.
 //!
 //! Start failures are logged and retried after a backoff; a claim never
 //! fails because a refill did.
@@ -44,6 +48,19 @@ pub struct PoolOptions {
     pub recheck_every: Duration,
     /// Wait after a failed start before the next.
     pub retry_after: Duration,
+    /// How long after a claim the refill waits before starting the
+    /// replacement: on a host with few cores a start competes for them
+    /// with the claimer's first commands, which this keeps it from.
+    pub refill_delay: Duration,
+    /// Run `true` in each sandbox once it has started, before it waits:
+    /// the link's first call and the agent's first spawn, which cost a
+    /// cold sandbox about a millisecond more than the next ones, are paid
+    /// in the background instead of by the claimer's first command.
+    pub warm_up: bool,
+    /// A directory naming every sandbox waiting in the pool (one empty
+    /// file each), so what a crashed process left waiting is destroyed by
+    /// the next pool started on it. `None`: no ledger.
+    pub ledger: Option<std::path::PathBuf>,
 }
 
 impl Default for PoolOptions {
@@ -54,6 +71,9 @@ impl Default for PoolOptions {
             check_timeout: Duration::from_millis(500),
             recheck_every: Duration::from_secs(10),
             retry_after: Duration::from_secs(1),
+            warm_up: true,
+            refill_delay: Duration::from_millis(20),
+            ledger: None,
         }
     }
 }
@@ -68,6 +88,12 @@ impl PoolOptions {
     /// These options with `n` starts at once.
     pub fn max_starting(mut self, n: usize) -> Self {
         self.max_starting = n.max(1);
+        self
+    }
+
+    /// These options with a ledger in `dir`.
+    pub fn ledger(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.ledger = Some(dir.into());
         self
     }
 }
@@ -139,17 +165,53 @@ impl Shared {
     }
 
     /// Destroys a sandbox found dead, in the background.
-    fn discard(&self, sb: Sandbox) {
+    fn discard(self: &Arc<Self>, sb: Sandbox) {
         self.lock().stats.discarded += 1;
         tracing::warn!(
             sandbox = sb.id(),
             "pool: a waiting sandbox's agent is gone; destroying it"
         );
-        tokio::spawn(async move {
-            if let Err(e) = sb.destroy().await {
-                tracing::warn!(sandbox = sb.id(), "pool: destroy of a dead sandbox failed: {e}");
+        let me = self.clone();
+        tokio::spawn(async move { me.destroy(sb).await });
+    }
+
+    /// Destroys `sb`, then strikes it from the ledger.
+    async fn destroy(&self, sb: Sandbox) {
+        if let Err(e) = sb.destroy().await {
+            tracing::warn!(sandbox = sb.id(), "pool: destroy failed: {e}");
+        }
+        self.unlist(sb.id());
+    }
+
+    fn list(&self, id: &str) {
+        if let Some(dir) = &self.opts.ledger {
+            let made = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join(id), b""));
+            if let Err(e) = made {
+                tracing::warn!(sandbox = id, "pool: cannot enter it in the ledger: {e}");
             }
-        });
+        }
+    }
+
+    fn unlist(&self, id: &str) {
+        if let Some(dir) = &self.opts.ledger {
+            let _ = std::fs::remove_file(dir.join(id));
+        }
+    }
+
+    /// Destroys what the ledger names: sandboxes a process that died left
+    /// waiting.
+    async fn sweep_ledger(&self) {
+        let Some(dir) = &self.opts.ledger else { return };
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            match self.provider.destroy(&id).await {
+                Ok(()) => tracing::info!(sandbox = %id, "pool: destroyed a sandbox an earlier pool left waiting"),
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, "pool: a sandbox an earlier pool left could not be destroyed: {err}")
+                }
+            }
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -215,6 +277,7 @@ impl Pool {
             if self.shared.alive(&sb, false).await {
                 crate::timeline::mark("pool.claimed");
                 self.shared.lock().stats.warm += 1;
+                self.shared.unlist(sb.id());
                 return Ok(sb);
             }
             self.shared.discard(sb);
@@ -243,7 +306,7 @@ impl Drop for Pool {
 }
 
 /// Destroys what the pool still holds once it is closed.
-async fn drain(sh: &Shared, mut starts: tokio::task::JoinSet<Result<Sandbox>>) {
+async fn drain(sh: &Arc<Shared>, mut starts: tokio::task::JoinSet<Result<Sandbox>>) {
     let waiting: Vec<Sandbox> = sh.lock().ready.drain(..).map(|(sb, _)| sb).collect();
     let mut doomed = waiting;
     while let Some(done) = starts.join_next().await {
@@ -252,15 +315,14 @@ async fn drain(sh: &Shared, mut starts: tokio::task::JoinSet<Result<Sandbox>>) {
         }
     }
     for sb in doomed {
-        if let Err(e) = sb.destroy().await {
-            tracing::warn!(sandbox = sb.id(), "pool: destroy at close failed: {e}");
-        }
+        sh.destroy(sb).await;
     }
 }
 
 /// Keeps the pool full and its idle sandboxes checked until it is closed,
 /// then destroys what it holds.
 async fn refill(sh: Arc<Shared>) {
+    sh.sweep_ledger().await;
     let mut starts = tokio::task::JoinSet::new();
     loop {
         if sh.lock().closed {
@@ -274,8 +336,17 @@ async fn refill(sh: Arc<Shared>) {
             }
             st.starting += 1;
             drop(st);
-            let (provider, spec) = (sh.provider.clone(), sh.spec.clone());
-            starts.spawn(async move { provider.create(spec).await });
+            let (provider, spec, warm_up) = (sh.provider.clone(), sh.spec.clone(), sh.opts.warm_up);
+            starts.spawn(async move {
+                let sb = provider.create(spec).await?;
+                if warm_up {
+                    if let Err(e) = sb.commands().run(crate::types::ExecRequest::new("true")).await {
+                        let _ = sb.destroy().await;
+                        return Err(e);
+                    }
+                }
+                Ok(sb)
+            });
         }
         // Idle ones past their recheck time.
         let stale: Vec<Sandbox> = {
@@ -296,6 +367,7 @@ async fn refill(sh: Arc<Shared>) {
         let recheck = sh.opts.recheck_every;
         let wake = async {
             sh.wake.notified().await;
+            tokio::time::sleep(sh.opts.refill_delay).await;
         };
         tokio::select! {
             Some(done) = starts.join_next(), if !starts.is_empty() => {
@@ -305,6 +377,7 @@ async fn refill(sh: Arc<Shared>) {
                     st.starting -= 1;
                     match done {
                         Ok(Ok(sb)) if !st.closed => {
+                            sh.list(sb.id());
                             st.ready.push_back((sb, Instant::now()));
                             None
                         }
@@ -318,11 +391,7 @@ async fn refill(sh: Arc<Shared>) {
                 };
                 match late {
                     None => {}
-                    Some(Ok(sb)) => {
-                        if let Err(e) = sb.destroy().await {
-                            tracing::warn!(sandbox = sb.id(), "pool: destroy at close failed: {e}");
-                        }
-                    }
+                    Some(Ok(sb)) => sh.destroy(sb).await,
                     Some(Err(e)) => {
                         tracing::warn!("pool: a start failed: {e}");
                         tokio::time::sleep(sh.opts.retry_after).await;

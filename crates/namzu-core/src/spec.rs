@@ -87,7 +87,7 @@ pub struct Bind {
 }
 
 /// What to create. Options a tier cannot honour are refused by name.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SandboxSpec {
     /// Root filesystem: an imported image (name or `sha256:` id) or a rootfs
     /// directory. `None`: the host view (read-only host /usr and friends).

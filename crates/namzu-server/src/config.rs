@@ -38,6 +38,10 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// `max_page_size`: most sandboxes one list page returns.
     pub max_page_size: usize,
+    /// `warm_pool`: sandboxes of the default configuration kept started
+    /// per single-host tier (`namzu::pool`), so a create asking for
+    /// nothing else is a claim instead of a cold start; 0: none.
+    pub warm_pool: usize,
 }
 
 impl Default for Limits {
@@ -54,6 +58,7 @@ impl Default for Limits {
             max_timeout: Duration::from_secs(24 * 3600),
             shutdown_grace: Duration::from_secs(10),
             max_page_size: 1000,
+            warm_pool: 0,
         }
     }
 }

@@ -75,6 +75,9 @@ pub struct Registry {
     /// Creates under way, by owner: they count against the owner's limit.
     pending: Mutex<HashMap<String, usize>>,
     providers: tokio::sync::Mutex<HashMap<ProviderKey, Arc<dyn Provider>>>,
+    /// `warm_pool`: sandboxes kept started per single-host tier.
+    warm_pool: usize,
+    pools: tokio::sync::Mutex<HashMap<ProviderKey, Arc<namzu::pool::Pool>>>,
 }
 
 /// A create counted against its owner's limit until dropped.
@@ -128,7 +131,67 @@ impl Registry {
             handles: Mutex::default(),
             pending: Mutex::default(),
             providers: tokio::sync::Mutex::default(),
+            warm_pool: 0,
+            pools: tokio::sync::Mutex::default(),
         })
+    }
+
+    /// Keeps `n` sandboxes of the default configuration started per
+    /// single-host tier (0: none).
+    pub fn with_warm_pool(mut self, n: usize) -> Self {
+        self.warm_pool = n;
+        self
+    }
+
+    /// The warm pool a create of `spec` on `tier` (and docker runtime) is
+    /// served from: only the default configuration is pooled, and the
+    /// kubernetes tier keeps its own (SandboxWarmPool).
+    pub async fn pool(
+        &self,
+        tier: Tier,
+        runtime: Option<String>,
+        spec: &SandboxSpec,
+    ) -> namzu::Result<Option<Arc<namzu::pool::Pool>>> {
+        if self.warm_pool == 0 || tier == Tier::Kubernetes || *spec != SandboxSpec::default() {
+            return Ok(None);
+        }
+        let key = (tier, runtime.clone());
+        if let Some(p) = self.pools.lock().await.get(&key) {
+            return Ok(Some(p.clone()));
+        }
+        let provider = self.provider(tier, runtime.clone()).await?;
+        let ledger = self
+            .dir
+            .join("pool")
+            .join(format!("{}-{}", tier.name(), runtime.as_deref().unwrap_or("default")));
+        let opts = namzu::pool::PoolOptions::default().size(self.warm_pool).ledger(ledger);
+        let mut pools = self.pools.lock().await;
+        let pool = pools
+            .entry(key)
+            .or_insert_with(|| Arc::new(namzu::pool::Pool::new(provider, SandboxSpec::default(), opts)))
+            .clone();
+        Ok(Some(pool))
+    }
+
+    /// Starts the warm pools of `tiers` filling.
+    pub async fn warm(&self, tiers: &[Tier]) {
+        for &tier in tiers {
+            if let Err(e) = self.pool(tier, None, &SandboxSpec::default()).await {
+                tracing::warn!(tier = tier.name(), "warm pool not started: {e}");
+            }
+        }
+    }
+
+    /// Destroys what the warm pools hold.
+    pub async fn close_pools(&self) {
+        let pools: Vec<_> = self.pools.lock().await.drain().map(|(_, p)| p).collect();
+        for pool in pools {
+            match Arc::try_unwrap(pool) {
+                Ok(pool) => pool.close().await,
+                // A create still holds it; dropping it closes it behind.
+                Err(shared) => drop(shared),
+            }
+        }
     }
 
     /// The provider of `tier` (and docker runtime), built once.
@@ -177,8 +240,15 @@ impl Registry {
     /// Creates a sandbox and records it; `record`'s id is replaced by the
     /// new sandbox's.
     pub async fn create(&self, _pending: Pending<'_>, spec: SandboxSpec, mut record: Record) -> ApiResult<Record> {
-        let provider = self.provider(record.tier, record.runtime.clone()).await?;
-        let sb = provider.create(spec).await?;
+        let sb = match self.pool(record.tier, record.runtime.clone(), &spec).await? {
+            Some(pool) => pool.claim().await?,
+            None => {
+                self.provider(record.tier, record.runtime.clone())
+                    .await?
+                    .create(spec)
+                    .await?
+            }
+        };
         record.id = sb.id().to_string();
         if let Err(e) = self.save(&record) {
             // Unrecorded, it would outlive the server unowned: undo.

@@ -81,7 +81,9 @@ pub async fn serve(
         source,
     })?;
     let limits = config.limits.clone();
+    let tiers = config.tiers.clone();
     let st = AppState::new(config).map_err(ServeError::State)?;
+    st.registry.warm(&tiers).await;
     let reaper = tokio::spawn(crate::api::sandboxes::reap(st.clone()));
     let app = crate::api::router(st.clone());
 
@@ -155,5 +157,7 @@ pub async fn serve(
     }
     st.shutdown.cancel();
     reaper.abort();
+    // The warm pools' sandboxes are the server's own, never a caller's.
+    st.registry.close_pools().await;
     Ok(())
 }

@@ -48,7 +48,7 @@ impl std::ops::Deref for AppState {
 impl AppState {
     /// State for `config`, with its registry opened.
     pub fn new(config: ServerConfig) -> std::io::Result<Self> {
-        let registry = Registry::open(config.state_dir.clone())?;
+        let registry = Registry::open(config.state_dir.clone())?.with_warm_pool(config.limits.warm_pool);
         Ok(Self(Arc::new(Inner {
             config,
             registry,

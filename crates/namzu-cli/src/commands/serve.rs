@@ -62,6 +62,10 @@ pub struct ServeArgs {
     /// shutdown_grace: on SIGTERM, seconds open streams may go on.
     #[arg(long, value_name = "SECS")]
     shutdown_grace: Option<f64>,
+    /// warm_pool: sandboxes of the default configuration kept started per
+    /// single-host tier, so such a create is served at once (0: none).
+    #[arg(long, value_name = "N")]
+    warm_pool: Option<usize>,
 }
 
 fn secs(s: f64, name: &str) -> Result<Duration, Fail> {
@@ -83,6 +87,7 @@ pub async fn serve(state_dir: Option<PathBuf>, a: ServeArgs) -> Result<ExitCode,
     set!(max_streams_per_key);
     set!(max_sandboxes_per_key);
     set!(max_connections);
+    set!(warm_pool);
     if let Some(s) = a.header_read_timeout {
         limits.header_read_timeout = secs(s, "header-read-timeout")?;
     }
