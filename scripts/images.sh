@@ -3,13 +3,22 @@
 # in the control-plane simulator: Debian bookworm (minbase) by debootstrap
 # from Debian's own mirror, packed as a one-layer `docker save` tarball at
 # target/images/debian-bookworm.tar. Idempotent: an existing tarball is kept
-# (delete it to rebuild). Needs root (debootstrap) and apt-get for
-# debootstrap itself on a fresh machine.
+# (delete it to rebuild), and one in the machine cache (scripts/cache.sh) is
+# copied from there instead of fetched again. Needs root (debootstrap) and
+# apt-get for debootstrap itself on a fresh machine.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 out=target/images/debian-bookworm.tar
 [ -s "$out" ] && exit 0
+. scripts/cache.sh
+cached=$cache/debian-bookworm.tar
+if [ -s "$cached" ]; then
+    mkdir -p "$(dirname "$out")"
+    cp "$cached" "$out.part"
+    mv "$out.part" "$out"
+    exit 0
+fi
 
 if ! command -v debootstrap >/dev/null; then
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
@@ -46,4 +55,5 @@ EOF
 mkdir -p "$(dirname "$out")"
 tar -C "$work/img" -cf "$out.part" manifest.json "$config.json" "$layer.tar"
 mv "$out.part" "$out"
+cp "$out" "$cached.part" && mv "$cached.part" "$cached"
 echo "images: built $out ($(du -h "$out" | cut -f1))"

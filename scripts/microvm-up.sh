@@ -3,7 +3,9 @@
 # idempotent: qemu (Debian's qemu-system-x86), e2fsprogs (mkfs.ext4 -d),
 # and a guest kernel: Debian's linux-image-cloud-amd64, fetched with
 # `apt-get download` (a registry package, never a URL), unpacked into
-# target/microvm/kernel/<package>_<version>/ and cached by version.
+# <cache>/microvm/kernel/<package>_<version>/ (the machine cache of
+# scripts/cache.sh) and kept by version; with no package index to ask
+# (offline, no lists), the newest kernel already there.
 # Prints the kernel directory last (the tier takes it as
 # NAMZU_MICROVM_KERNEL). Needs root and apt-get for the installs.
 set -euo pipefail
@@ -21,19 +23,27 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+. scripts/cache.sh
+kernels=$cache/microvm/kernel
 # The metapackage names the current kernel package; its version is the
 # cache key.
 meta=${NAMZU_MICROVM_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
 if [ -z "$pkg" ]; then
-    apt-get update -qq >/dev/null || true
-    pkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-/{print $2; exit}')
+    apt-get update -qq >/dev/null 2>&1 || true
+    pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
 fi
-[ -n "$pkg" ] || { echo "microvm-up: cannot resolve $meta to a kernel package" >&2; exit 1; }
+if [ -z "$pkg" ]; then
+    newest=$(ls -d "$kernels"/*/boot 2>/dev/null | sort -V | tail -1)
+    [ -n "$newest" ] || { echo "microvm-up: cannot resolve $meta to a kernel package" >&2; exit 1; }
+    dirname "$newest"
+    exit 0
+fi
 ver=$(apt-cache policy "$pkg" | awk '/Candidate:/{print $2}')
-dir=target/microvm/kernel/${pkg}_${ver}
+dir=$kernels/${pkg}_${ver}
 if ! [ -d "$dir/boot" ]; then
-    work=$(mktemp -d target/microvm-kernel.XXXXXX)
+    mkdir -p "$kernels"
+    work=$(mktemp -d "$kernels/.fetch.XXXXXX")
     trap 'rm -rf "$work"' EXIT
     (cd "$work" && apt-get download "$pkg=$ver" >/dev/null 2>&1) || {
         echo "microvm-up: apt-get download $pkg=$ver failed" >&2
@@ -50,4 +60,4 @@ if ! [ -d "$dir/boot" ]; then
     chmod -R a+rX "$dir.part"
     mv "$dir.part" "$dir"
 fi
-echo "$(pwd)/$dir"
+echo "$dir"

@@ -67,29 +67,36 @@ fi
 
 # The HTTP API's suite and the Python client's (clients/python), run by
 # pytest against a live `namzu serve` on the local tier: a venv with pinned
-# packages from PyPI (python3-venv from apt where the interpreter lacks it).
-venv=target/py-venv
-if ! [ -x "$venv/bin/pip" ]; then
+# packages from PyPI (python3-venv from apt where the interpreter lacks it),
+# kept in the machine cache (scripts/cache.sh) under the hash of the pins so
+# a clean clone reuses it without the network. The client is imported from
+# the tree (PYTHONPATH), not installed into the shared venv.
+pins="httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0 e2b==2.63.0"
+. scripts/cache.sh
+venv=$cache/py-venv-$(echo "$pins" | sha256sum | cut -c1-16)
+if ! [ -f "$venv/.complete" ]; then
     rm -rf "$venv"
     if ! python3 -m venv "$venv" && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
         rm -rf "$venv"
         python3 -m venv "$venv"
     fi
+    # shellcheck disable=SC2086 # the pins are separate words
+    "$venv/bin/pip" install -q --disable-pip-version-check $pins
+    touch "$venv/.complete"
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check \
-    httpx==0.28.1 pytest==9.2.0 websockets==17.4 openapi-spec-validator==0.9.0 e2b==2.63.0
-"$venv/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps ./clients/python
+export PYTHONPATH=$(pwd)/clients/python${PYTHONPATH:+:$PYTHONPATH}
 # The E2B JavaScript SDK, pinned by clients/e2b-js/package-lock.json (Node.js
 # and npm are on the machine).
-(cd clients/e2b-js && npm ci --no-audit --no-fund --silent)
+# --prefer-offline: npm's own cache answers when it holds the pinned tarballs.
+(cd clients/e2b-js && npm ci --no-audit --no-fund --silent --prefer-offline)
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --locked --no-fail-fast -- "$@" 2>&1 | tee "$log" || status=$?
 # pytest's "no tests ran" (exit 5) fails the run like any other failure.
-(cd clients/python && "../../$venv/bin/pytest" -q -rs -p no:cacheprovider) 2>&1 | tee -a "$log" || status=$?
+(cd clients/python && "$venv/bin/pytest" -q -rs -p no:cacheprovider) 2>&1 | tee -a "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) s += $i } }
      / (passed|failed|skipped|errors?)[ ,].*in [0-9.]+s/ && !/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^error/) f += $i; if ($(i+1) ~ /^skipped/) s += $i } }
      END { printf "summary: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -194,7 +194,8 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     pub fn feature_enabled(&self, feature: &str) -> bool {
-        if feature == namzu_proto::features::EGRESS && self.egress.is_none() {
+        let egress = [namzu_proto::features::EGRESS, namzu_proto::features::EGRESS_STREAM];
+        if egress.contains(&feature) && self.egress.is_none() {
             return false;
         }
         !self.disabled_features.iter().any(|f| f == feature)
@@ -204,7 +205,7 @@ impl AgentConfig {
     pub fn features(&self) -> Vec<String> {
         namzu_proto::features::ALL
             .iter()
-            .chain([&namzu_proto::features::EGRESS])
+            .chain([&namzu_proto::features::EGRESS, &namzu_proto::features::EGRESS_STREAM])
             .filter(|f| self.feature_enabled(f))
             .map(|f| (*f).to_owned())
             .collect()

@@ -140,6 +140,8 @@ struct Gate {
     links: mpsc::Sender<std::io::Result<Conn>>,
     /// Answers a hello preface: what Health would say.
     service: Arc<AgentService>,
+    /// Takes the streams of egress connections (the egress preface).
+    egress: Arc<crate::egress::Broker>,
 }
 
 impl Gate {
@@ -154,16 +156,17 @@ impl Gate {
         let me = self.clone();
         tokio::spawn(async move {
             let admitted = async {
-                let mut io: Pin<Box<dyn Io>> = match &me.tls {
-                    Some(tls) => Box::pin(tls.accept(s).await.map_err(|e| format!("TLS: {e}"))?),
-                    None => Box::pin(s),
-                };
                 use namzu_proto::preface::{self, Offer};
+                // Kept as it came where there is no TLS, so an egress
+                // stream on a unix socket can be spliced.
+                let mut io = match &me.tls {
+                    Some(tls) => Peer::<S>::Boxed(Box::pin(tls.accept(s).await.map_err(|e| format!("TLS: {e}"))?)),
+                    None => Peer::Plain(s),
+                };
                 let offer = preface::read_offer(&mut io, &me.token, me.max_token)
                     .await
                     .map_err(|e| e.to_string())?;
                 let hello = match offer {
-                    Offer::Plain => None,
                     Offer::Hello { flags } => {
                         let probe = flags & preface::HELLO_PROBE_CHILD != 0;
                         let h = me
@@ -173,22 +176,92 @@ impl Gate {
                             .map_err(|s| s.message().to_owned())?;
                         Some(prost::Message::encode_to_vec(&h))
                     }
+                    Offer::Plain | Offer::Egress { .. } => None,
                 };
                 preface::answer(&mut io, hello.as_deref())
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok::<_, String>(io)
+                Ok::<_, String>((io, offer))
             };
             let outcome = tokio::time::timeout(me.deadline, admitted).await;
             drop(permit);
             match outcome {
-                Ok(Ok(io)) => {
-                    let _ = me.links.send(Ok(Conn { io, closed })).await;
+                Ok(Ok((io, namzu_proto::preface::Offer::Egress { ask }))) => {
+                    if !me.egress.attach_stream(ask, io.into_splice()) {
+                        tracing::warn!(ask, "egress stream for an ask that no longer waits: closed");
+                    }
+                }
+                Ok(Ok((io, _))) => {
+                    let _ = me.links.send(Ok(Conn { io: io.boxed(), closed })).await;
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "link refused"),
                 Err(_) => tracing::warn!(deadline = ?me.deadline, "link refused: no preface in time"),
             }
         });
+    }
+}
+
+/// A stream in its preface: as accepted, or behind TLS.
+enum Peer<S> {
+    Plain(S),
+    Boxed(Pin<Box<dyn Io>>),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Peer<S> {
+    fn boxed(self) -> Pin<Box<dyn Io>> {
+        match self {
+            Peer::Plain(s) => Box::pin(s),
+            Peer::Boxed(b) => b,
+        }
+    }
+
+    /// The host's end of an egress connection: a unix socket as itself
+    /// (spliced), anything else as a byte stream.
+    fn into_splice(self) -> crate::egress::Splice {
+        match self {
+            Peer::Plain(s) => {
+                let any: Box<dyn std::any::Any + Send> = Box::new(s);
+                match any.downcast::<UnixStream>() {
+                    Ok(u) => crate::egress::Splice::Unix(*u),
+                    Err(other) => match other.downcast::<S>() {
+                        Ok(s) => crate::egress::Splice::Stream(Box::pin(*s)),
+                        // Unreachable: it was an S a line above.
+                        Err(_) => crate::egress::Splice::Stream(Box::pin(tokio::io::duplex(1).0)),
+                    },
+                }
+            }
+            Peer::Boxed(b) => crate::egress::Splice::Stream(Box::pin(b)),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Peer<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Peer::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Peer::Boxed(b) => b.as_mut().poll_read(cx, buf),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Peer<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Peer::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Peer::Boxed(b) => b.as_mut().poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Peer::Plain(s) => Pin::new(s).poll_flush(cx),
+            Peer::Boxed(b) => b.as_mut().poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Peer::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Peer::Boxed(b) => b.as_mut().poll_shutdown(cx),
+        }
     }
 }
 
@@ -242,7 +315,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             source,
         })?;
     }
-    let service = Arc::new(AgentService::new(cfg.clone(), jail, execs.clone(), egress));
+    let service = Arc::new(AgentService::new(cfg.clone(), jail, execs.clone(), egress.clone()));
     let msg_max = Limits::usize(limits.max_message_bytes);
 
     let (links_tx, links_rx) = mpsc::channel(16);
@@ -256,6 +329,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         pending: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_pending_links))),
         links: links_tx.clone(),
         service: service.clone(),
+        egress: egress.clone(),
     };
     let gate_for_tcp = Gate { tls, ..gate.clone() };
     let (closed_tx, closed_rx) = oneshot::channel();

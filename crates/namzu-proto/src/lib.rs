@@ -17,6 +17,7 @@ pub mod launch;
 pub mod link_tls;
 pub mod mux;
 pub mod preface;
+pub mod splice;
 
 /// Generated messages, client and server for `namzu.agent.v1`.
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -167,6 +168,10 @@ pub mod features {
     pub const SESSIONS: &str = "sessions";
     /// The loopback proxy and resolver, decided by the host (`Egress`).
     pub const EGRESS: &str = "egress";
+    /// An accepted egress connection may travel on a byte stream of its
+    /// own (a link opened with the egress form of the preface) instead of
+    /// an `EgressSplice` call on the shared link.
+    pub const EGRESS_STREAM: &str = "egress.stream";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[

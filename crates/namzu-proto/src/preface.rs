@@ -7,6 +7,9 @@
 //!
 //! host -> agent:  "NZL2" | token_len: u16 big-endian | token bytes | flags: u8
 //! agent -> host:  0x00 | hello_len: u32 big-endian | hello (a HealthResponse)
+//!
+//! host -> agent:  "NZE1" | token_len: u16 big-endian | token bytes | ask: u64 big-endian
+//! agent -> host:  0x00   (accepted; the stream now carries egress ask `ask`, raw)
 //! ```
 //!
 //! The second form asks the agent to say at once what `Health` would say
@@ -16,9 +19,14 @@
 //! An agent older than it refuses the magic like any other, and the host
 //! dials again with the first form.
 //!
+//! The third form joins the stream, unframed, to an egress connection the
+//! agent asked the host for and the host made: one byte stream per egress
+//! connection instead of frames on the shared link (offered as
+//! [`crate::features::EGRESS_STREAM`]).
+//!
 //! A rejected peer gets no answer, only a closed stream: a wrong token, a wrong
 //! magic and a token longer than the agent's bound are indistinguishable from
-//! outside. The agent never reads more than `HEADER_LEN + max_token_bytes + 1`
+//! outside. The agent never reads more than `HEADER_LEN + max_token_bytes + 8`
 //! bytes from an unauthenticated peer; the host reads at most
 //! [`MAX_HELLO_BYTES`] of a hello.
 
@@ -28,6 +36,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub const MAGIC: [u8; 4] = *b"NZL1";
 /// The preface that asks for a hello.
 pub const MAGIC_HELLO: [u8; 4] = *b"NZL2";
+/// The preface of an egress connection's own stream.
+pub const MAGIC_EGRESS: [u8; 4] = *b"NZE1";
 /// Hello flag: fork a probe child and report its status, as Health's
 /// `probe_child` does.
 pub const HELLO_PROBE_CHILD: u8 = 1;
@@ -68,6 +78,8 @@ pub enum Offer {
     Plain,
     /// `NZL2`: the link, after a hello; the flags it gave.
     Hello { flags: u8 },
+    /// `NZE1`: the raw stream of egress ask `ask`.
+    Egress { ask: u64 },
 }
 
 /// Parses a complete or partial preface held in `buf`.
@@ -134,8 +146,14 @@ where
 {
     let mut buf = vec![0u8; HEADER_LEN];
     read_exact(stream, &mut buf).await?;
-    let hello = buf[..4] == MAGIC_HELLO;
-    if hello {
+    let magic = [buf[0], buf[1], buf[2], buf[3]];
+    // What follows the token: a flags byte (hello), an ask id (egress).
+    let trailer = match magic {
+        MAGIC_HELLO => 1,
+        MAGIC_EGRESS => 8,
+        _ => 0,
+    };
+    if trailer > 0 {
         // Validated as the plain form: the rest of the header is the same.
         buf[..4].copy_from_slice(&MAGIC);
     }
@@ -144,21 +162,21 @@ where
     let len = usize::from(u16::from_be_bytes([buf[4], buf[5]]));
     buf.resize(HEADER_LEN + len, 0);
     read_exact(stream, &mut buf[HEADER_LEN..]).await?;
-    let mut flags = [0u8; 1];
-    if hello {
-        // Read before the token is judged, so a refused peer leaves
-        // nothing unread (and sees a close, not a reset).
-        read_exact(stream, &mut flags).await?;
-    }
+    // Read before the token is judged, so a refused peer leaves nothing
+    // unread (and sees a close, not a reset).
+    let mut rest = [0u8; 8];
+    read_exact(stream, &mut rest[..trailer]).await?;
     match parse(&buf, max_token_bytes)? {
         Some((token, _)) if token_matches(expected, token) => {}
         Some(_) => return Err(PrefaceError::WrongToken),
         None => return Err(PrefaceError::Truncated),
     }
-    Ok(if hello {
-        Offer::Hello { flags: flags[0] }
-    } else {
-        Offer::Plain
+    Ok(match magic {
+        MAGIC_HELLO => Offer::Hello { flags: rest[0] },
+        MAGIC_EGRESS => Offer::Egress {
+            ask: u64::from_be_bytes(rest),
+        },
+        _ => Offer::Plain,
     })
 }
 
@@ -191,7 +209,7 @@ where
 {
     match read_offer(stream, expected, max_token_bytes).await? {
         Offer::Plain => answer(stream, None).await,
-        Offer::Hello { .. } => Err(PrefaceError::BadMagic),
+        Offer::Hello { .. } | Offer::Egress { .. } => Err(PrefaceError::BadMagic),
     }
 }
 
@@ -200,9 +218,16 @@ pub async fn offer<S>(stream: &mut S, token: &[u8]) -> Result<(), PrefaceError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let bytes = encode(token)?;
+    send_and_accept(stream, &encode(token)?).await
+}
+
+/// Sends a preface's bytes and waits for the acceptance byte.
+async fn send_and_accept<S>(stream: &mut S, bytes: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     stream
-        .write_all(&bytes)
+        .write_all(bytes)
         .await
         .map_err(|e| PrefaceError::Io(e.to_string()))?;
     stream.flush().await.map_err(|e| PrefaceError::Io(e.to_string()))?;
@@ -220,6 +245,19 @@ async fn read_accepted<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), Prefa
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Err(PrefaceError::Refused),
         Err(e) => Err(PrefaceError::Io(e.to_string())),
     }
+}
+
+/// Host side: sends the egress form of the preface for ask `ask` and
+/// waits for the agent's acceptance; the stream is then that egress
+/// connection's, raw.
+pub async fn offer_egress<S>(stream: &mut S, token: &[u8], ask: u64) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut bytes = encode(token)?;
+    bytes[..4].copy_from_slice(&MAGIC_EGRESS);
+    bytes.extend_from_slice(&ask.to_be_bytes());
+    send_and_accept(stream, &bytes).await
 }
 
 /// Host side: sends the hello form of the preface and returns the agent's
@@ -288,6 +326,20 @@ mod tests {
         let refused = tokio::spawn(async move { offer_hello(&mut host, b"tok", 0).await });
         assert_eq!(served.await.unwrap(), Err(PrefaceError::BadMagic));
         assert_eq!(refused.await.unwrap(), Err(PrefaceError::Refused));
+
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move {
+            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+            answer(&mut agent, None).await.unwrap();
+            offer
+        });
+        offer_egress(&mut host, b"tok", 0x0102_0304_0506_0708).await.unwrap();
+        assert_eq!(
+            served.await.unwrap(),
+            Offer::Egress {
+                ask: 0x0102_0304_0506_0708
+            }
+        );
 
         let (mut host, mut agent) = tokio::io::duplex(4096);
         let served = tokio::spawn(async move { read_offer(&mut agent, b"tok", 16).await });

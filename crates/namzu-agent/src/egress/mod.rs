@@ -12,6 +12,7 @@
 
 pub mod dns;
 pub mod http1;
+mod join;
 pub mod proxy;
 
 use std::collections::HashMap;
@@ -116,12 +117,28 @@ pub enum Answer {
     Failed(String),
 }
 
-/// The host's end of an accepted connection: bytes from the destination,
-/// and a sender for bytes to it.
-pub struct Splice {
-    pub from_host: Streaming<EgressSpliceInput>,
-    pub to_host: mpsc::Sender<Result<TcpOutput, Status>>,
+/// The host's end of an accepted connection.
+// Moved only boxed (`Answer::Spliced`), so the variants' sizes cost nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Splice {
+    /// An `EgressSplice` call on the shared link: bytes from the
+    /// destination, and a sender for bytes to it.
+    Call {
+        from_host: Streaming<EgressSpliceInput>,
+        to_host: mpsc::Sender<Result<TcpOutput, Status>>,
+    },
+    /// A byte stream of its own (the egress form of the preface), raw.
+    Stream(RawStream),
+    /// The same on a unix socket, copied with `splice(2)`.
+    Unix(tokio::net::UnixStream),
 }
+
+/// A host stream carrying one egress connection's bytes.
+pub type RawStream = std::pin::Pin<Box<dyn RawIo>>;
+
+/// What a raw egress stream is.
+pub trait RawIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send> RawIo for T {}
 
 /// Routes asks to the host's `Egress` call and answers back to the asker.
 pub struct Broker {
@@ -268,9 +285,18 @@ impl Broker {
             .ok_or_else(|| Status::not_found(format!("no egress ask {id} is waiting")))?;
         let (to_host, rx) = mpsc::channel(8);
         waiter
-            .send(Answer::Spliced(Box::new(Splice { from_host, to_host })))
+            .send(Answer::Spliced(Box::new(Splice::Call { from_host, to_host })))
             .map_err(|_| Status::cancelled(format!("egress ask {id} gave up")))?;
         Ok(rx)
+    }
+
+    /// The host accepted ask `id` on a stream of its own: joins it to the
+    /// ask's client. False when no such ask waits (answered, timed out).
+    pub fn attach_stream(&self, id: u64, stream: Splice) -> bool {
+        let Some(waiter) = self.lock().pending.remove(&id) else {
+            return false;
+        };
+        waiter.send(Answer::Spliced(Box::new(stream))).is_ok()
     }
 
     /// Asks refused so far because no host held the `Egress` call.

@@ -6,14 +6,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use namzu_proto::v1::{self, egress_ask, EgressConnect, TcpOutput};
+use namzu_proto::v1::{egress_ask, EgressConnect};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{Answer, Broker, Splice};
-
-const CHUNK: usize = 64 * 1024;
+use super::join::join;
+use super::{Answer, Broker};
 
 pub fn spawn_http(broker: Arc<Broker>, listener: TcpListener) {
     spawn_accepting(broker, listener, "http proxy", http_client);
@@ -245,86 +243,6 @@ async fn socks_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Re
 
 async fn socks_reply(client: &mut TcpStream, code: u8) -> std::io::Result<()> {
     client.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
-}
-
-/// Joins `client` to the host's splice: `first` (bytes already read past
-/// what the proxy consumed) goes out before anything else. Each direction
-/// half-closes on its own EOF; a splice the host drops (a policy change)
-/// closes the client. With `body` (one plain-HTTP request), only the rest
-/// of that request's body goes upstream; later client bytes are read and
-/// dropped, and the client is closed when the response ends.
-async fn join(
-    client: TcpStream,
-    s: Box<Splice>,
-    first: Bytes,
-    body: Option<super::http1::Body>,
-) -> std::io::Result<()> {
-    let framed = body.is_some();
-    let _ = client.set_nodelay(true);
-    let (mut rd, mut wr) = client.into_split();
-    let Splice { mut from_host, to_host } = *s;
-    let out = |m| Ok(TcpOutput { msg: Some(m) });
-    let upstream = async move {
-        if !first.is_empty() && to_host.send(out(v1::tcp_output::Msg::Data(first))).await.is_err() {
-            return;
-        }
-        let mut buf = vec![0u8; CHUNK];
-        let mut body = body;
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    let _ = to_host.send(out(v1::tcp_output::Msg::Eof(v1::Empty {}))).await;
-                    return;
-                }
-                Ok(n) => {
-                    let n = match body.as_mut() {
-                        None => n,
-                        Some(b) if b.done() => 0,
-                        Some(b) => match b.feed(&buf[..n]) {
-                            Ok(k) => k,
-                            Err(_) => return,
-                        },
-                    };
-                    if n == 0 {
-                        continue;
-                    }
-                    let data = Bytes::copy_from_slice(&buf[..n]);
-                    if to_host.send(out(v1::tcp_output::Msg::Data(data))).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    };
-    let upstream = tokio::spawn(upstream);
-    // True when the host dropped the splice rather than ending it.
-    let dropped = async move {
-        while let Some(Ok(m)) = from_host.next().await {
-            match m.msg {
-                Some(v1::egress_splice_input::Msg::Data(d)) => {
-                    if wr.write_all(&d).await.is_err() {
-                        return false;
-                    }
-                }
-                Some(v1::egress_splice_input::Msg::Eof(_)) => {
-                    let _ = wr.shutdown().await;
-                    return false;
-                }
-                _ => break,
-            }
-        }
-        true
-    }
-    .await;
-    if dropped || framed {
-        // A policy change (or the host going away), or the one request's
-        // response is over: close both halves now, whatever the client is
-        // doing.
-        upstream.abort();
-    } else {
-        let _ = upstream.await;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

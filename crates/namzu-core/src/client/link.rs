@@ -68,6 +68,20 @@ pub(super) type Dialer = Arc<dyn Fn() -> DialFuture + Send + Sync>;
 /// The token offered at each (re)dial, asked for after the dial.
 pub(super) type TokenSource = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
+/// What a link's dialer allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Dial {
+    /// One stream only (an inherited socket, an exec's stdio): no second
+    /// dial to fall back to the plain preface with, so no hello either.
+    Once,
+    /// Dials again as often as needed.
+    Again,
+    /// Dials again, cheaply enough for a stream per egress connection.
+    Cheap,
+    /// A unix socket at this path: as `Cheap`, and spliced.
+    Unix(std::path::PathBuf),
+}
+
 /// Object-safe form of [`LinkStream`], so one client type serves every
 /// transport.
 pub trait LinkStreamObj: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -93,6 +107,44 @@ pub(super) struct Inner {
     /// Checked before every op: a tier that can learn the sandbox is gone
     /// (a Kubernetes lease) attaches one.
     pub(super) guard: std::sync::OnceLock<Arc<dyn LinkGuard>>,
+    /// How to open a stream of its own (a cheap dial and the token), for
+    /// an egress connection; `None` where dials are dear or one-shot.
+    pub(super) side: Option<(SideDial, TokenSource)>,
+}
+
+/// How a link opens an egress connection's own stream.
+pub(super) enum SideDial {
+    /// A unix socket: the stream is spliced.
+    Unix(std::path::PathBuf),
+    /// Any other cheap dial.
+    Other(Dialer),
+}
+
+/// An egress connection's own stream to the agent.
+pub enum EgressStream {
+    /// On a unix socket, so the host can splice it.
+    Unix(tokio::net::UnixStream),
+    /// On another transport.
+    Other(Box<dyn LinkStreamObj>),
+}
+
+/// The same token at every dial.
+fn fixed_token(token: Vec<u8>) -> TokenSource {
+    let token = Arc::new(token);
+    Arc::new(move || token.as_ref().clone())
+}
+
+/// `dial` as a [`Dialer`] of boxed streams.
+fn boxed_dialer<D, F, S>(dial: D) -> Dialer
+where
+    D: Fn() -> F + Send + Sync + 'static,
+    F: Future<Output = io::Result<S>> + Send + 'static,
+    S: LinkStream,
+{
+    Arc::new(move || {
+        let fut = dial();
+        Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
+    })
 }
 
 /// Something besides the link that can know a sandbox must no longer be
@@ -162,12 +214,15 @@ impl AgentClient {
         S: LinkStream,
         T: Fn() -> Vec<u8> + Send + Sync + 'static,
     {
-        let dial = Arc::new(dial);
-        let dialer: Dialer = Arc::new(move || {
-            let fut = dial();
-            Box::pin(async move { fut.await.map(|s| Box::new(s) as Box<dyn LinkStreamObj>) })
-        });
-        Self::connect_dialer(sandbox_id, endpoint, Arc::new(token), opts, dialer, true).await
+        Self::connect_dialer(
+            sandbox_id,
+            endpoint,
+            Arc::new(token),
+            opts,
+            boxed_dialer(dial),
+            Dial::Again,
+        )
+        .await
     }
 
     /// Connects over one already-open stream (an inherited socket, an exec's
@@ -200,9 +255,7 @@ impl AgentClient {
             Arc::new(move || token.as_ref().clone()),
             opts,
             dialer,
-            // One stream only: no second dial to fall back to the plain
-            // preface if the agent predates the hello.
-            false,
+            Dial::Once,
         )
         .await
     }
@@ -210,9 +263,17 @@ impl AgentClient {
     /// Connects to an agent's unix socket.
     pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
         let p = path.to_path_buf();
-        Self::connect(sandbox_id, &path.display().to_string(), token, opts, move || {
-            tokio::net::UnixStream::connect(p.clone())
-        })
+        let how = Dial::Unix(p.clone());
+        // A dial cheap enough to make per egress connection: the link may
+        // open byte streams of their own for them.
+        Self::connect_dialer(
+            sandbox_id,
+            &path.display().to_string(),
+            fixed_token(token),
+            opts,
+            boxed_dialer(move || tokio::net::UnixStream::connect(p.clone())),
+            how,
+        )
         .await
     }
 
@@ -223,11 +284,18 @@ impl AgentClient {
         token: Vec<u8>,
         opts: ClientOptions,
     ) -> Result<Self> {
-        Self::connect(sandbox_id, &addr.to_string(), token, opts, move || async move {
-            let s = tokio::net::TcpStream::connect(addr).await?;
-            s.set_nodelay(true)?;
-            Ok(s)
-        })
+        Self::connect_dialer(
+            sandbox_id,
+            &addr.to_string(),
+            fixed_token(token),
+            opts,
+            boxed_dialer(move || async move {
+                let s = tokio::net::TcpStream::connect(addr).await?;
+                s.set_nodelay(true)?;
+                Ok(s)
+            }),
+            Dial::Cheap,
+        )
         .await
     }
 
@@ -237,8 +305,14 @@ impl AgentClient {
         token: TokenSource,
         opts: ClientOptions,
         dialer: Dialer,
-        hello: bool,
+        how: Dial,
     ) -> Result<Self> {
+        let hello = how != Dial::Once;
+        let side = match &how {
+            Dial::Cheap => Some((SideDial::Other(dialer.clone()), token.clone())),
+            Dial::Unix(path) => Some((SideDial::Unix(path.clone()), token.clone())),
+            Dial::Once | Dial::Again => None,
+        };
         use namzu_proto::preface::{self, PrefaceError};
         let dial = || async {
             dialer().await.map_err(|source| Error::Connect {
@@ -379,6 +453,7 @@ impl AgentClient {
                 write_chunk,
                 heartbeat,
                 guard: std::sync::OnceLock::new(),
+                side,
             }),
         })
     }
@@ -420,6 +495,45 @@ impl AgentClient {
             .await
             .map_err(|s| Error::from_status("health", s))?;
         Ok(h.into_inner().child_status)
+    }
+
+    /// Opens a byte stream of its own for egress ask `ask` (the egress form
+    /// of the preface): the host's end of that connection, raw, instead of
+    /// an `EgressSplice` call. `None` where the link cannot dial cheaply or
+    /// the agent does not offer it.
+    pub async fn open_egress_stream(&self, ask: u64) -> Option<Result<EgressStream>> {
+        let (dial, token) = self.inner.side.as_ref()?;
+        if !self.inner.features.contains(feat::EGRESS_STREAM) {
+            return None;
+        }
+        let endpoint = || format!("egress stream of {}", self.inner.sandbox_id);
+        let opened = async {
+            let connect = |source| Error::Connect {
+                endpoint: endpoint(),
+                source,
+            };
+            let refused = |source| Error::Preface {
+                endpoint: endpoint(),
+                source,
+            };
+            Ok(match dial {
+                SideDial::Unix(path) => {
+                    let mut s = tokio::net::UnixStream::connect(path).await.map_err(connect)?;
+                    namzu_proto::preface::offer_egress(&mut s, &token(), ask)
+                        .await
+                        .map_err(refused)?;
+                    EgressStream::Unix(s)
+                }
+                SideDial::Other(dialer) => {
+                    let mut s = dialer().await.map_err(connect)?;
+                    namzu_proto::preface::offer_egress(&mut s, &token(), ask)
+                        .await
+                        .map_err(refused)?;
+                    EgressStream::Other(s)
+                }
+            })
+        };
+        Some(opened.await)
     }
 
     /// Marks the link unusable: every later op fails with

@@ -25,6 +25,7 @@ mod terminal;
 
 pub use exec::{CancelOutcome, ExecStream};
 pub use link::{
-    AgentClient, ByteStream, ClientOptions, FileInfoStream, LinkGuard, LinkStream, WatchStream, WRITE_CHUNK,
+    AgentClient, ByteStream, ClientOptions, EgressStream, FileInfoStream, LinkGuard, LinkStream, LinkStreamObj,
+    WatchStream, WRITE_CHUNK,
 };
 pub use terminal::Terminal;

@@ -27,6 +27,8 @@ use crate::error::Result;
 /// How long one connection attempt to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CHUNK: usize = 64 * 1024;
+/// Bytes copied at a time on an egress connection's own stream.
+const STREAM_CHUNK: usize = 256 * 1024;
 
 /// A string from the sandbox (a host name as asked, a refusal quoting it,
 /// the proxy it came through) as written to the decision log: every
@@ -386,8 +388,32 @@ impl Service {
         close: CancellationToken,
         stream: tokio::net::TcpStream,
     ) -> std::result::Result<(), String> {
-        let (to_sandbox, mut from_sandbox) = egress_splice(client, id).await.map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
+        // A stream of the connection's own where the link can open one:
+        // no framing, no sharing the link's flow control with the rest.
+        match client.open_egress_stream(id).await {
+            // A unix socket: spliced, the bytes never through this process.
+            Some(Ok(crate::client::EgressStream::Unix(raw))) => {
+                tokio::select! {
+                    _ = namzu_proto::splice::both_ways(&raw, &stream) => {}
+                    _ = close.cancelled() => {}
+                }
+                return Ok(());
+            }
+            Some(Ok(crate::client::EgressStream::Other(mut raw))) => {
+                let mut stream = stream;
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional_with_sizes(&mut raw, &mut stream, STREAM_CHUNK, STREAM_CHUNK) => {}
+                    _ = close.cancelled() => {}
+                }
+                return Ok(());
+            }
+            Some(Err(e)) => {
+                tracing::warn!(sandbox = %self.id, ask = id, "egress: no stream of its own ({e}); through the link")
+            }
+            None => {}
+        }
+        let (to_sandbox, mut from_sandbox) = egress_splice(client, id).await.map_err(|e| e.to_string())?;
         let (mut rd, mut wr) = stream.into_split();
         let up = async {
             while let Some(Ok(m)) = from_sandbox.next().await {

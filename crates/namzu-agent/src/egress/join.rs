@@ -1,0 +1,232 @@
+//! Joining a sandbox's client to the host's end of an egress connection
+//! the host accepted: an `EgressSplice` call's messages, or a byte stream
+//! of the connection's own, copied both ways in large reads.
+
+use std::os::fd::AsRawFd;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use namzu_proto::v1::{self, TcpOutput};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::http1::Body;
+use super::{RawStream, Splice};
+
+/// Bytes read at a time from the client for a call's messages.
+const CHUNK: usize = 64 * 1024;
+/// Bytes copied at a time on a stream of the connection's own.
+const STREAM_CHUNK: usize = 256 * 1024;
+
+/// Joins `client` to the host's splice: `first` (bytes already read past
+/// what the proxy consumed) goes out before anything else. Each direction
+/// half-closes on its own EOF; a splice the host drops (a policy change)
+/// closes the client. With `body` (one plain-HTTP request), only the rest
+/// of that request's body goes upstream; later client bytes are read and
+/// dropped, and the client is closed when the response ends.
+pub(super) async fn join(client: TcpStream, s: Box<Splice>, first: Bytes, body: Option<Body>) -> std::io::Result<()> {
+    let _ = client.set_nodelay(true);
+    match *s {
+        Splice::Call { from_host, to_host } => join_call(client, from_host, to_host, first, body).await,
+        Splice::Stream(host) => join_stream(client, host, first, body).await,
+        Splice::Unix(host) => join_unix(client, host, first, body).await,
+    }
+}
+
+/// Reads what `s` has, waiting for it.
+async fn read_ref(s: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        s.readable().await?;
+        match s.try_read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Writes all of `buf` to `s`, waiting for room.
+async fn write_all_ref(s: &tokio::net::UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        s.writable().await?;
+        match s.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// [`join`] on a unix stream of the connection's own: the bytes are
+/// spliced, never copied through this process (but a plain-HTTP
+/// request's body, which is read to be cut at its end).
+async fn join_unix(
+    client: TcpStream,
+    host: tokio::net::UnixStream,
+    first: Bytes,
+    body: Option<Body>,
+) -> std::io::Result<()> {
+    write_all_ref(&host, &first).await?;
+    let Some(mut body) = body else {
+        namzu_proto::splice::both_ways(&client, &host).await?;
+        return Ok(());
+    };
+    let upstream = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match read_ref(&client, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            // Whatever the client sends after the one request is read and
+            // dropped, never forwarded.
+            let k = match body.done() {
+                true => 0,
+                false => match body.feed(&buf[..n]) {
+                    Ok(k) => k,
+                    Err(_) => break,
+                },
+            };
+            if k > 0 && write_all_ref(&host, &buf[..k]).await.is_err() {
+                break;
+            }
+        }
+        // The client's end, passed on: the server may be waiting for it.
+        let _ = nix::sys::socket::shutdown(host.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+        futures::future::pending::<()>().await;
+    };
+    // The one request's response is over when the host's side ends: then
+    // both halves close, whatever the client is doing.
+    tokio::select! {
+        _ = upstream => {}
+        _ = namzu_proto::splice::one_way(&host, &client) => {}
+    }
+    Ok(())
+}
+
+/// [`join`] through an `EgressSplice` call: every chunk a message.
+async fn join_call(
+    client: TcpStream,
+    mut from_host: tonic::Streaming<v1::EgressSpliceInput>,
+    to_host: tokio::sync::mpsc::Sender<Result<TcpOutput, tonic::Status>>,
+    first: Bytes,
+    body: Option<Body>,
+) -> std::io::Result<()> {
+    let framed = body.is_some();
+    let (mut rd, mut wr) = client.into_split();
+    let out = |m| Ok(TcpOutput { msg: Some(m) });
+    let upstream = async move {
+        if !first.is_empty() && to_host.send(out(v1::tcp_output::Msg::Data(first))).await.is_err() {
+            return;
+        }
+        let mut buf = vec![0u8; CHUNK];
+        let mut body = body;
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to_host.send(out(v1::tcp_output::Msg::Eof(v1::Empty {}))).await;
+                    return;
+                }
+                Ok(n) => {
+                    let n = match body.as_mut() {
+                        None => n,
+                        Some(b) if b.done() => 0,
+                        Some(b) => match b.feed(&buf[..n]) {
+                            Ok(k) => k,
+                            Err(_) => return,
+                        },
+                    };
+                    if n == 0 {
+                        continue;
+                    }
+                    let data = Bytes::copy_from_slice(&buf[..n]);
+                    if to_host.send(out(v1::tcp_output::Msg::Data(data))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let upstream = tokio::spawn(upstream);
+    // True when the host dropped the splice rather than ending it.
+    let dropped = async move {
+        while let Some(Ok(m)) = from_host.next().await {
+            match m.msg {
+                Some(v1::egress_splice_input::Msg::Data(d)) => {
+                    if wr.write_all(&d).await.is_err() {
+                        return false;
+                    }
+                }
+                Some(v1::egress_splice_input::Msg::Eof(_)) => {
+                    let _ = wr.shutdown().await;
+                    return false;
+                }
+                _ => break,
+            }
+        }
+        true
+    }
+    .await;
+    if dropped || framed {
+        // A policy change (or the host going away), or the one request's
+        // response is over: close both halves now, whatever the client is
+        // doing.
+        upstream.abort();
+    } else {
+        let _ = upstream.await;
+    }
+    Ok(())
+}
+
+/// [`join`] on a stream of the connection's own. The host closes the
+/// stream when the destination is done or a policy change ends the
+/// connection (the two look alike here): the client's read side then sees
+/// the end, and its writes fail once the host is gone.
+async fn join_stream(client: TcpStream, host: RawStream, first: Bytes, body: Option<Body>) -> std::io::Result<()> {
+    let framed = body.is_some();
+    let (mut crd, mut cwr) = client.into_split();
+    let (mut hrd, mut hwr) = tokio::io::split(host);
+    hwr.write_all(&first).await?;
+    let upstream = async move {
+        let mut buf = vec![0u8; STREAM_CHUNK];
+        let mut body = body;
+        loop {
+            let n = match crd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let n = match body.as_mut() {
+                None => n,
+                Some(b) if b.done() => 0,
+                Some(b) => match b.feed(&buf[..n]) {
+                    Ok(k) => k,
+                    Err(_) => break,
+                },
+            };
+            if n > 0 && hwr.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = hwr.shutdown().await;
+    };
+    let upstream = tokio::spawn(upstream);
+    let mut buf = vec![0u8; STREAM_CHUNK];
+    loop {
+        match hrd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if cwr.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = cwr.shutdown().await;
+    if framed {
+        // The one request's response is over: close the client now.
+        upstream.abort();
+    } else {
+        let _ = upstream.await;
+    }
+    Ok(())
+}
