@@ -35,6 +35,7 @@ pub struct Limits {
     pub egress_max_pending: u64,
     pub egress_decision_timeout_ms: u64,
     pub egress_max_head_bytes: u64,
+    pub max_side_reads: u64,
 }
 
 impl Default for Limits {
@@ -66,6 +67,7 @@ impl Default for Limits {
             egress_max_pending: 1024,
             egress_decision_timeout_ms: 30_000,
             egress_max_head_bytes: 16 * 1024,
+            max_side_reads: 16,
         }
     }
 }
@@ -125,6 +127,7 @@ impl Limits {
             (limits::EGRESS_MAX_PENDING, &mut self.egress_max_pending),
             (limits::EGRESS_DECISION_TIMEOUT_MS, &mut self.egress_decision_timeout_ms),
             (limits::EGRESS_MAX_HEAD_BYTES, &mut self.egress_max_head_bytes),
+            (limits::MAX_SIDE_READS, &mut self.max_side_reads),
         ]
     }
 

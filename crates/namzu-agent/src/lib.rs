@@ -51,6 +51,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod service;
 pub mod sessions;
+mod side_read;
 pub mod spawn;
 pub mod tcp;
 pub mod terminal;

@@ -142,6 +142,8 @@ struct Gate {
     service: Arc<AgentService>,
     /// Takes the streams of egress connections (the egress preface).
     egress: Arc<crate::egress::Broker>,
+    /// Side reads at once (`max_side_reads`).
+    side_reads: Arc<tokio::sync::Semaphore>,
 }
 
 impl Gate {
@@ -176,7 +178,7 @@ impl Gate {
                             .map_err(|s| s.message().to_owned())?;
                         Some(prost::Message::encode_to_vec(&h))
                     }
-                    Offer::Plain | Offer::Egress { .. } => None,
+                    Offer::Plain | Offer::Egress { .. } | Offer::Read { .. } => None,
                 };
                 preface::answer(&mut io, hello.as_deref())
                     .await
@@ -190,6 +192,10 @@ impl Gate {
                     if !me.egress.attach_stream(ask, io.into_splice()) {
                         tracing::warn!(ask, "egress stream for an ask that no longer waits: closed");
                     }
+                }
+                Ok(Ok((io, namzu_proto::preface::Offer::Read { request }))) => {
+                    let peer = io.into_unix().map_err(|b| b as Pin<Box<dyn AsyncWrite + Send>>);
+                    crate::side_read::serve(me.service.clone(), me.side_reads.clone(), peer, request).await;
                 }
                 Ok(Ok((io, _))) => {
                     let _ = me.links.send(Ok(Conn { io: io.boxed(), closed })).await;
@@ -215,22 +221,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Peer<S> {
         }
     }
 
-    /// The host's end of an egress connection: a unix socket as itself
-    /// (spliced), anything else as a byte stream.
-    fn into_splice(self) -> crate::egress::Splice {
+    /// The stream as the unix socket it is, or boxed when it is not one.
+    fn into_unix(self) -> Result<UnixStream, Pin<Box<dyn Io>>> {
         match self {
             Peer::Plain(s) => {
                 let any: Box<dyn std::any::Any + Send> = Box::new(s);
                 match any.downcast::<UnixStream>() {
-                    Ok(u) => crate::egress::Splice::Unix(*u),
+                    Ok(u) => Ok(*u),
                     Err(other) => match other.downcast::<S>() {
-                        Ok(s) => crate::egress::Splice::Stream(Box::pin(*s)),
+                        Ok(s) => Err(Box::pin(*s)),
                         // Unreachable: it was an S a line above.
-                        Err(_) => crate::egress::Splice::Stream(Box::pin(tokio::io::duplex(1).0)),
+                        Err(_) => Err(Box::pin(tokio::io::duplex(1).0)),
                     },
                 }
             }
-            Peer::Boxed(b) => crate::egress::Splice::Stream(Box::pin(b)),
+            Peer::Boxed(b) => Err(b),
+        }
+    }
+
+    /// The host's end of an egress connection: a unix socket as itself
+    /// (spliced), anything else as a byte stream.
+    fn into_splice(self) -> crate::egress::Splice {
+        match self.into_unix() {
+            Ok(u) => crate::egress::Splice::Unix(u),
+            Err(b) => crate::egress::Splice::Stream(Box::pin(b)),
         }
     }
 }
@@ -330,6 +344,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         links: links_tx.clone(),
         service: service.clone(),
         egress: egress.clone(),
+        side_reads: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_side_reads))),
     };
     let gate_for_tcp = Gate { tls, ..gate.clone() };
     let (closed_tx, closed_rx) = oneshot::channel();

@@ -71,6 +71,21 @@ impl AgentService {
         Ok(())
     }
 
+    /// Admits a streamed read (on the link or a stream of its own) and
+    /// opens its file, with the checks and errors of `ReadFileStream`.
+    pub(crate) async fn open_for_stream(&self, op: &'static str, path: bytes::Bytes) -> Result<std::fs::File, Status> {
+        self.admit(op, namzu_proto::features::FILES_READ_STREAM)?;
+        let (file, _) = self
+            .blocking(op, move |jail| files::open_regular(jail, op, &path))
+            .await?;
+        Ok(file)
+    }
+
+    /// Refuses a side read when that feature is withheld.
+    pub(crate) fn side_reads_enabled(&self, op: &str) -> Result<(), Status> {
+        self.feature(op, namzu_proto::features::FILES_READ_SIDE)
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         op: &'static str,
@@ -295,12 +310,8 @@ impl Agent for AgentService {
         req: Request<ReadFileStreamRequest>,
     ) -> Result<Response<Self::ReadFileStreamStream>, Status> {
         const OP: &str = "read_file_stream";
-        self.admit("read_file_stream", namzu_proto::features::FILES_READ_STREAM)?;
         let r = req.into_inner();
-        let path = r.path.clone();
-        let (file, _) = self
-            .blocking(OP, move |jail| files::open_regular(jail, OP, &path))
-            .await?;
+        let file = self.open_for_stream(OP, r.path.clone()).await?;
         // Capacity 2: with HTTP/2 flow control this bounds what the agent holds
         // for one stream to a few chunks, whatever the file size.
         let (tx, rx) = mpsc::channel(2);

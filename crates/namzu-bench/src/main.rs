@@ -397,6 +397,10 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("# namzu benchmark (release build)");
     println!();
+    // `NAMZU_BENCH_ONLY=host`: the host tier's exec and file figures only.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("host") {
+        return host_tier(iters).await;
+    }
     startup_stages(30).await?;
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() != Ok("no-pool") {
         let n = std::env::var("NAMZU_BENCH_POOL_RUNS")

@@ -141,8 +141,8 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
 /// lost (or gained) fails the suite instead of turning cases into
 /// "ignored".
 pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
-    use namzu::features::{ALL, EGRESS};
-    let with_egress = || ALL.iter().copied().chain([EGRESS]).collect();
+    use namzu::features::{ALL, EGRESS, EGRESS_STREAM};
+    let with_egress = || ALL.iter().copied().chain([EGRESS, EGRESS_STREAM]).collect();
     match backend {
         "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" | "microvm" => Some(with_egress()),
         "host" => Some(ALL.to_vec()),

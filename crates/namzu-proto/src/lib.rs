@@ -17,6 +17,7 @@ pub mod launch;
 pub mod link_tls;
 pub mod mux;
 pub mod preface;
+pub mod side_read;
 pub mod splice;
 
 /// Generated messages, client and server for `namzu.agent.v1`.
@@ -103,6 +104,9 @@ pub mod limits {
     pub const EGRESS_DECISION_TIMEOUT_MS: &str = "egress_decision_timeout_ms";
     /// Longest request head the HTTP proxy reads.
     pub const EGRESS_MAX_HEAD_BYTES: &str = "egress_max_head_bytes";
+    /// Streamed reads on streams of their own at once; more are refused
+    /// (the host falls back to the link).
+    pub const MAX_SIDE_READS: &str = "max_side_reads";
 
     /// The environment variable that overrides limit `name` in the agent
     /// (`NAMZU_<NAME>`): what a boundary sets, what the agent reads.
@@ -138,6 +142,7 @@ pub mod limits {
         EGRESS_MAX_PENDING,
         EGRESS_DECISION_TIMEOUT_MS,
         EGRESS_MAX_HEAD_BYTES,
+        MAX_SIDE_READS,
     ];
 }
 
@@ -172,6 +177,10 @@ pub mod features {
     /// own (a link opened with the egress form of the preface) instead of
     /// an `EgressSplice` call on the shared link.
     pub const EGRESS_STREAM: &str = "egress.stream";
+    /// A streamed read may travel on a byte stream of its own (a link
+    /// opened with the read form of the preface), framed by
+    /// [`crate::side_read`], the bytes sent with `sendfile(2)`.
+    pub const FILES_READ_SIDE: &str = "files.read-side";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -183,6 +192,7 @@ pub mod features {
         FILES_WRITE,
         FILES_READ,
         FILES_READ_STREAM,
+        FILES_READ_SIDE,
         FILES_LIST,
         FILES_WALK,
         FILES_STAT,

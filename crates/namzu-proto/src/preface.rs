@@ -38,6 +38,10 @@ pub const MAGIC: [u8; 4] = *b"NZL1";
 pub const MAGIC_HELLO: [u8; 4] = *b"NZL2";
 /// The preface of an egress connection's own stream.
 pub const MAGIC_EGRESS: [u8; 4] = *b"NZE1";
+/// The read form: the token, then a big-endian u32 length and an encoded
+/// `ReadFileStreamRequest`; the stream then carries that read's frames
+/// ([`crate::side_read`]).
+pub const MAGIC_READ: [u8; 4] = *b"NZR1";
 /// Hello flag: fork a probe child and report its status, as Health's
 /// `probe_child` does.
 pub const HELLO_PROBE_CHILD: u8 = 1;
@@ -59,6 +63,8 @@ pub enum PrefaceError {
     TokenTooLong { len: usize, limit: usize },
     #[error("preface token is empty")]
     EmptyToken,
+    #[error("preface request of {0} bytes exceeds the bound")]
+    BadLength(usize),
     #[error("preface token does not match")]
     WrongToken,
     #[error("peer closed the stream during the preface")]
@@ -72,7 +78,7 @@ pub enum PrefaceError {
 }
 
 /// What a peer asked for in its preface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Offer {
     /// `NZL1`: just the link.
     Plain,
@@ -80,6 +86,8 @@ pub enum Offer {
     Hello { flags: u8 },
     /// `NZE1`: the raw stream of egress ask `ask`.
     Egress { ask: u64 },
+    /// `NZR1`: a streamed read on this stream; the encoded request.
+    Read { request: Vec<u8> },
 }
 
 /// Parses a complete or partial preface held in `buf`.
@@ -151,6 +159,7 @@ where
     let trailer = match magic {
         MAGIC_HELLO => 1,
         MAGIC_EGRESS => 8,
+        MAGIC_READ => 4,
         _ => 0,
     };
     if trailer > 0 {
@@ -166,6 +175,15 @@ where
     // unread (and sees a close, not a reset).
     let mut rest = [0u8; 8];
     read_exact(stream, &mut rest[..trailer]).await?;
+    let mut request = Vec::new();
+    if magic == MAGIC_READ {
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len > crate::side_read::MAX_REQUEST_BYTES {
+            return Err(PrefaceError::BadLength(len));
+        }
+        request.resize(len, 0);
+        read_exact(stream, &mut request).await?;
+    }
     match parse(&buf, max_token_bytes)? {
         Some((token, _)) if token_matches(expected, token) => {}
         Some(_) => return Err(PrefaceError::WrongToken),
@@ -176,6 +194,7 @@ where
         MAGIC_EGRESS => Offer::Egress {
             ask: u64::from_be_bytes(rest),
         },
+        MAGIC_READ => Offer::Read { request },
         _ => Offer::Plain,
     })
 }
@@ -209,7 +228,7 @@ where
 {
     match read_offer(stream, expected, max_token_bytes).await? {
         Offer::Plain => answer(stream, None).await,
-        Offer::Hello { .. } | Offer::Egress { .. } => Err(PrefaceError::BadMagic),
+        Offer::Hello { .. } | Offer::Egress { .. } | Offer::Read { .. } => Err(PrefaceError::BadMagic),
     }
 }
 
@@ -257,6 +276,23 @@ where
     let mut bytes = encode(token)?;
     bytes[..4].copy_from_slice(&MAGIC_EGRESS);
     bytes.extend_from_slice(&ask.to_be_bytes());
+    send_and_accept(stream, &bytes).await
+}
+
+/// Host side: sends the read form of the preface with `request` (an
+/// encoded `ReadFileStreamRequest`) and waits for the agent's acceptance;
+/// the stream then carries that read's frames.
+pub async fn offer_read<S>(stream: &mut S, token: &[u8], request: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if request.len() > crate::side_read::MAX_REQUEST_BYTES {
+        return Err(PrefaceError::BadLength(request.len()));
+    }
+    let mut bytes = encode(token)?;
+    bytes[..4].copy_from_slice(&MAGIC_READ);
+    bytes.extend_from_slice(&(request.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(request);
     send_and_accept(stream, &bytes).await
 }
 
@@ -340,6 +376,28 @@ mod tests {
                 ask: 0x0102_0304_0506_0708
             }
         );
+
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move {
+            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+            answer(&mut agent, None).await.unwrap();
+            offer
+        });
+        offer_read(&mut host, b"tok", b"encoded request").await.unwrap();
+        assert_eq!(
+            served.await.unwrap(),
+            Offer::Read {
+                request: b"encoded request".to_vec()
+            }
+        );
+        // A request length past the bound is refused before it is read.
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move { read_offer(&mut agent, b"tok", 16).await });
+        let mut bytes = encode(b"tok").unwrap();
+        bytes[..4].copy_from_slice(&MAGIC_READ);
+        bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+        tokio::io::AsyncWriteExt::write_all(&mut host, &bytes).await.unwrap();
+        assert_eq!(served.await.unwrap(), Err(PrefaceError::BadLength(u32::MAX as usize)));
 
         let (mut host, mut agent) = tokio::io::duplex(4096);
         let served = tokio::spawn(async move { read_offer(&mut agent, b"tok", 16).await });

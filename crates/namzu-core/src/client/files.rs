@@ -102,13 +102,17 @@ impl AgentClient {
         const OP: &str = "read_file_stream";
         self.require(OP, feat::FILES_READ_STREAM)?;
         let (offset, length) = range.map_or((0, None), |r| (r.offset, r.length));
+        let req = v1::ReadFileStreamRequest {
+            path: path_bytes(path),
+            offset,
+            length,
+        };
+        if let Some(s) = self.side_read_stream(OP, &req).await? {
+            return Ok(s);
+        }
         let s = self
             .rpc()
-            .read_file_stream(v1::ReadFileStreamRequest {
-                path: path_bytes(path),
-                offset,
-                length,
-            })
+            .read_file_stream(req)
             .await
             .map_err(|s| self.status(OP, s))?
             .into_inner();

@@ -536,6 +536,36 @@ impl AgentClient {
         Some(opened.await)
     }
 
+    /// Opens a unix stream of its own for a streamed read (the read form
+    /// of the preface, with `request` an encoded `ReadFileStreamRequest`).
+    /// `None` where the link is not a unix socket or the agent does not
+    /// offer it.
+    pub(super) async fn open_side_read(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
+        let (SideDial::Unix(path), token) = self.inner.side.as_ref()? else {
+            return None;
+        };
+        if !self.inner.features.contains(feat::FILES_READ_SIDE) {
+            return None;
+        }
+        let endpoint = || format!("read stream of {}", self.inner.sandbox_id);
+        let opened = async {
+            let mut s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|source| Error::Connect {
+                    endpoint: endpoint(),
+                    source,
+                })?;
+            namzu_proto::preface::offer_read(&mut s, &token(), request)
+                .await
+                .map_err(|source| Error::Preface {
+                    endpoint: endpoint(),
+                    source,
+                })?;
+            Ok(s)
+        };
+        Some(opened.await)
+    }
+
     /// Marks the link unusable: every later op fails with
     /// [`Error::SandboxDestroyed`].
     pub fn close(&self) {

@@ -20,6 +20,7 @@ mod executions;
 mod files;
 mod link;
 mod sessions;
+mod side_read;
 mod tcp;
 mod terminal;
 

@@ -10,6 +10,7 @@ mod pod_entry;
 mod pod_tls;
 mod preface;
 mod reattach;
+mod side_read;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
