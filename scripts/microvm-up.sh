@@ -5,7 +5,9 @@
 # `apt-get download` (a registry package, never a URL), unpacked into
 # <cache>/microvm/kernel/<package>_<version>/ (the machine cache of
 # scripts/cache.sh) and kept by version; with no package index to ask
-# (offline, no lists), the newest kernel already there.
+# (offline, no lists), the newest kernel already there. Linked (or copied)
+# into target/microvm/kernel/ and printed from there, so the confined VMM's
+# view of the host holds no /var.
 # Prints the kernel directory last (the tier takes it as
 # NAMZU_MICROVM_KERNEL). Needs root and apt-get for the installs.
 set -euo pipefail
@@ -33,10 +35,22 @@ if [ -z "$pkg" ]; then
     apt-get update -qq >/dev/null 2>&1 || true
     pkg=$(apt-cache depends "$meta" 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
 fi
+# The cached kernel $1 as a tree in target/, printed.
+in_target() {
+    local out
+    out=target/microvm/kernel/$(basename "$1")
+    if ! [ -d "$out/boot" ]; then
+        mkdir -p target/microvm/kernel
+        rm -rf "$out.part"
+        cp -al "$1" "$out.part" 2>/dev/null || cp -a "$1" "$out.part"
+        mv "$out.part" "$out"
+    fi
+    echo "$(pwd)/$out"
+}
 if [ -z "$pkg" ]; then
     newest=$(ls -d "$kernels"/*/boot 2>/dev/null | sort -V | tail -1)
     [ -n "$newest" ] || { echo "microvm-up: cannot resolve $meta to a kernel package" >&2; exit 1; }
-    dirname "$newest"
+    in_target "$(dirname "$newest")"
     exit 0
 fi
 ver=$(apt-cache policy "$pkg" | awk '/Candidate:/{print $2}')
@@ -60,4 +74,4 @@ if ! [ -d "$dir/boot" ]; then
     chmod -R a+rX "$dir.part"
     mv "$dir.part" "$dir"
 fi
-echo "$dir"
+in_target "$dir"

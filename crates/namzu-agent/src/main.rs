@@ -347,13 +347,19 @@ fn run(args: Args) -> Result<(), String> {
         args.roots
     };
     let default_cwd = args.cwd.unwrap_or_else(|| roots[0].clone());
-    let disabled_features = std::env::var("NAMZU_DISABLED_FEATURES")
+    let mut disabled_features: Vec<String> = std::env::var("NAMZU_DISABLED_FEATURES")
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
         .filter(|f| !f.is_empty())
         .map(String::from)
         .collect();
+    // Side reads are sent with sendfile(2) to a unix socket of the host's;
+    // a link that is not one (a VM's multiplexed port, TCP) has no such
+    // socket, so the feature is not offered there.
+    if !matches!(listen, namzu_agent::serve::Listen::Unix(_)) {
+        disabled_features.push(namzu_proto::features::FILES_READ_SIDE.to_owned());
+    }
     let cfg = AgentConfig {
         roots,
         default_cwd,
