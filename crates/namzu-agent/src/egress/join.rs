@@ -33,6 +33,17 @@ pub(super) async fn join(client: TcpStream, s: Box<Splice>, first: Bytes, body: 
     }
 }
 
+/// How much of `read` goes upstream: all of it with no body to cut at its
+/// end, else what is left of the one request's body (0 once it is done);
+/// `None` for a malformed body, which ends the connection.
+fn upstream_len(body: Option<&mut Body>, read: &[u8]) -> Option<usize> {
+    match body {
+        None => Some(read.len()),
+        Some(b) if b.done() => Some(0),
+        Some(b) => b.feed(read).ok(),
+    }
+}
+
 /// Reads what `s` has, waiting for it.
 async fn read_ref(s: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     loop {
@@ -80,12 +91,8 @@ async fn join_unix(
             };
             // Whatever the client sends after the one request is read and
             // dropped, never forwarded.
-            let k = match body.done() {
-                true => 0,
-                false => match body.feed(&buf[..n]) {
-                    Ok(k) => k,
-                    Err(_) => break,
-                },
+            let Some(k) = upstream_len(Some(&mut body), &buf[..n]) else {
+                break;
             };
             if k > 0 && write_all_ref(&host, &buf[..k]).await.is_err() {
                 break;
@@ -128,13 +135,8 @@ async fn join_call(
                     return;
                 }
                 Ok(n) => {
-                    let n = match body.as_mut() {
-                        None => n,
-                        Some(b) if b.done() => 0,
-                        Some(b) => match b.feed(&buf[..n]) {
-                            Ok(k) => k,
-                            Err(_) => return,
-                        },
+                    let Some(n) = upstream_len(body.as_mut(), &buf[..n]) else {
+                        return;
                     };
                     if n == 0 {
                         continue;
@@ -195,13 +197,8 @@ async fn join_stream(client: TcpStream, host: RawStream, first: Bytes, body: Opt
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            let n = match body.as_mut() {
-                None => n,
-                Some(b) if b.done() => 0,
-                Some(b) => match b.feed(&buf[..n]) {
-                    Ok(k) => k,
-                    Err(_) => break,
-                },
+            let Some(n) = upstream_len(body.as_mut(), &buf[..n]) else {
+                break;
             };
             if n > 0 && hwr.write_all(&buf[..n]).await.is_err() {
                 break;
