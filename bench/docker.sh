@@ -7,8 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/docker-up.sh
-cargo build --release --locked --bins >/dev/null
-N=./target/x86_64-unknown-linux-gnu/release/namzu
+# NAMZU_BENCH_PROFILE=fast: an optimised build without LTO, for quick looks
+# (README's figures come from release).
+P=${NAMZU_BENCH_PROFILE:-release}
+cargo build --profile "$P" --locked --bins >/dev/null
+N=./target/x86_64-unknown-linux-gnu/$P/namzu
 export NAMZU_STATE_DIR; NAMZU_STATE_DIR=$(mktemp -d)
 IMG=namzu-bench/busybox:1
 if ! docker image inspect "$IMG" >/dev/null 2>&1; then

@@ -10,6 +10,11 @@
 # like this one. `--oci-seccomp` is left off on purpose: with it, Debian's
 # runsc (20221219) answers the default profile's clone3 rule with EPERM and
 # no threaded program starts (see backend/docker in the namzu crate).
+# `--host-uds=open` lets a sandbox connect to a host unix socket bind-mounted
+# into it (never create one): the agent dials the host back through it
+# (the docker tier's `back` transport) instead of a `docker exec` relay.
+# `runsc-nohostuds` is the same runtime without it, for the test that the
+# tier falls back to the relay there.
 set -euo pipefail
 
 need=()
@@ -30,7 +35,8 @@ fi
 
 want='{
   "runtimes": {
-    "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"] }
+    "runsc": { "path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"] },
+    "runsc-nohostuds": { "path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"] }
   }
 }'
 reload=0

@@ -36,6 +36,8 @@ pub struct Limits {
     pub egress_decision_timeout_ms: u64,
     pub egress_max_head_bytes: u64,
     pub max_side_reads: u64,
+    pub dial_back_scan_ms: u64,
+    pub max_dial_back_hosts: u64,
 }
 
 impl Default for Limits {
@@ -68,6 +70,8 @@ impl Default for Limits {
             egress_decision_timeout_ms: 30_000,
             egress_max_head_bytes: 16 * 1024,
             max_side_reads: 16,
+            dial_back_scan_ms: 25,
+            max_dial_back_hosts: 8,
         }
     }
 }
@@ -128,6 +132,8 @@ impl Limits {
             (limits::EGRESS_DECISION_TIMEOUT_MS, &mut self.egress_decision_timeout_ms),
             (limits::EGRESS_MAX_HEAD_BYTES, &mut self.egress_max_head_bytes),
             (limits::MAX_SIDE_READS, &mut self.max_side_reads),
+            (limits::DIAL_BACK_SCAN_MS, &mut self.dial_back_scan_ms),
+            (limits::MAX_DIAL_BACK_HOSTS, &mut self.max_dial_back_hosts),
         ]
     }
 
@@ -193,6 +199,9 @@ pub struct AgentConfig {
     /// it is still single-threaded, where a fork is cheap): Health's
     /// `probe_child` answers with it instead of forking again.
     pub startup_child_status: Option<String>,
+    /// A directory of host listeners to dial out to ([`crate::dial_back`]),
+    /// besides listening.
+    pub dial_back: Option<std::path::PathBuf>,
 }
 
 impl AgentConfig {

@@ -5,6 +5,8 @@
 //! Modules, each owning one job:
 //! * [`serve`](mod@serve): listeners (unix socket, TCP, inherited fd, virtio port), the preface gate,
 //!   shutdown on SIGTERM;
+//! * [`dial_back`]: standby connections out to host listeners, where the
+//!   boundary lets the sandbox connect out but not listen (gVisor);
 //! * [`service`]: the gRPC service;
 //! * [`op_error`]: an operation's typed error and its status;
 //! * [`fence`]: the retiring fence in front of every RPC;
@@ -32,6 +34,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod config;
+pub mod dial_back;
 pub mod egress;
 pub mod exec;
 pub mod exec_log;

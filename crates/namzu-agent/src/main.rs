@@ -71,6 +71,11 @@ struct Args {
     egress: bool,
     /// Detach this mount once the socket is bound (repeatable): the host's
     /// run directory and the agent binary, where the link needs neither.
+    /// Besides listening, dial out to every host listener (`*.sock`) in
+    /// this directory (see `namzu_agent::dial_back`): for a boundary that
+    /// lets a sandbox connect to a host socket but not listen on one.
+    #[arg(long, requires = "listen")]
+    dial_back: Option<PathBuf>,
     #[arg(long = "hide", requires = "command_user")]
     hide: Vec<PathBuf>,
     /// Install namzu's own seccomp filters (those of the `local` tier) on
@@ -371,6 +376,7 @@ fn run(args: Args) -> Result<(), String> {
         tcp: None,
         tls,
         startup_child_status: None,
+        dial_back: args.dial_back.clone(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -347,6 +347,17 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         side_reads: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_side_reads))),
     };
     let gate_for_tcp = Gate { tls, ..gate.clone() };
+    let dial_back = cfg.dial_back.clone().map(|dir| {
+        let gate = gate.clone();
+        let cfg = crate::dial_back::DialBack {
+            dir,
+            scan: Duration::from_millis(limits.dial_back_scan_ms.max(1)),
+            max_hosts: Limits::usize(limits.max_dial_back_hosts),
+            token: token.clone(),
+            deadline: limits.preface_timeout(),
+        };
+        tokio::spawn(crate::dial_back::run(cfg, move |s| gate.admit(s, None)))
+    });
     let (closed_tx, closed_rx) = oneshot::channel();
     let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
     let mut unix_path = None;
@@ -467,6 +478,9 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             _ = closed_rx => tracing::info!("inherited link closed: stopping"),
         }
         accept_task.abort();
+        if let Some(t) = dial_back {
+            t.abort();
+        }
         if let Some(t) = tcp_task {
             t.abort();
         }

@@ -495,10 +495,30 @@ async fn both_transports_serve_and_are_chosen_by_runtime() {
                 runtime: Some("runsc".into()),
                 ..Default::default()
             },
+            "back",
+        ),
+        (
+            "tier-runsc-exec",
+            DockerOptions {
+                runtime: Some("runsc".into()),
+                transport: Transport::Exec,
+                ..Default::default()
+            },
+            "exec",
+        ),
+        // Registered without --host-uds=open (scripts/docker-up.sh): the
+        // agent cannot dial back, says so, and the sandbox is reached by
+        // the relay instead.
+        (
+            "tier-runsc-nohostuds",
+            DockerOptions {
+                runtime: Some("runsc-nohostuds".into()),
+                ..Default::default()
+            },
             "exec",
         ),
     ] {
-        let p = provider(name, opts).await;
+        let p = provider(name, opts.clone()).await;
         let sb = p.create(spec()).await.unwrap();
         let meta = std::fs::read_to_string(
             std::env::temp_dir()
@@ -511,14 +531,57 @@ async fn both_transports_serve_and_are_chosen_by_runtime() {
         assert!(meta.contains(&format!("\"transport\": \"{want}\"")), "{name}: {meta}");
         let o = sh(&sb, "echo $((6*7))").await;
         assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n", "{name}");
-        // A second host process connects the same way.
-        let again = p.connect(sb.id()).await.unwrap();
+        if want == "back" {
+            impersonating_the_agent_fails(&sb, name).await;
+        }
+        // A second host process connects the same way (a provider of its
+        // own: on `back`, a listener of its own the agent finds and dials).
+        let other = provider(name, opts).await;
+        let again = other.connect(sb.id()).await.unwrap();
         assert_eq!(
             String::from_utf8_lossy(&sh(&again, "echo again").await.stdout),
             "again\n"
         );
+        assert_eq!(String::from_utf8_lossy(&sh(&sb, "echo first").await.stdout), "first\n");
         sb.destroy().await.unwrap();
     }
+}
+
+/// The attacks on the `back` transport: a command cannot reach the host's
+/// socket, and a caller that does reach it (here, the test itself, as a
+/// command could where the run directory is sticky) but cannot prove the
+/// token gets the stream closed without one byte of the preface.
+async fn impersonating_the_agent_fails(sb: &namzu::Sandbox, name: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let o = sh(sb, "ls /.namzu/run/back; echo rc=$?").await;
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains(".sock") && !out.contains("rc=0"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+        "{o:?}"
+    );
+    let back = std::env::temp_dir()
+        .join(format!("namzu-{name}-{}", std::process::id()))
+        .join("docker")
+        .join(sb.id())
+        .join("run")
+        .join("back");
+    let sock = std::fs::read_dir(&back)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .expect("this process's dial-back socket");
+    let mut fake = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let mut challenge = [0u8; 4 + namzu_proto::back::NONCE_LEN];
+    fake.read_exact(&mut challenge).await.unwrap();
+    assert_eq!(&challenge[..4], b"NZB1");
+    fake.write_all(&[0u8; namzu_proto::back::PROOF_LEN]).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), fake.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(0))), "a forged proof got {rest:?} ({read:?})");
+    // The real agent still serves this process.
+    assert_eq!(String::from_utf8_lossy(&sh(sb, "echo still").await.stdout), "still\n");
 }
 
 async fn failed_creates_leave_no_container_and_no_state() {

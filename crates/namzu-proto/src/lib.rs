@@ -13,6 +13,7 @@
 //! * the microVM link's multiplexer ([`mux`]): many links over one port.
 
 pub mod accept;
+pub mod back;
 pub mod launch;
 pub mod link_tls;
 pub mod mux;
@@ -107,6 +108,11 @@ pub mod limits {
     /// Streamed reads on streams of their own at once; more are refused
     /// (the host falls back to the link).
     pub const MAX_SIDE_READS: &str = "max_side_reads";
+    /// How often an agent that dials its hosts back looks for new host
+    /// listeners (the latency a new host process waits at most).
+    pub const DIAL_BACK_SCAN_MS: &str = "dial_back_scan_ms";
+    /// Host listeners an agent dials back at once.
+    pub const MAX_DIAL_BACK_HOSTS: &str = "max_dial_back_hosts";
 
     /// The environment variable that overrides limit `name` in the agent
     /// (`NAMZU_<NAME>`): what a boundary sets, what the agent reads.
@@ -143,6 +149,8 @@ pub mod limits {
         EGRESS_DECISION_TIMEOUT_MS,
         EGRESS_MAX_HEAD_BYTES,
         MAX_SIDE_READS,
+        DIAL_BACK_SCAN_MS,
+        MAX_DIAL_BACK_HOSTS,
     ];
 }
 

@@ -437,6 +437,7 @@ fn init_g(
         tcp,
         tls: link.tls,
         startup_child_status: Some(startup_child_status),
+        dial_back: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -68,8 +68,13 @@ pub(super) type Dialer = Arc<dyn Fn() -> DialFuture + Send + Sync>;
 /// The token offered at each (re)dial, asked for after the dial.
 pub(super) type TokenSource = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
+/// Opens a unix stream to the agent: a connect to its socket, or a standby
+/// it dialed back ([`super::BackListener`]).
+pub(super) type UnixDialer =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = io::Result<tokio::net::UnixStream>> + Send>> + Send + Sync>;
+
 /// What a link's dialer allows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub(super) enum Dial {
     /// One stream only (an inherited socket, an exec's stdio): no second
     /// dial to fall back to the plain preface with, so no hello either.
@@ -78,8 +83,8 @@ pub(super) enum Dial {
     Again,
     /// Dials again, cheaply enough for a stream per egress connection.
     Cheap,
-    /// A unix socket at this path: as `Cheap`, and spliced.
-    Unix(std::path::PathBuf),
+    /// Unix streams: as `Cheap`, and spliced.
+    Unix(UnixDialer),
 }
 
 /// Object-safe form of [`LinkStream`], so one client type serves every
@@ -114,8 +119,8 @@ pub(super) struct Inner {
 
 /// How a link opens an egress connection's own stream.
 pub(super) enum SideDial {
-    /// A unix socket: the stream is spliced.
-    Unix(std::path::PathBuf),
+    /// A unix stream: spliced.
+    Unix(UnixDialer),
     /// Any other cheap dial.
     Other(Dialer),
 }
@@ -263,16 +268,44 @@ impl AgentClient {
     /// Connects to an agent's unix socket.
     pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
         let p = path.to_path_buf();
-        let how = Dial::Unix(p.clone());
+        let dial: UnixDialer = Arc::new(move || Box::pin(tokio::net::UnixStream::connect(p.clone())));
+        Self::connect_unix_dialer(sandbox_id, &path.display().to_string(), token, opts, dial).await
+    }
+
+    /// Connects to an agent that dials this host back, through `listener`
+    /// (see [`super::BackListener`]); every later stream (relinks, egress,
+    /// reads) is a standby it dialed.
+    pub async fn connect_back(
+        sandbox_id: &str,
+        listener: Arc<super::BackListener>,
+        token: Vec<u8>,
+        opts: ClientOptions,
+    ) -> Result<Self> {
+        let endpoint = format!("{} (dialed back)", listener.path().display());
+        let dial: UnixDialer = Arc::new(move || {
+            let l = listener.clone();
+            Box::pin(async move { l.dial().await })
+        });
+        Self::connect_unix_dialer(sandbox_id, &endpoint, token, opts, dial).await
+    }
+
+    async fn connect_unix_dialer(
+        sandbox_id: &str,
+        endpoint: &str,
+        token: Vec<u8>,
+        opts: ClientOptions,
+        dial: UnixDialer,
+    ) -> Result<Self> {
+        let d = dial.clone();
         // A dial cheap enough to make per egress connection: the link may
         // open byte streams of their own for them.
         Self::connect_dialer(
             sandbox_id,
-            &path.display().to_string(),
+            endpoint,
             fixed_token(token),
             opts,
-            boxed_dialer(move || tokio::net::UnixStream::connect(p.clone())),
-            how,
+            boxed_dialer(move || d()),
+            Dial::Unix(dial),
         )
         .await
     }
@@ -307,10 +340,10 @@ impl AgentClient {
         dialer: Dialer,
         how: Dial,
     ) -> Result<Self> {
-        let hello = how != Dial::Once;
+        let hello = !matches!(how, Dial::Once);
         let side = match &how {
             Dial::Cheap => Some((SideDial::Other(dialer.clone()), token.clone())),
-            Dial::Unix(path) => Some((SideDial::Unix(path.clone()), token.clone())),
+            Dial::Unix(dial) => Some((SideDial::Unix(dial.clone()), token.clone())),
             Dial::Once | Dial::Again => None,
         };
         use namzu_proto::preface::{self, PrefaceError};
@@ -517,8 +550,8 @@ impl AgentClient {
                 source,
             };
             Ok(match dial {
-                SideDial::Unix(path) => {
-                    let mut s = tokio::net::UnixStream::connect(path).await.map_err(connect)?;
+                SideDial::Unix(dial) => {
+                    let mut s = dial().await.map_err(connect)?;
                     namzu_proto::preface::offer_egress(&mut s, &token(), ask)
                         .await
                         .map_err(refused)?;
@@ -541,7 +574,7 @@ impl AgentClient {
     /// `None` where the link is not a unix socket or the agent does not
     /// offer it.
     pub(super) async fn open_side_read(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
-        let (SideDial::Unix(path), token) = self.inner.side.as_ref()? else {
+        let (SideDial::Unix(dial), token) = self.inner.side.as_ref()? else {
             return None;
         };
         if !self.inner.features.contains(feat::FILES_READ_SIDE) {
@@ -549,12 +582,10 @@ impl AgentClient {
         }
         let endpoint = || format!("read stream of {}", self.inner.sandbox_id);
         let opened = async {
-            let mut s = tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|source| Error::Connect {
-                    endpoint: endpoint(),
-                    source,
-                })?;
+            let mut s = dial().await.map_err(|source| Error::Connect {
+                endpoint: endpoint(),
+                source,
+            })?;
             namzu_proto::preface::offer_read(&mut s, &token(), request)
                 .await
                 .map_err(|source| Error::Preface {

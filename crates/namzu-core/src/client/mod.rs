@@ -15,6 +15,7 @@
 //! tier's lease attaches as a [`LinkGuard`]), and calls only one host
 //! service makes (the egress supervisor's, through [`AgentClient::rpc_for`]).
 
+mod back;
 mod exec;
 mod executions;
 mod files;
@@ -24,6 +25,7 @@ mod side_read;
 mod tcp;
 mod terminal;
 
+pub use back::BackListener;
 pub use exec::{CancelOutcome, ExecStream};
 pub use link::{
     AgentClient, ByteStream, ClientOptions, EgressStream, FileInfoStream, LinkGuard, LinkStream, LinkStreamObj,

@@ -112,7 +112,7 @@ impl DockerProvider {
                 r.cpus.map_or(String::new(), |c| format!(",cpu=cgroup:{c}")),
             ),
         ];
-        reports.push(if runtime == "runsc" {
+        reports.push(if super::is_gvisor(Some(&runtime)) {
             "seccomp=namzu filter only (gVisor loads no OCI profile inside)".into()
         } else {
             match &self.opts.seccomp_profile {
@@ -146,6 +146,9 @@ impl DockerProvider {
         // command from making a user namespace and holding every
         // capability in it.
         entrypoint.push("--seccomp".into());
+        if self.transport() == Transport::Back {
+            entrypoint.extend(["--dial-back".into(), format!("/.namzu/run/{}", super::BACK_DIR)]);
+        }
         if self.transport() == Transport::Socket {
             // The host connects to the socket's inode through its own path,
             // and the agent already runs: commands need see neither mount.

@@ -3,16 +3,21 @@
 //!
 //! Any image works unchanged: the static `namzu-agent` is bind-mounted
 //! read-only at `link::AGENT_PATH` and runs as the container's PID 1, so
-//! it reaps every orphan. The host reaches it one of two ways, chosen by
+//! it reaps every orphan. The host reaches it one of three ways, chosen by
 //! [`Transport::Auto`]:
 //!
 //! * **socket** (runc): the agent listens on a unix socket in a per-sandbox
 //!   host directory bind-mounted at `/.namzu/run`, and the host connects to
 //!   the socket file directly;
-//! * **exec** (runsc): gVisor keeps a socket made inside the sandbox out of
-//!   the host's view, so every link is a `docker exec` of
-//!   `namzu-agent --relay` whose hijacked stdio carries the link
-//!   (`link`).
+//! * **back** (runsc): gVisor keeps a socket made inside the sandbox out of
+//!   the host's view, but (with `--host-uds=open`) lets it connect to a host
+//!   socket bind-mounted into it. Each host process binds one in
+//!   `/.namzu/run/back/`; the agent dials it and keeps standbys there, and
+//!   every stream proves the token before the host offers it
+//!   (`namzu_proto::back`). Where the runtime forbids the connect, the
+//!   agent says so in that directory and the sandbox falls back to
+//! * **exec**: every link a `docker exec` of `namzu-agent --relay` whose
+//!   hijacked stdio carries the link (`link`), some 15× slower.
 //!
 //! Hardening, applied to every container here in [`DockerProvider::create`]
 //! and nowhere else:
@@ -74,7 +79,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::state::{now_unix, Meta, StateDir, StateSandbox, START_TIMEOUT};
 use crate::backend::{check_spec, find_agent_binary, privilege_probe};
-use crate::client::{AgentClient, ClientOptions};
+use crate::client::{AgentClient, BackListener, ClientOptions};
 use crate::error::{Error, Result};
 use crate::handle::Sandbox;
 use crate::provider::Provider;
@@ -82,6 +87,11 @@ use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 /// Bound on one container removal.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The run directory's folder of host listeners a [`Transport::Back`] agent
+/// dials (`--dial-back`).
+const BACK_DIR: &str = "back";
+/// How long a dial waits for the agent to dial back: a few of its scans.
+const BACK_WAIT: Duration = Duration::from_secs(2);
 
 /// What the state directory records about a docker sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -104,6 +114,8 @@ pub struct DockerProvider {
     opts: DockerOptions,
     instance: String,
     client: ClientOptions,
+    /// This process's dial-back listener per sandbox ([`Transport::Back`]).
+    back: Arc<std::sync::Mutex<HashMap<String, Arc<BackListener>>>>,
 }
 
 impl std::fmt::Debug for DockerProvider {
@@ -184,6 +196,7 @@ impl DockerProvider {
             opts,
             instance,
             client: ClientOptions::default(),
+            back: Arc::default(),
         })
     }
 
@@ -199,7 +212,7 @@ impl DockerProvider {
 
     fn transport(&self) -> Transport {
         match self.opts.transport {
-            Transport::Auto if self.opts.runtime.as_deref() == Some("runsc") => Transport::Exec,
+            Transport::Auto if is_gvisor(self.opts.runtime.as_deref()) => Transport::Back,
             Transport::Auto => Transport::Socket,
             t => t,
         }
@@ -260,15 +273,78 @@ impl DockerProvider {
                 })
                 .await
             }
+            Transport::Back => {
+                let listener = self.back_listener(id, dir, &token)?;
+                AgentClient::connect_back(id, listener, token, self.client.clone()).await
+            }
             _ => AgentClient::connect_unix(id, &dir.join("run").join("agent.sock"), token, self.client.clone()).await,
         }
     }
 
+    /// This process's listener for sandbox `id`'s agent to dial, bound on
+    /// first use in the run directory's `back/`.
+    fn back_listener(&self, id: &str, dir: &Path, token: &[u8]) -> Result<Arc<BackListener>> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut map = self.back.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = map.get(id) {
+            return Ok(l.clone());
+        }
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir
+            .join("run")
+            .join(BACK_DIR)
+            .join(format!("h{}-{n}.sock", std::process::id()));
+        let io = |source| Error::LocalIo {
+            op: "dial-back listener".into(),
+            source,
+        };
+        // The agent's uid must be able to connect: the socket is given to
+        // it (only it can traverse the directory anyway); a host that
+        // cannot give files away opens it to all, and the challenge keeps
+        // anyone without the token out.
+        let agent = Some(namzu_proto::CONTAINER_AGENT_UID);
+        let l = BackListener::bind(&path, 0o600, token.to_vec(), BACK_WAIT).map_err(io)?;
+        if let Err(e) = std::os::unix::fs::chown(&path, agent, agent) {
+            if e.kind() != std::io::ErrorKind::PermissionDenied {
+                return Err(io(e));
+            }
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
+        }
+        map.insert(id.to_owned(), l.clone());
+        Ok(l)
+    }
+
+    /// The agent found it may not dial back (runsc without
+    /// `--host-uds=open`): from now on this sandbox is reached by exec relay.
+    fn fall_back_to_exec(&self, id: &str, meta: &mut ContainerMeta) -> Result<()> {
+        let (dir, mut m) = self.state.read_meta(id)?;
+        let why = std::fs::read_to_string(dir.join("run").join(BACK_DIR).join(namzu_proto::back::UNSUPPORTED))
+            .unwrap_or_default();
+        tracing::info!(%id, why = why.trim(), "the agent cannot dial back; using the exec relay");
+        meta.transport = Transport::Exec;
+        m.record = serde_json::to_value(&*meta).unwrap_or_default();
+        self.state.write_meta(&dir, &m)?;
+        if let Some(l) = self.back.lock().unwrap_or_else(|p| p.into_inner()).remove(id) {
+            drop(l);
+        }
+        Ok(())
+    }
+
     /// Waits for the agent to answer, or the container to stop (its log
     /// then says why), or the start timeout.
-    async fn wait_for_agent(&self, id: &str, dir: &Path, meta: &ContainerMeta, token: &[u8]) -> Result<AgentClient> {
+    async fn wait_for_agent(
+        &self,
+        id: &str,
+        dir: &Path,
+        meta: &mut ContainerMeta,
+        token: &[u8],
+    ) -> Result<AgentClient> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
+            let unsupported = dir.join("run").join(BACK_DIR).join(namzu_proto::back::UNSUPPORTED);
+            if meta.transport == Transport::Back && unsupported.exists() {
+                self.fall_back_to_exec(id, meta)?;
+            }
             match self.dial(id, dir, meta, token.to_vec()).await {
                 Ok(c) => return Ok(c),
                 Err(e @ (Error::Connect { .. } | Error::Preface { .. } | Error::LinkLost { .. })) => {
@@ -384,6 +460,17 @@ impl DockerProvider {
         for (p, mode) in [(run.clone(), modes[0]), (run.join("token"), modes[1])] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(io)?;
         }
+        if self.transport() == Transport::Back {
+            // Where host processes put the sockets the agent dials: the
+            // agent's own, like the run directory, so it can clear what a
+            // dead host left there.
+            let back = run.join(BACK_DIR);
+            std::fs::create_dir(&back).map_err(io)?;
+            if modes[0] == 0o700 {
+                std::os::unix::fs::chown(&back, agent, agent).map_err(io)?;
+            }
+            std::fs::set_permissions(&back, std::fs::Permissions::from_mode(modes[0])).map_err(io)?;
+        }
         // An image that runs as someone else must still write its
         // workspace.
         let as_root = matches!(user.split(':').next().unwrap_or(""), "" | "0" | "root");
@@ -403,7 +490,7 @@ impl DockerProvider {
             .await
             .map_err(daemon_err("create container"))?;
         *container = Some(created.id.clone());
-        let meta = ContainerMeta {
+        let mut meta = ContainerMeta {
             container_id: created.id.clone(),
             transport: self.transport(),
             runtime: self.opts.runtime.clone(),
@@ -425,7 +512,7 @@ impl DockerProvider {
             .await
             .map_err(daemon_err("start container"))?;
         let token = std::fs::read(dir.join("token")).map_err(io)?;
-        let client = self.wait_for_agent(id, dir, &meta, &token).await?;
+        let client = self.wait_for_agent(id, dir, &mut meta, &token).await?;
         privilege_probe(id, &client).await?;
         // Nor one whose egress nobody decides: the policy is in force
         // before the caller gets the handle.
@@ -579,6 +666,7 @@ impl Provider for DockerProvider {
             Err(e) => return Err(e),
         };
         crate::egress::supervisor::stop(&dir);
+        self.back.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         if let Some(c) = meta.record::<ContainerMeta>() {
             self.remove_container(&c.container_id).await?;
         }

@@ -39,12 +39,14 @@ pub const AGENT_CAPS: &[&str] = &["SYS_ADMIN", "NET_BIND_SERVICE", "SETUID", "SE
 /// works on files as itself and gives each file it creates to the user.
 pub const GVISOR_FILE_CAPS: &[&str] = &["DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "CHOWN"];
 
+/// Whether `runtime` is gVisor: `runsc`, or a variant registered as
+/// `runsc-…` (another platform, other flags).
+pub fn is_gvisor(runtime: Option<&str>) -> bool {
+    runtime.is_some_and(|r| r == "runsc" || r.starts_with("runsc-"))
+}
+
 pub(super) fn agent_caps(runtime: Option<&str>) -> Vec<String> {
-    let extra = if runtime == Some("runsc") {
-        GVISOR_FILE_CAPS
-    } else {
-        &[]
-    };
+    let extra = if is_gvisor(runtime) { GVISOR_FILE_CAPS } else { &[] };
     AGENT_CAPS.iter().chain(extra).map(|c| (*c).to_owned()).collect()
 }
 
@@ -67,13 +69,19 @@ pub mod labels {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Transport {
-    /// `exec` for runsc, `socket` otherwise.
+    /// `back` for runsc (falling back to `exec` where the runtime forbids
+    /// it), `socket` otherwise.
     #[default]
     Auto,
     /// The agent's unix socket, bind-mounted from the state directory.
     Socket,
     /// A `docker exec` relay into the container (for daemons that cannot share the socket, e.g. gVisor).
     Exec,
+    /// The agent dials the host's socket in the bind-mounted run directory
+    /// (gVisor lets a sandbox connect to a host socket with
+    /// `--host-uds=open`, never listen on one); each stream proves the token
+    /// before the host offers it.
+    Back,
 }
 
 /// One image pull progress report.
@@ -141,7 +149,7 @@ impl std::fmt::Debug for DockerOptions {
 impl DockerOptions {
     /// Refuses contradictory settings by name.
     pub fn validate(&self) -> Result<()> {
-        if self.seccomp_profile.is_some() && self.runtime.as_deref() == Some("runsc") {
+        if self.seccomp_profile.is_some() && is_gvisor(self.runtime.as_deref()) {
             return Err(Error::ConfigConflict {
                 tier: Tier::Docker,
                 option: "seccomp_profile".into(),
