@@ -8,5 +8,8 @@ cd "$(dirname "$0")/.."
 if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || true
 fi
-cargo build --release --locked --bins
-exec ./target/x86_64-unknown-linux-gnu/release/namzu-bench "$@"
+# NAMZU_BENCH_PROFILE=fast: an optimised build without LTO, for quick looks
+# (README's figures come from release).
+P=${NAMZU_BENCH_PROFILE:-release}
+cargo build --profile "$P" --locked --bins
+exec ./target/x86_64-unknown-linux-gnu/$P/namzu-bench "$@"

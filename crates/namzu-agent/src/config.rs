@@ -36,6 +36,7 @@ pub struct Limits {
     pub egress_decision_timeout_ms: u64,
     pub egress_max_head_bytes: u64,
     pub max_side_reads: u64,
+    pub max_side_writes: u64,
     pub dial_back_scan_ms: u64,
     pub max_dial_back_hosts: u64,
 }
@@ -70,6 +71,7 @@ impl Default for Limits {
             egress_decision_timeout_ms: 30_000,
             egress_max_head_bytes: 16 * 1024,
             max_side_reads: 16,
+            max_side_writes: 16,
             dial_back_scan_ms: 25,
             max_dial_back_hosts: 8,
         }
@@ -132,6 +134,7 @@ impl Limits {
             (limits::EGRESS_DECISION_TIMEOUT_MS, &mut self.egress_decision_timeout_ms),
             (limits::EGRESS_MAX_HEAD_BYTES, &mut self.egress_max_head_bytes),
             (limits::MAX_SIDE_READS, &mut self.max_side_reads),
+            (limits::MAX_SIDE_WRITES, &mut self.max_side_writes),
             (limits::DIAL_BACK_SCAN_MS, &mut self.dial_back_scan_ms),
             (limits::MAX_DIAL_BACK_HOSTS, &mut self.max_dial_back_hosts),
         ]

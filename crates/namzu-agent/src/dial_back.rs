@@ -2,8 +2,8 @@
 //! host unix socket but not listen on one (gVisor with `--host-uds=open`: a
 //! socket bound inside the Sentry never shows on the host).
 //!
-//! Every host process that wants this agent binds a socket of its own,
-//! `NAME.sock`, in a directory both see (`--dial-back DIR`). The agent scans
+//! Every host process that wants this agent binds a socket of its own, any
+//! name, in a directory both see (`--dial-back DIR`). The agent scans
 //! DIR every `dial_back_scan_ms` and keeps a few *standby* connections to
 //! each listener it finds (at most `max_dial_back_hosts` listeners). A standby
 //! answers the host's challenge ([`namzu_proto::back`]: proof of the token,
@@ -57,7 +57,11 @@ where
         if let Ok(entries) = std::fs::read_dir(&cfg.dir) {
             for e in entries.flatten() {
                 let name = e.file_name();
-                if !name.to_string_lossy().ends_with(".sock") || hosts.contains_key(&name) {
+                let socket = e.file_type().is_ok_and(|t| {
+                    use std::os::unix::fs::FileTypeExt;
+                    t.is_socket()
+                });
+                if !socket || hosts.contains_key(&name) {
                     continue;
                 }
                 if hosts.len() >= cfg.max_hosts {

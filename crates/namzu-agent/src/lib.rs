@@ -55,6 +55,7 @@ pub mod serve;
 pub mod service;
 pub mod sessions;
 mod side_read;
+mod side_write;
 pub mod spawn;
 pub mod tcp;
 pub mod terminal;

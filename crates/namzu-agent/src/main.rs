@@ -359,11 +359,12 @@ fn run(args: Args) -> Result<(), String> {
         .filter(|f| !f.is_empty())
         .map(String::from)
         .collect();
-    // Side reads are sent with sendfile(2) to a unix socket of the host's;
-    // a link that is not one (a VM's multiplexed port, TCP) has no such
-    // socket, so the feature is not offered there.
+    // Side reads and writes run on a unix socket of the host's; a link
+    // that is not one (a VM's multiplexed port, TCP) has no such socket,
+    // so the features are not offered there.
     if !matches!(listen, namzu_agent::serve::Listen::Unix(_)) {
         disabled_features.push(namzu_proto::features::FILES_READ_SIDE.to_owned());
+        disabled_features.push(namzu_proto::features::FILES_WRITE_SIDE.to_owned());
     }
     let cfg = AgentConfig {
         roots,

@@ -144,6 +144,8 @@ struct Gate {
     egress: Arc<crate::egress::Broker>,
     /// Side reads at once (`max_side_reads`).
     side_reads: Arc<tokio::sync::Semaphore>,
+    /// Side writes at once (`max_side_writes`).
+    side_writes: Arc<tokio::sync::Semaphore>,
 }
 
 impl Gate {
@@ -178,7 +180,7 @@ impl Gate {
                             .map_err(|s| s.message().to_owned())?;
                         Some(prost::Message::encode_to_vec(&h))
                     }
-                    Offer::Plain | Offer::Egress { .. } | Offer::Read { .. } => None,
+                    Offer::Plain | Offer::Egress { .. } | Offer::Read { .. } | Offer::Write { .. } => None,
                 };
                 preface::answer(&mut io, hello.as_deref())
                     .await
@@ -196,6 +198,10 @@ impl Gate {
                 Ok(Ok((io, namzu_proto::preface::Offer::Read { request }))) => {
                     let peer = io.into_unix().map_err(|b| b as Pin<Box<dyn AsyncWrite + Send>>);
                     crate::side_read::serve(me.service.clone(), me.side_reads.clone(), peer, request).await;
+                }
+                Ok(Ok((io, namzu_proto::preface::Offer::Write { request }))) => {
+                    let peer = io.into_unix().map_err(|b| b as Pin<Box<dyn AsyncWrite + Send>>);
+                    crate::side_write::serve(me.service.clone(), me.side_writes.clone(), peer, request).await;
                 }
                 Ok(Ok((io, _))) => {
                     let _ = me.links.send(Ok(Conn { io: io.boxed(), closed })).await;
@@ -335,6 +341,14 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
     let (links_tx, links_rx) = mpsc::channel(16);
     let tls = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let main_is_tcp = matches!(source, Source::Listen(Listen::Tcp(_)));
+    // A microVM's links share one virtio port, and under emulation a pong
+    // can wait behind megabytes of another stream's data on a starved vCPU:
+    // the silence a link tolerates there is longer.
+    let keepalive = if matches!(source, Source::Listen(Listen::PortFd(_))) {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(20)
+    };
     let gate = Gate {
         tls: tls.clone().filter(|_| main_is_tcp),
         token: token.clone(),
@@ -345,6 +359,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         service: service.clone(),
         egress: egress.clone(),
         side_reads: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_side_reads))),
+        side_writes: Arc::new(tokio::sync::Semaphore::new(Limits::usize(limits.max_side_writes))),
     };
     let gate_for_tcp = Gate { tls, ..gate.clone() };
     let dial_back = cfg.dial_back.clone().map(|dir| {
@@ -519,7 +534,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
         // is what a syscall costs under gVisor's ptrace platform.
         .max_frame_size(Some(1 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(keepalive))
         .add_service(crate::fence::Fence::new(
             AgentServer::from_arc(service)
                 .max_decoding_message_size(msg_max)

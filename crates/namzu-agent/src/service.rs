@@ -86,6 +86,22 @@ impl AgentService {
         self.feature(op, namzu_proto::features::FILES_READ_SIDE)
     }
 
+    /// A side write's start, with the checks and errors of `WriteFile`'s
+    /// begin: the target located and its temporary made.
+    pub(crate) async fn begin_side_write(
+        &self,
+        begin: namzu_proto::v1::WriteBegin,
+    ) -> Result<files::PendingWrite, Status> {
+        const OP: &str = "write_file";
+        self.admit(OP, namzu_proto::features::FILES_WRITE)?;
+        self.feature(OP, namzu_proto::features::FILES_WRITE_SIDE)?;
+        let max = self.limits().max_write_bytes;
+        self.blocking(OP, move |jail| {
+            files::PendingWrite::begin(jail, &begin.path, begin.mode, begin.create_parents, max)
+        })
+        .await
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         op: &'static str,

@@ -30,17 +30,7 @@ pub async fn serve(
     request: Vec<u8>,
 ) {
     const OP: &str = "read_file_stream";
-    let mut unix = match peer {
-        Ok(u) => u,
-        Err(mut other) => {
-            let st = Status::unimplemented("side reads are served on unix sockets only");
-            let _ = write_frame(&mut other, frames::ERROR, &status_body(&st)).await;
-            return;
-        }
-    };
-    let Ok(permit) = slots.try_acquire_owned() else {
-        tracing::debug!("side read refused: max_side_reads at once");
-        let _ = write_frame(&mut unix, frames::BUSY, &[]).await;
+    let Some((mut unix, permit)) = admit(peer, slots, "read").await else {
         return;
     };
     let opened = async {
@@ -75,12 +65,35 @@ pub async fn serve(
     .await;
 }
 
-fn status_body(st: &Status) -> Vec<u8> {
+/// A side stream's unix socket and its slot; `None` once the peer was told
+/// why not (not a unix socket: an error; no slot left: [`frames::BUSY`]).
+pub(crate) async fn admit(
+    peer: Result<tokio::net::UnixStream, Pin<Box<dyn AsyncWrite + Send>>>,
+    slots: Arc<Semaphore>,
+    what: &str,
+) -> Option<(tokio::net::UnixStream, tokio::sync::OwnedSemaphorePermit)> {
+    let mut unix = match peer {
+        Ok(u) => u,
+        Err(mut other) => {
+            let st = Status::unimplemented(format!("side {what}s are served on unix sockets only"));
+            let _ = write_frame(&mut other, frames::ERROR, &status_body(&st)).await;
+            return None;
+        }
+    };
+    let Ok(permit) = slots.try_acquire_owned() else {
+        tracing::debug!("side {what} refused: its limit (max_side_{what}s) at once");
+        let _ = write_frame(&mut unix, frames::BUSY, &[]).await;
+        return None;
+    };
+    Some((unix, permit))
+}
+
+pub(crate) fn status_body(st: &Status) -> Vec<u8> {
     frames::encode_status(st.code() as i32, st.message(), st.details())
 }
 
 /// Writes one whole frame.
-async fn write_frame<S: AsyncWrite + Unpin>(stream: &mut S, tag: u8, body: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_frame<S: AsyncWrite + Unpin>(stream: &mut S, tag: u8, body: &[u8]) -> std::io::Result<()> {
     let mut bytes = header(tag, body.len() as u64).to_vec();
     bytes.extend_from_slice(body);
     stream.write_all(&bytes).await?;

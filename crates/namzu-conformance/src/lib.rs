@@ -141,14 +141,14 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
 /// lost (or gained) fails the suite instead of turning cases into
 /// "ignored".
 pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
-    use namzu::features::{ALL, EGRESS, EGRESS_STREAM, FILES_READ_SIDE};
+    use namzu::features::{ALL, EGRESS, EGRESS_STREAM, FILES_READ_SIDE, FILES_WRITE_SIDE};
     let with_egress = || ALL.iter().copied().chain([EGRESS, EGRESS_STREAM]).collect();
     // An agent whose link is not a unix socket (a VM's port) does not
-    // offer side reads.
+    // offer side reads or writes.
     let not_unix = || {
         ALL.iter()
             .copied()
-            .filter(|f| *f != FILES_READ_SIDE)
+            .filter(|f| *f != FILES_READ_SIDE && *f != FILES_WRITE_SIDE)
             .chain([EGRESS, EGRESS_STREAM])
             .collect()
     };

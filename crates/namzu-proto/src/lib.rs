@@ -108,6 +108,9 @@ pub mod limits {
     /// Streamed reads on streams of their own at once; more are refused
     /// (the host falls back to the link).
     pub const MAX_SIDE_READS: &str = "max_side_reads";
+    /// Writes on streams of their own at once; more are refused (the host
+    /// falls back to the link).
+    pub const MAX_SIDE_WRITES: &str = "max_side_writes";
     /// How often an agent that dials its hosts back looks for new host
     /// listeners (the latency a new host process waits at most).
     pub const DIAL_BACK_SCAN_MS: &str = "dial_back_scan_ms";
@@ -149,6 +152,7 @@ pub mod limits {
         EGRESS_DECISION_TIMEOUT_MS,
         EGRESS_MAX_HEAD_BYTES,
         MAX_SIDE_READS,
+        MAX_SIDE_WRITES,
         DIAL_BACK_SCAN_MS,
         MAX_DIAL_BACK_HOSTS,
     ];
@@ -189,6 +193,9 @@ pub mod features {
     /// opened with the read form of the preface), framed by
     /// [`crate::side_read`], the bytes sent with `sendfile(2)`.
     pub const FILES_READ_SIDE: &str = "files.read-side";
+    /// A write may travel on a byte stream of its own (the write form of
+    /// the preface), framed by [`crate::side_read`].
+    pub const FILES_WRITE_SIDE: &str = "files.write-side";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -201,6 +208,7 @@ pub mod features {
         FILES_READ,
         FILES_READ_STREAM,
         FILES_READ_SIDE,
+        FILES_WRITE_SIDE,
         FILES_LIST,
         FILES_WALK,
         FILES_STAT,

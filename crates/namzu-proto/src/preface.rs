@@ -42,6 +42,9 @@ pub const MAGIC_EGRESS: [u8; 4] = *b"NZE1";
 /// `ReadFileStreamRequest`; the stream then carries that read's frames
 /// ([`crate::side_read`]).
 pub const MAGIC_READ: [u8; 4] = *b"NZR1";
+/// The write form: as the read form, with an encoded `WriteBegin`; the
+/// stream then carries that write's frames ([`crate::side_read`]).
+pub const MAGIC_WRITE: [u8; 4] = *b"NZW1";
 /// Hello flag: fork a probe child and report its status, as Health's
 /// `probe_child` does.
 pub const HELLO_PROBE_CHILD: u8 = 1;
@@ -88,6 +91,8 @@ pub enum Offer {
     Egress { ask: u64 },
     /// `NZR1`: a streamed read on this stream; the encoded request.
     Read { request: Vec<u8> },
+    /// `NZW1`: a streamed write on this stream; the encoded `WriteBegin`.
+    Write { request: Vec<u8> },
 }
 
 /// Parses a complete or partial preface held in `buf`.
@@ -159,7 +164,7 @@ where
     let trailer = match magic {
         MAGIC_HELLO => 1,
         MAGIC_EGRESS => 8,
-        MAGIC_READ => 4,
+        MAGIC_READ | MAGIC_WRITE => 4,
         _ => 0,
     };
     if trailer > 0 {
@@ -176,7 +181,7 @@ where
     let mut rest = [0u8; 8];
     read_exact(stream, &mut rest[..trailer]).await?;
     let mut request = Vec::new();
-    if magic == MAGIC_READ {
+    if magic == MAGIC_READ || magic == MAGIC_WRITE {
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         if len > crate::side_read::MAX_REQUEST_BYTES {
             return Err(PrefaceError::BadLength(len));
@@ -195,6 +200,7 @@ where
             ask: u64::from_be_bytes(rest),
         },
         MAGIC_READ => Offer::Read { request },
+        MAGIC_WRITE => Offer::Write { request },
         _ => Offer::Plain,
     })
 }
@@ -228,7 +234,9 @@ where
 {
     match read_offer(stream, expected, max_token_bytes).await? {
         Offer::Plain => answer(stream, None).await,
-        Offer::Hello { .. } | Offer::Egress { .. } | Offer::Read { .. } => Err(PrefaceError::BadMagic),
+        Offer::Hello { .. } | Offer::Egress { .. } | Offer::Read { .. } | Offer::Write { .. } => {
+            Err(PrefaceError::BadMagic)
+        }
     }
 }
 
@@ -286,11 +294,26 @@ pub async fn offer_read<S>(stream: &mut S, token: &[u8], request: &[u8]) -> Resu
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    offer_side(stream, MAGIC_READ, token, request).await
+}
+
+/// Host side: the write form, with `request` an encoded `WriteBegin`.
+pub async fn offer_write<S>(stream: &mut S, token: &[u8], request: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    offer_side(stream, MAGIC_WRITE, token, request).await
+}
+
+async fn offer_side<S>(stream: &mut S, magic: [u8; 4], token: &[u8], request: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     if request.len() > crate::side_read::MAX_REQUEST_BYTES {
         return Err(PrefaceError::BadLength(request.len()));
     }
     let mut bytes = encode(token)?;
-    bytes[..4].copy_from_slice(&MAGIC_READ);
+    bytes[..4].copy_from_slice(&magic);
     bytes.extend_from_slice(&(request.len() as u32).to_be_bytes());
     bytes.extend_from_slice(request);
     send_and_accept(stream, &bytes).await
@@ -388,6 +411,20 @@ mod tests {
             served.await.unwrap(),
             Offer::Read {
                 request: b"encoded request".to_vec()
+            }
+        );
+
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move {
+            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+            answer(&mut agent, None).await.unwrap();
+            offer
+        });
+        offer_write(&mut host, b"tok", b"encoded begin").await.unwrap();
+        assert_eq!(
+            served.await.unwrap(),
+            Offer::Write {
+                request: b"encoded begin".to_vec()
             }
         );
         // A request length past the bound is refused before it is read.

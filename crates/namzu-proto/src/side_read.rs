@@ -9,6 +9,13 @@
 //! * [`BUSY`] (length 0, first and only): the agent serves as many side
 //!   reads as it may; nothing was read, and the host asks over the link.
 //!
+//! The write form (`NZW1`) runs the other way: the agent answers with
+//! [`READY`] (the target was checked and its temporary made), [`BUSY`] or
+//! [`ERROR`]; after `READY` the host sends `DATA` frames and an `END` whose
+//! length is the total it sent, and the agent answers `END` with the bytes
+//! written (u64) and the file's mode (u32), or `ERROR`. A write whose stream
+//! ends before the host's `END` replaces nothing.
+//!
 //! A stream that closes anywhere else (mid-frame, or with no `END`) is
 //! broken, never a short file. Frames let the sender learn a length before
 //! it sends (a file's size at that moment) and still fail with a typed
@@ -20,8 +27,10 @@ pub const DATA: u8 = 1;
 pub const END: u8 = 2;
 /// The read failed: an encoded status follows.
 pub const ERROR: u8 = 3;
-/// No capacity for another side read: use the link.
+/// No capacity for another side stream: use the link.
 pub const BUSY: u8 = 4;
+/// A side write may send its bytes.
+pub const READY: u8 = 5;
 /// A frame's header: tag and length.
 pub const HEADER_LEN: usize = 9;
 /// The longest encoded status a host reads.

@@ -8,6 +8,12 @@ impl AgentClient {
         const OP: &str = "write_file";
         self.require(OP, feat::FILES_WRITE)?;
         let total = data.len() as u64;
+        if let Some(mut sock) = self.side_write_start(OP, &begin(path, &opts)).await? {
+            for part in data.chunks(super::side_write::FRAME_BYTES) {
+                self.side_write_data(OP, &mut sock, part).await?;
+            }
+            return self.side_write_finish(OP, sock, total).await;
+        }
         let chunk = self.inner.write_chunk;
         let chunks = (0..data.len()).step_by(chunk).map(move |i| {
             let end = (i + chunk).min(data.len());
@@ -36,6 +42,23 @@ impl AgentClient {
     {
         const OP: &str = "write_file";
         self.require(OP, feat::FILES_WRITE)?;
+        if let Some(mut sock) = self.side_write_start(OP, &begin(path, &opts)).await? {
+            // A local read error drops the stream before END: the agent
+            // replaces nothing.
+            let mut buf = vec![0u8; super::side_write::FRAME_BYTES];
+            let mut total = 0u64;
+            loop {
+                let n = reader
+                    .read(&mut buf)
+                    .await
+                    .map_err(|source| Error::LocalIo { op: OP.into(), source })?;
+                if n == 0 {
+                    return self.side_write_finish(OP, sock, total).await;
+                }
+                self.side_write_data(OP, &mut sock, &buf[..n]).await?;
+                total += n as u64;
+            }
+        }
         let (tx, rx) = mpsc::channel(4);
         let begin = begin_msg(path, &opts);
         let chunk = self.inner.write_chunk;
@@ -246,13 +269,17 @@ impl AgentClient {
     }
 }
 
+fn begin(path: &Path, opts: &WriteOptions) -> v1::WriteBegin {
+    v1::WriteBegin {
+        path: path_bytes(path),
+        mode: opts.mode,
+        create_parents: opts.create_parents,
+    }
+}
+
 fn begin_msg(path: &Path, opts: &WriteOptions) -> v1::WriteFileRequest {
     v1::WriteFileRequest {
-        msg: Some(write_file_request::Msg::Begin(v1::WriteBegin {
-            path: path_bytes(path),
-            mode: opts.mode,
-            create_parents: opts.create_parents,
-        })),
+        msg: Some(write_file_request::Msg::Begin(begin(path, opts))),
     }
 }
 

@@ -574,24 +574,43 @@ impl AgentClient {
     /// `None` where the link is not a unix socket or the agent does not
     /// offer it.
     pub(super) async fn open_side_read(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
+        self.open_side(false, request).await
+    }
+
+    /// Opens a unix stream of its own for a write (the write form of the
+    /// preface, with `request` an encoded `WriteBegin`); `None` as for
+    /// [`Self::open_side_read`].
+    pub(super) async fn open_side_write(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
+        self.open_side(true, request).await
+    }
+
+    async fn open_side(&self, write: bool, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
         let (SideDial::Unix(dial), token) = self.inner.side.as_ref()? else {
             return None;
         };
-        if !self.inner.features.contains(feat::FILES_READ_SIDE) {
+        let (feature, what) = if write {
+            (feat::FILES_WRITE_SIDE, "write")
+        } else {
+            (feat::FILES_READ_SIDE, "read")
+        };
+        if !self.inner.features.contains(feature) {
             return None;
         }
-        let endpoint = || format!("read stream of {}", self.inner.sandbox_id);
+        let endpoint = || format!("{what} stream of {}", self.inner.sandbox_id);
         let opened = async {
             let mut s = dial().await.map_err(|source| Error::Connect {
                 endpoint: endpoint(),
                 source,
             })?;
-            namzu_proto::preface::offer_read(&mut s, &token(), request)
-                .await
-                .map_err(|source| Error::Preface {
-                    endpoint: endpoint(),
-                    source,
-                })?;
+            let offered = if write {
+                namzu_proto::preface::offer_write(&mut s, &token(), request).await
+            } else {
+                namzu_proto::preface::offer_read(&mut s, &token(), request).await
+            };
+            offered.map_err(|source| Error::Preface {
+                endpoint: endpoint(),
+                source,
+            })?;
             Ok(s)
         };
         Some(opened.await)

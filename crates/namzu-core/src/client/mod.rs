@@ -22,6 +22,7 @@ mod files;
 mod link;
 mod sessions;
 mod side_read;
+mod side_write;
 mod tcp;
 mod terminal;
 

@@ -87,7 +87,7 @@ impl AgentClient {
     }
 
     /// The error an [`frames::ERROR`] frame of `len` bytes carries.
-    async fn error_frame(&self, op: &str, sock: &mut UnixStream, len: u64) -> Error {
+    pub(super) async fn error_frame(&self, op: &str, sock: &mut UnixStream, len: u64) -> Error {
         if len > frames::MAX_STATUS_BYTES {
             return protocol(op, frames::ERROR);
         }
@@ -108,15 +108,15 @@ impl AgentClient {
     }
 }
 
-async fn read_header(sock: &mut UnixStream) -> io::Result<(u8, u64)> {
+pub(super) async fn read_header(sock: &mut UnixStream) -> io::Result<(u8, u64)> {
     let mut h = [0u8; HEADER_LEN];
     sock.read_exact(&mut h).await?;
     Ok(frames::parse_header(&h))
 }
 
-fn protocol(op: &str, tag: u8) -> Error {
+pub(super) fn protocol(op: &str, tag: u8) -> Error {
     Error::Protocol {
         op: op.into(),
-        message: format!("read stream: bad frame (tag {tag})"),
+        message: format!("side stream: bad frame (tag {tag})"),
     }
 }

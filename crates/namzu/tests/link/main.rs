@@ -11,6 +11,7 @@ mod pod_tls;
 mod preface;
 mod reattach;
 mod side_read;
+mod side_write;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};

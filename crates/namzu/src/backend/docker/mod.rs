@@ -12,7 +12,7 @@
 //! * **back** (runsc): gVisor keeps a socket made inside the sandbox out of
 //!   the host's view, but (with `--host-uds=open`) lets it connect to a host
 //!   socket bind-mounted into it. Each host process binds one in
-//!   `/.namzu/run/back/`; the agent dials it and keeps standbys there, and
+//!   `/.namzu/run/b/`; the agent dials it and keeps standbys there, and
 //!   every stream proves the token before the host offers it
 //!   (`namzu_proto::back`). Where the runtime forbids the connect, the
 //!   agent says so in that directory and the sandbox falls back to
@@ -88,8 +88,10 @@ use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 /// Bound on one container removal.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The run directory's folder of host listeners a [`Transport::Back`] agent
-/// dials (`--dial-back`).
-const BACK_DIR: &str = "back";
+/// dials (`--dial-back`). Names there are short (`b/PID-N`, both hex): a
+/// socket's path must fit `sun_path` (108 bytes) wherever the state
+/// directory is, and this one is no longer than `agent.sock` beside it.
+const BACK_DIR: &str = "b";
 /// How long a dial waits for the agent to dial back: a few of its scans.
 const BACK_WAIT: Duration = Duration::from_secs(2);
 
@@ -282,7 +284,7 @@ impl DockerProvider {
     }
 
     /// This process's listener for sandbox `id`'s agent to dial, bound on
-    /// first use in the run directory's `back/`.
+    /// first use in the run directory's `b/`.
     fn back_listener(&self, id: &str, dir: &Path, token: &[u8]) -> Result<Arc<BackListener>> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut map = self.back.lock().unwrap_or_else(|p| p.into_inner());
@@ -293,7 +295,7 @@ impl DockerProvider {
         let path = dir
             .join("run")
             .join(BACK_DIR)
-            .join(format!("h{}-{n}.sock", std::process::id()));
+            .join(format!("{:x}-{n:x}", std::process::id()));
         let io = |source| Error::LocalIo {
             op: "dial-back listener".into(),
             source,

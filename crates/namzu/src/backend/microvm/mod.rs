@@ -171,7 +171,12 @@ impl MicroVmProvider {
             images: crate::image::ImageStore::new(&state_dir),
             state: StateDir::new(state_dir, Tier::MicroVm),
             agent_bin: agent_bin.into(),
-            client: ClientOptions::default(),
+            // As the guest agent's own (namzu_agent::serve): every link
+            // shares one port, so a pong may queue behind another stream.
+            client: ClientOptions {
+                keepalive: Duration::from_secs(60),
+                ..ClientOptions::default()
+            },
             opts: MicroVmOptions::default(),
         }
     }
