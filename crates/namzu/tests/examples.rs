@@ -83,9 +83,46 @@ fn egress_allowlist_changes_the_policy_live() {
     );
 }
 
+/// The image the docker example runs: Debian's static busybox with the
+/// applets the example calls, imported into the daemon unless it is there
+/// (a fresh daemon has no image, and this test must not lean on another
+/// test binary having made one first).
+const EXAMPLE_IMAGE: &str = "namzu-test/example-busybox:1";
+
+fn ensure_example_image() {
+    let there = Command::new("docker")
+        .args(["image", "inspect", EXAMPLE_IMAGE])
+        .output()
+        .unwrap();
+    if there.status.success() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let bin = root.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
+    for applet in ["sh", "uname", "id", "true"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    std::fs::create_dir(root.path().join("etc")).unwrap();
+    std::fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(root.path().join("etc/group"), "root:x:0:\n").unwrap();
+    let import = format!(
+        "tar -C '{}' -c . | docker import - {EXAMPLE_IMAGE}",
+        root.path().display()
+    );
+    let out = Command::new("sh").args(["-c", &import]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn docker_runs_a_command_in_a_container() {
+    ensure_example_image();
     let st = tempfile::tempdir().unwrap();
-    let o = stdout(&run(st.path(), "docker", &["namzu-test/busybox:2"]));
+    let o = stdout(&run(st.path(), "docker", &[EXAMPLE_IMAGE]));
     assert!(o.starts_with("Linux "), "{o}");
     assert!(o.contains("uid="), "{o}");
 }
