@@ -44,6 +44,11 @@ for rt in runc runsc; do
     t0=$(now); for _ in $(seq $R); do docker exec "$c" true; done; t1=$(now)
     b=$(per "$t0" "$t1" $R)
     printf '%-8s %-34s %12s %12s %8s\n' "$rt" "exec true (CLI) / docker exec" "$a" "$b" "$(ratio "$a" "$b")"
+    # The library's round trip on a live handle (one connection, no
+    # process start) next to the same `docker exec`.
+    l=$(NAMZU_BENCH_ONLY=docker-rtt NAMZU_BENCH_DOCKER_IMAGE="$IMG" NAMZU_BENCH_DOCKER_RUNTIME="$rt" NAMZU_BENCH_ITERS=200 \
+        ./target/x86_64-unknown-linux-gnu/$P/namzu-bench)
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "exec true (library) / docker exec" "$l" "$b" "$(ratio "$l" "$b")"
 
     t0=$(now); $N cp "$big" "$id:/workspace/big"; t1=$(now)
     a=$(per "$t0" "$t1" 1)

@@ -175,13 +175,18 @@ fn main() -> ExitCode {
     // Launch mode is told by its first argument; decided before anything opens.
     let launching = std::env::args().any(|a| a == "--launch");
     seal_inherited_fds(launching);
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NAMZU_AGENT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // The directive parser (and its regex engine) only when asked for: a
+    // sandbox's start pays for neither otherwise.
+    match std::env::var("NAMZU_AGENT_LOG") {
+        Ok(directives) => logs
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_new(directives)
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .init(),
+        Err(_) => logs.with_max_level(tracing::Level::INFO).init(),
+    }
     // A microVM's init: the kernel starts it as PID 1 with `--guest` (its
     // command line ends `-- --guest`). A container's PID 1 (the docker
     // tier's agent) has its own arguments and is never booted.
@@ -379,12 +384,7 @@ fn run(args: Args) -> Result<(), String> {
         startup_child_status: None,
         dial_back: args.dial_back.clone(),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(32)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = namzu_agent::serve::runtime().map_err(|e| e.to_string())?;
     match prebound {
         Some(l) => rt.block_on(namzu_agent::serve_listener(cfg, l)),
         None => rt.block_on(namzu_agent::serve(cfg, listen)),

@@ -202,7 +202,7 @@ impl Agent for AgentService {
         Ok(Response::new(ReserveExecResponse { execution_id, existing }))
     }
 
-    type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
+    type ExecStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<ExecOutput, Status>> + Send>>;
 
     async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
         self.admit("exec", namzu_proto::features::EXEC)?;
@@ -225,9 +225,14 @@ impl Agent for AgentService {
         if start.execution_id.is_empty() && !start.detachable {
             start.execution_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
         }
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, mut rx) = mpsc::channel(16);
         tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        // The response's head waits for the first message (`Started`, or
+        // why not): both leave in one write, and the host wakes once for
+        // them instead of twice.
+        let first = rx.recv().await;
+        let rest = ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(futures::stream::iter(first).chain(rest))))
     }
 
     type AttachExecStream = ReceiverStream<Result<ExecOutput, Status>>;

@@ -20,7 +20,7 @@
 //! pre-exec hook (a container's) — with `std::process::Command`.
 
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -103,6 +103,32 @@ pub fn resolve(program: &OsStr, path: Option<&OsStr>) -> std::io::Result<PathBuf
 /// Starts `spec`. The error is the one the exec (or the lookup, or a file
 /// action such as the chdir) failed with.
 pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Spawned> {
+    let (stdin_child, stdin_ours) = if spec.stdin_piped {
+        let (r, w) = pipe()?;
+        (r, Some(w))
+    } else {
+        let null = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        (null, None)
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let pid = spawn_onto(spec, [stdin_child.as_fd(), out_w.as_fd(), err_w.as_fd()])?;
+    drop((stdin_child, out_w, err_w));
+    Ok(Spawned {
+        pid,
+        stdin: stdin_ours,
+        stdout: out_r,
+        stderr: err_r,
+    })
+}
+
+/// Starts `spec` with `stdio` as its stdin, stdout and stderr (the caller
+/// keeps its own descriptors, which stay close-on-exec); returns the pid.
+pub fn spawn_onto(spec: &SpawnSpec<'_>, stdio: [BorrowedFd<'_>; 3]) -> std::io::Result<u32> {
     let path_var = spec
         .env
         .iter()
@@ -129,21 +155,6 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Spawned> {
     argv.push(std::ptr::null_mut());
     let mut envp: Vec<*mut libc::c_char> = envp_owned.iter().map(|c| c.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
-
-    let (stdin_child, stdin_ours) = if spec.stdin_piped {
-        let (r, w) = pipe()?;
-        (r, Some(w))
-    } else {
-        let null = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
-        (null, None)
-    };
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-
     let mut pid: libc::pid_t = 0;
     #[allow(unsafe_code)]
     // SAFETY: every pointer handed to the posix_spawn calls points into a
@@ -180,11 +191,19 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Spawned> {
         step(libc::posix_spawnattr_setflags(&mut attr, flags));
         step(libc::posix_spawn_file_actions_adddup2(
             &mut acts,
-            stdin_child.as_raw_fd(),
+            stdio[0].as_raw_fd(),
             0,
         ));
-        step(libc::posix_spawn_file_actions_adddup2(&mut acts, out_w.as_raw_fd(), 1));
-        step(libc::posix_spawn_file_actions_adddup2(&mut acts, err_w.as_raw_fd(), 2));
+        step(libc::posix_spawn_file_actions_adddup2(
+            &mut acts,
+            stdio[1].as_raw_fd(),
+            1,
+        ));
+        step(libc::posix_spawn_file_actions_adddup2(
+            &mut acts,
+            stdio[2].as_raw_fd(),
+            2,
+        ));
         step(libc::posix_spawn_file_actions_addchdir_np(&mut acts, cwd.as_ptr()));
         if rc == 0 {
             rc = libc::posix_spawn(&mut pid, exe.as_ptr(), &acts, &attr, argv.as_ptr(), envp.as_ptr());
@@ -196,13 +215,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Spawned> {
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    drop((stdin_child, out_w, err_w));
-    Ok(Spawned {
-        pid: u32::try_from(pid).unwrap_or(0),
-        stdin: stdin_ours,
-        stdout: out_r,
-        stderr: err_r,
-    })
+    Ok(u32::try_from(pid).unwrap_or(0))
 }
 
 impl Spawned {

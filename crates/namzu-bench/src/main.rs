@@ -26,6 +26,7 @@ use namzu::backend::local::LocalProvider;
 use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
+mod cold;
 mod pool;
 mod raw;
 mod stages;
@@ -395,13 +396,33 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         sb.destroy().await?;
         return Ok(());
     }
+    // `NAMZU_BENCH_ONLY=docker-rtt`: the docker tier's exec round trip
+    // through a live handle, for bench/docker.sh to print next to `docker
+    // exec` (image and runtime from NAMZU_BENCH_DOCKER_IMAGE and
+    // NAMZU_BENCH_DOCKER_RUNTIME).
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("docker-rtt") {
+        let image = std::env::var("NAMZU_BENCH_DOCKER_IMAGE")?;
+        let runtime = std::env::var("NAMZU_BENCH_DOCKER_RUNTIME").unwrap_or_else(|_| "runc".into());
+        let d = cold::docker_rtt(&image, &runtime, iters.min(200)).await?;
+        println!("{}", d.as_micros());
+        return Ok(());
+    }
     println!("# namzu benchmark (release build)");
     println!();
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("cold") {
+        let state = tempfile::tempdir()?;
+        cold::cli_cold_start(state.path(), iters.min(300));
+        return Ok(());
+    }
     // `NAMZU_BENCH_ONLY=host`: the host tier's exec and file figures only.
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("host") {
         return host_tier(iters).await;
     }
     startup_stages(30).await?;
+    {
+        let state = tempfile::tempdir()?;
+        cold::cli_cold_start(state.path(), 100);
+    }
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() != Ok("no-pool") {
         let n = std::env::var("NAMZU_BENCH_POOL_RUNS")
             .ok()

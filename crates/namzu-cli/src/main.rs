@@ -59,15 +59,44 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NAMZU_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // The directive parser (and its regex engine) only when asked for: a
+    // command's start pays for neither otherwise.
+    match std::env::var("NAMZU_LOG") {
+        Ok(directives) => logs
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_new(directives)
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+            )
+            .init(),
+        Err(_) => logs.with_max_level(tracing::Level::ERROR).init(),
+    }
     tracing::trace!(target: namzu::timeline::TARGET, stage = "cli.main", mono_ns = started);
+    // `run` on the local tier with nothing allowed out forks its sandbox
+    // from this process: before any runtime, while it has one thread.
+    if let commands::Cmd::Run {
+        tier,
+        resources,
+        kube,
+        exec,
+    } = &cli.cmd
+    {
+        if commands::run_once::eligible(*tier, resources, kube) {
+            namzu::timeline::mark("cli.runtime");
+            return match commands::run_once::run(&cli.state_dir, resources, exec.clone()) {
+                Ok(code) => {
+                    namzu::timeline::mark("cli.exit");
+                    code
+                }
+                Err(Fail(msg)) => {
+                    eprintln!("namzu: {msg}");
+                    ExitCode::from(EXIT_NAMZU)
+                }
+            };
+        }
+    }
     // One thread serves every command but the server: nothing else here
     // runs work in parallel, and starting (and at exit joining) worker
     // threads costs a command's start more than it could ever give back.

@@ -430,6 +430,89 @@ fn ctrl_c_cancels_a_foreground_named_execution() {
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
 
+/// Host pids whose command line is exactly `cmd` (NUL-separated).
+fn host_pids(cmd: &[u8]) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == cmd))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `run` with nothing allowed out runs in a sandbox of its own with no
+/// agent: Ctrl-C kills everything the command started, detached or not,
+/// and the sandbox leaves nothing behind in the state directory.
+#[test]
+fn ctrl_c_ends_a_run_and_leaves_nothing_behind() {
+    use std::io::BufRead;
+    let st = tempfile::tempdir().unwrap();
+    let mut fg = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 314.15 >/dev/null 2>&1 </dev/null & echo started; exec sleep 271.9",
+        ])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(fg.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "started");
+    let (fg_cmd, bg_cmd) = (b"sleep\x00271.9\x00", b"sleep\x00314.15\x00");
+    for _ in 0..100 {
+        if host_pids(bg_cmd).len() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!((host_pids(fg_cmd).len(), host_pids(bg_cmd).len()), (1, 1));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(fg.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = fg.wait().unwrap();
+    assert_eq!(status.code(), Some(137), "{status:?}");
+    // Gone when the CLI has returned: everything the command started.
+    assert!(host_pids(fg_cmd).is_empty() && host_pids(bg_cmd).is_empty());
+    // Its directory and id range go right after (removed by a process
+    // of their own while the kernel tears the namespaces down).
+    let sandboxes = || {
+        std::fs::read_dir(st.path().join("local"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("sb-"))
+            .count()
+    };
+    for _ in 0..250 {
+        if sandboxes() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(sandboxes(), 0, "the run left its sandbox directory behind");
+}
+
+/// `run` takes a sandbox with an agent exactly when something may leave:
+/// only then does a proxy serve inside (and its variables say where).
+#[test]
+fn run_serves_a_proxy_only_where_something_may_leave() {
+    let st = tempfile::tempdir().unwrap();
+    let script = "echo \"[$HTTPS_PROXY]\"";
+    let o = namzu(st.path(), &["run", "--", "sh", "-c", script]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "[]\n", "{o:?}");
+    let o = namzu(st.path(), &["run", "--network", "deny", "--", "sh", "-c", script]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "[http://127.0.0.1:3128]\n", "{o:?}");
+}
+
 /// `image import` of a `docker save` tarball, `image ls` showing it, and a
 /// sandbox run from it.
 #[test]

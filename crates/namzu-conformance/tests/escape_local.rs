@@ -61,6 +61,43 @@ async fn attempts() -> Result<(), String> {
     suite::check(&report, &LOCAL)
 }
 
+/// The same attempts in a one-command sandbox (`namzu run` with nothing
+/// allowed out: no agent serves in it), made by the CLI from a process of
+/// its own (it forks, so it must be single-threaded; this one is not).
+fn once_attempts() -> Result<(), String> {
+    let (mut targets, control) = suite::prepare()?;
+    let escape_bin = escape::escape_binary()?;
+    let cli = escape_bin.with_file_name("namzu");
+    // The attempts' binary, alone in a directory shown read-only.
+    let tools = tempfile::tempdir().map_err(|e| e.to_string())?;
+    std::fs::copy(&escape_bin, tools.path().join("escape")).map_err(|e| e.to_string())?;
+    let state = std::env::temp_dir().join(format!("namzu-escape-once-{}", std::process::id()));
+    let out = std::process::Command::new(&cli)
+        .env("NAMZU_STATE_DIR", &state)
+        .arg("run")
+        .arg("--bind")
+        .arg(format!("{}:{}", targets.ro_host().display(), suite::RO_TARGET))
+        .arg("--bind")
+        .arg(format!("{}:/mnt/namzu-escape", tools.path().display()))
+        .arg("--")
+        .arg("/mnt/namzu-escape/escape")
+        .args(targets.inside_args(None))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", cli.display()))?;
+    let inside = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "namzu run failed: {:?}\n{inside}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let report = suite::finish(&mut targets, &control, &inside, Default::default())?;
+    suite::print(&report, "local, one-command sandbox", &LOCAL);
+    suite::check(&report, &LOCAL)
+}
+
 /// Health reports what was applied: the landlock ABI the kernel gave, the
 /// seccomp filter, the empty capability sets.
 async fn hardening_is_reported() -> Result<(), String> {
@@ -269,6 +306,9 @@ fn main() -> std::process::ExitCode {
     let args = Arguments::from_args();
     let trials = vec![
         trial("escape_attempts_all_fail", || Box::pin(attempts())),
+        Trial::test("escape_attempts_all_fail_in_a_one_command_sandbox", || {
+            once_attempts().map_err(Failed::from)
+        }),
         trial("fork_bomb_is_contained", || {
             Box::pin(async {
                 let f = factory(LocalOptions {

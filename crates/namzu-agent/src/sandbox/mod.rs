@@ -24,6 +24,7 @@
 
 pub mod etc;
 pub mod harden;
+pub mod once;
 pub mod rootfs;
 pub mod weaken;
 
@@ -126,7 +127,8 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
     match fork_c {
         ForkResult::Child => {
             drop((to_l_r, to_c_w));
-            let code = match child_c(&spec, link, etc.as_deref(), listener, to_l_w, to_c_r) {
+            let serve = |fds: SandboxFds| init_g(&spec, link, listener, fds);
+            let code = match child_c(&spec, etc.as_deref(), to_l_w, to_c_r, serve) {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox setup failed: {e}");
@@ -146,37 +148,12 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
 fn supervise(
     spec: &LaunchSpec,
     c: Pid,
-    mut from_c: std::os::unix::net::UnixStream,
-    mut to_c: std::os::unix::net::UnixStream,
+    from_c: std::os::unix::net::UnixStream,
+    to_c: std::os::unix::net::UnixStream,
 ) -> Result<i32, LaunchError> {
-    for procs in &spec.cgroup_procs {
-        std::fs::write(procs, c.as_raw().to_string()).map_err(io("join cgroup"))?;
-    }
-    to_c.write_all(&[1]).map_err(io("release child"))?;
-    let mut b = [0u8; 1];
-    from_c.read_exact(&mut b).map_err(io("wait for unshare"))?;
-    let proc = PathBuf::from(format!("/proc/{c}"));
-    match &spec.map_helpers {
-        Some((newuidmap, newgidmap)) => {
-            run_map_helper(newuidmap, c, &spec.uid_map)?;
-            run_map_helper(newgidmap, c, &spec.gid_map)?;
-        }
-        None => {
-            if spec.deny_setgroups {
-                std::fs::write(proc.join("setgroups"), "deny").map_err(io("write setgroups"))?;
-            }
-            std::fs::write(proc.join("uid_map"), map_text(&spec.uid_map)).map_err(io("write uid_map"))?;
-            std::fs::write(proc.join("gid_map"), map_text(&spec.gid_map)).map_err(io("write gid_map"))?;
-        }
-    }
-    to_c.write_all(&[1]).map_err(io("release child"))?;
-    let mut pid = [0u8; 4];
-    let g = match from_c.read_exact(&mut pid) {
-        Ok(()) => Pid::from_raw(i32::from_le_bytes(pid)),
-        Err(_) => {
-            // C failed before forking G; its status says why (logged by C).
-            return Ok(wait_exit(c));
-        }
+    let Some(g) = map_ids(spec, c, from_c, to_c)? else {
+        // C failed before forking G; its status says why (logged by C).
+        return Ok(wait_exit(c));
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -212,6 +189,43 @@ fn supervise(
     });
     let _ = std::fs::remove_file(&spec.socket);
     Ok(code)
+}
+
+/// L's part of C's start: puts C in the sandbox's cgroups, writes its
+/// uid/gid maps once it has unshared, and returns G's pid as C reports it
+/// (`None`: C failed before forking G).
+fn map_ids(
+    spec: &LaunchSpec,
+    c: Pid,
+    mut from_c: std::os::unix::net::UnixStream,
+    mut to_c: std::os::unix::net::UnixStream,
+) -> Result<Option<Pid>, LaunchError> {
+    for procs in &spec.cgroup_procs {
+        std::fs::write(procs, c.as_raw().to_string()).map_err(io("join cgroup"))?;
+    }
+    to_c.write_all(&[1]).map_err(io("release child"))?;
+    let mut b = [0u8; 1];
+    from_c.read_exact(&mut b).map_err(io("wait for unshare"))?;
+    let proc = PathBuf::from(format!("/proc/{c}"));
+    match &spec.map_helpers {
+        Some((newuidmap, newgidmap)) => {
+            run_map_helper(newuidmap, c, &spec.uid_map)?;
+            run_map_helper(newgidmap, c, &spec.gid_map)?;
+        }
+        None => {
+            if spec.deny_setgroups {
+                std::fs::write(proc.join("setgroups"), "deny").map_err(io("write setgroups"))?;
+            }
+            std::fs::write(proc.join("uid_map"), map_text(&spec.uid_map)).map_err(io("write uid_map"))?;
+            std::fs::write(proc.join("gid_map"), map_text(&spec.gid_map)).map_err(io("write gid_map"))?;
+        }
+    }
+    to_c.write_all(&[1]).map_err(io("release child"))?;
+    let mut pid = [0u8; 4];
+    match from_c.read_exact(&mut pid) {
+        Ok(()) => Ok(Some(Pid::from_raw(i32::from_le_bytes(pid)))),
+        Err(_) => Ok(None),
+    }
 }
 
 /// `newuidmap PID inside outside count …`: the setuid helper checks the
@@ -278,16 +292,30 @@ fn open_dir(path: impl AsRef<Path>, step: &'static str) -> Result<OwnedFd, Launc
     .map_err(|e| LaunchError::Os { step, source: e.into() })
 }
 
-/// C: enters the new namespaces and starts G.
-fn child_c(
+/// What C opened for G before the maps took its host credentials away:
+/// `O_PATH` descriptors of the workspace, the image, the shared /etc and
+/// every bind source, each looked up in the new mount namespace.
+pub(crate) struct SandboxFds {
+    workspace: OwnedFd,
+    image: Option<OwnedFd>,
+    etc: Option<OwnedFd>,
+    binds: Vec<OwnedFd>,
+}
+
+/// C: enters the new namespaces and starts G, which runs `g` (serve, or
+/// run one command) and exits with what it returns.
+fn child_c<G>(
     spec: &LaunchSpec,
-    link: Link,
     etc: Option<&Path>,
-    listener: UnixListener,
     mut to_l: std::os::unix::net::UnixStream,
     mut from_l: std::os::unix::net::UnixStream,
-) -> Result<i32, LaunchError> {
+    g: G,
+) -> Result<i32, LaunchError>
+where
+    G: FnOnce(SandboxFds) -> Result<i32, LaunchError>,
+{
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    let l = nix::unistd::getppid();
     // Wait until L has put us in the sandbox's cgroups: the cgroup namespace
     // made below is rooted wherever we are at that moment.
     let mut gate = [0u8; 1];
@@ -335,14 +363,30 @@ fn child_c(
     let root_uid = nix::unistd::Uid::from_raw(0);
     nix::unistd::setresgid(root_gid, root_gid, root_gid).map_err(os("setresgid"))?;
     nix::unistd::setresuid(root_uid, root_uid, root_uid).map_err(os("setresuid"))?;
+    // The credential change cleared the parent-death signal: armed again,
+    // and L checked to be still there (had it died in between, nothing
+    // would ever send it).
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+    if nix::unistd::getppid() != l {
+        return Err(LaunchError::InitLost);
+    }
 
     #[allow(unsafe_code)]
     // SAFETY: C is single-threaded (a fork of the single-threaded L).
     let fork_g = unsafe { fork() }.map_err(os("fork init"))?;
+    let fds = SandboxFds {
+        workspace,
+        image: rootfs,
+        etc,
+        binds,
+    };
     match fork_g {
         ForkResult::Child => {
             drop((to_l, from_l));
-            let code = match init_g(spec, link, listener, workspace, rootfs, etc, binds) {
+            let code = match nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+                .map_err(os("pdeathsig"))
+                .and_then(|()| g(fds))
+            {
                 Ok(code) => code,
                 Err(e) => {
                     tracing::error!("sandbox init failed: {e}");
@@ -352,50 +396,39 @@ fn child_c(
             std::process::exit(code);
         }
         ForkResult::Parent { child } => {
-            drop((listener, workspace, rootfs, etc, binds));
+            // What G took (the listener, the fds) is closed here.
+            drop((fds, g));
             let _ = to_l.write_all(&child.as_raw().to_le_bytes());
             Ok(wait_exit(child))
         }
     }
 }
 
-/// G: builds the sandbox around itself and serves.
-fn init_g(
-    spec: &LaunchSpec,
-    link: Link,
-    listener: UnixListener,
-    workspace: OwnedFd,
-    image: Option<OwnedFd>,
-    etc: Option<OwnedFd>,
-    binds: Vec<OwnedFd>,
-) -> Result<i32, LaunchError> {
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(os("pdeathsig"))?;
+/// G's first steps, whatever it then does: the root filesystem built and
+/// entered, the hostname set, loopback up.
+fn enter(spec: &LaunchSpec, fds: SandboxFds) -> Result<(), LaunchError> {
     mark("launch.init-forked");
-    let bind_fds: Vec<BorrowedFd<'_>> = binds.iter().map(|f| f.as_fd()).collect();
+    let bind_fds: Vec<BorrowedFd<'_>> = fds.binds.iter().map(|f| f.as_fd()).collect();
     rootfs::build(
         spec,
-        workspace.as_fd(),
-        image.as_ref().map(|f| f.as_fd()),
-        etc.as_ref().map(|f| f.as_fd()),
+        fds.workspace.as_fd(),
+        fds.image.as_ref().map(|f| f.as_fd()),
+        fds.etc.as_ref().map(|f| f.as_fd()),
         &bind_fds,
     )?;
-    drop((workspace, image, etc, binds));
+    drop(bind_fds);
+    drop(fds);
     mark("launch.rootfs-pivoted");
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
-    // Bound now, while G may still bind port 53.
-    let egress = crate::egress::Listeners::bind().map_err(io("bind the egress proxy and resolver"))?;
-    mark("launch.network-up");
-    let tcp = match &spec.tcp_listen {
-        Some(addr) => {
-            let l = std::net::TcpListener::bind(addr.as_str()).map_err(io("bind the agent's TCP port"))?;
-            l.set_nonblocking(true).map_err(io("the agent's TCP port"))?;
-            Some(std::sync::Arc::new(l))
-        }
-        None => None,
-    };
+    Ok(())
+}
 
-    // The environment every command inherits, and nothing of the host's.
+/// Replaces this process's environment with the one every command
+/// inherits: nothing of the host's (but the agent's log filter), a PATH,
+/// HOME and LANG, the egress proxy's variables where a proxy serves
+/// (`proxy`), and the spec's own.
+fn command_env(spec: &LaunchSpec, proxy: bool) {
     let keep: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("NAMZU_AGENT_LOG"))
         .collect();
@@ -408,12 +441,31 @@ fn init_g(
     std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     std::env::set_var("HOME", "/root");
     std::env::set_var("LANG", "C.UTF-8");
-    for (k, v) in crate::egress::proxy_env() {
-        std::env::set_var(k, v);
+    if proxy {
+        for (k, v) in crate::egress::proxy_env() {
+            std::env::set_var(k, v);
+        }
     }
     for (k, v) in &spec.env {
         std::env::set_var(k, v);
     }
+}
+
+/// G: builds the sandbox around itself and serves.
+fn init_g(spec: &LaunchSpec, link: Link, listener: UnixListener, fds: SandboxFds) -> Result<i32, LaunchError> {
+    enter(spec, fds)?;
+    // Bound now, while G may still bind port 53.
+    let egress = crate::egress::Listeners::bind().map_err(io("bind the egress proxy and resolver"))?;
+    mark("launch.network-up");
+    let tcp = match &spec.tcp_listen {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr.as_str()).map_err(io("bind the agent's TCP port"))?;
+            l.set_nonblocking(true).map_err(io("the agent's TCP port"))?;
+            Some(std::sync::Arc::new(l))
+        }
+        None => None,
+    };
+    command_env(spec, true);
 
     let mut limits = Limits::default();
     for (name, value) in &spec.limits {
@@ -439,12 +491,7 @@ fn init_g(
         startup_child_status: Some(startup_child_status),
         dial_back: None,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(32)
-        .enable_all()
-        .build()
-        .map_err(io("runtime"))?;
+    let rt = crate::serve::runtime().map_err(io("runtime"))?;
     mark("launch.runtime-built");
     listener.set_nonblocking(true).map_err(io("listener"))?;
     match rt.block_on(crate::serve::serve_listener(cfg, listener)) {

@@ -8,6 +8,7 @@ mod image;
 mod lifecycle;
 mod logs;
 mod network;
+pub mod run_once;
 mod sandboxes;
 mod serve;
 mod sessions;

@@ -337,7 +337,8 @@ impl Targets {
         })
     }
 
-    fn ro_host(&self) -> PathBuf {
+    /// The host directory bound read-only at [`RO_TARGET`].
+    pub fn ro_host(&self) -> PathBuf {
         self.dir.path().join("ro")
     }
 
@@ -429,9 +430,11 @@ pub async fn run(factory: &Factory, spec: SandboxSpec) -> Result<Report, String>
     run_on(factory, spec, &TierShape::default()).await
 }
 
-/// [`run`] on a tier of this shape.
-pub async fn run_on(factory: &Factory, spec: SandboxSpec, shape: &TierShape) -> Result<Report, String> {
-    let mut targets = Targets::plant()?;
+/// Plants the targets and runs the control: what every way of running the
+/// attempts inside starts with. Returns the targets and the control's
+/// output.
+pub fn prepare() -> Result<(Targets, String), String> {
+    let targets = Targets::plant()?;
     let control_text = targets.control()?;
     // The control reached the loopback listener (that is its job); what it
     // queued is taken now, so that only the sandbox's could remain.
@@ -440,6 +443,36 @@ pub async fn run_on(factory: &Factory, spec: SandboxSpec, shape: &TierShape) -> 
         reached += 1;
     }
     ensure!(reached > 0, "the control never reached the loopback listener");
+    Ok((targets, control_text))
+}
+
+/// Judges the attempts: the output of the run inside next to the
+/// control's, and what the host saw.
+pub fn finish(
+    targets: &mut Targets,
+    control_text: &str,
+    inside_text: &str,
+    hardening: BTreeMap<String, String>,
+) -> Result<Report, String> {
+    let host_side = targets.host_side()?;
+    let inside = parse(inside_text);
+    let control = parse(control_text);
+    let outcomes = inside
+        .iter()
+        .map(|(name, line)| (name.clone(), judge(line, control.get(name))))
+        .collect();
+    Ok(Report {
+        inside,
+        control,
+        outcomes,
+        host_side,
+        hardening,
+    })
+}
+
+/// [`run`] on a tier of this shape.
+pub async fn run_on(factory: &Factory, spec: SandboxSpec, shape: &TierShape) -> Result<Report, String> {
+    let (mut targets, control_text) = prepare()?;
     let spec = if shape.binds { targets.spec(spec) } else { spec };
     let targets_ref = &targets;
     let link_token = shape.link_token;
@@ -465,20 +498,7 @@ pub async fn run_on(factory: &Factory, spec: SandboxSpec, shape: &TierShape) -> 
     })
     .await?;
     let (inside_text, hardening) = inside_text;
-    let host_side = targets.host_side()?;
-    let inside = parse(&inside_text);
-    let control = parse(&control_text);
-    let outcomes = inside
-        .iter()
-        .map(|(name, line)| (name.clone(), judge(line, control.get(name))))
-        .collect();
-    Ok(Report {
-        inside,
-        control,
-        outcomes,
-        host_side,
-        hardening,
-    })
+    finish(&mut targets, &control_text, &inside_text, hardening)
 }
 
 /// What one tier is expected to show, attempt by attempt. Every attempt not

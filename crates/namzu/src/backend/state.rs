@@ -6,7 +6,7 @@
 //! here by id, and its agent's pid (checked against the command line, so a
 //! reused pid is never signalled) says whether it is alive.
 
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -127,13 +127,7 @@ impl StateDir {
     pub fn create(&self, token: Option<Vec<u8>>) -> Result<(String, PathBuf, Vec<u8>, Cleanup)> {
         const OP: &str = "create";
         let io = |source| Error::LocalIo { op: OP.into(), source };
-        let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
-        let dir = self.dir(&id)?;
-        std::fs::create_dir_all(&self.root).map_err(io)?;
-        std::fs::create_dir(&dir).map_err(io)?;
-        let guard = Cleanup(Some(dir.clone()));
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-        std::fs::create_dir(dir.join("workspace")).map_err(io)?;
+        let (id, dir, guard) = self.create_bare()?;
         let token = token
             .unwrap_or_else(|| format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>()).into_bytes());
         std::fs::OpenOptions::new()
@@ -144,6 +138,30 @@ impl StateDir {
             .and_then(|mut f| std::io::Write::write_all(&mut f, &token))
             .map_err(io)?;
         Ok((id, dir, token, guard))
+    }
+
+    /// Makes a fresh sandbox directory (mode 0700) with its workspace and
+    /// nothing else. Returns (id, dir, guard that removes the directory
+    /// unless kept).
+    pub fn create_bare(&self) -> Result<(String, PathBuf, Cleanup)> {
+        let io = |source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        };
+        let id = format!("sb-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+        let dir = self.dir(&id)?;
+        if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(io(e));
+            }
+            std::fs::create_dir_all(&self.root).map_err(io)?;
+            std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io)?;
+        }
+        let guard = Cleanup(Some(dir.clone()));
+        // The mode asked for, whatever the umask took away.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        std::fs::create_dir(dir.join("workspace")).map_err(io)?;
+        Ok((id, dir, guard))
     }
 
     /// Every process recorded for the sandboxes of this tier, by identity.

@@ -31,7 +31,10 @@ use crate::provider::Provider;
 use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
 use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
+
+mod once;
 pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
+pub use once::{OnceCleanup, OnceIo, OnceOutcome, OnceRequest};
 
 /// Where the launchers keep the shared copies of the curated host /etc
 /// (beneath the tier's state directory; see `namzu_agent::sandbox::etc`).
@@ -163,6 +166,27 @@ impl LocalProvider {
         slot: Option<u32>,
         tcp_listen: Option<String>,
     ) -> Result<StateSandbox> {
+        let (launch, cgroups) = self.launch_spec(id, dir, spec, slot, tcp_listen)?;
+        let started = self.launch(id, dir, &launch, slot, cgroups.clone()).await;
+        if started.is_err() {
+            if let Some(cg) = &cgroups {
+                cg.remove();
+            }
+        }
+        started
+    }
+
+    /// The launch spec of sandbox `id` (its directory `dir`, its id range
+    /// `slot`), with the cgroups made for its limits; the workspace given
+    /// to the sandbox's root.
+    fn launch_spec(
+        &self,
+        id: &str,
+        dir: &Path,
+        spec: &SandboxSpec,
+        slot: Option<u32>,
+        tcp_listen: Option<String>,
+    ) -> Result<(LaunchSpec, Option<crate::backend::cgroup::Cgroups>)> {
         const OP: &str = "create";
         let workspace = dir.join("workspace");
         let (uid_map, gid_map, deny_setgroups, map_helpers) = match slot {
@@ -237,13 +261,7 @@ impl LocalProvider {
             launch.cgroup_procs = cg.procs_files().iter().map(|p| path_string(p)).collect();
             launch.notes.push(("cgroups".into(), cg.report.clone()));
         }
-        let started = self.launch(id, dir, &launch, slot, cgroups.clone()).await;
-        if started.is_err() {
-            if let Some(cg) = &cgroups {
-                cg.remove();
-            }
-        }
-        started
+        Ok((launch, cgroups))
     }
 
     /// Starts the launcher on a written-out spec and waits for the agent.
@@ -328,6 +346,79 @@ fn io(op: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 }
 
 impl LocalProvider {
+    /// Runs one command in a fresh sandbox of `spec` and removes the
+    /// sandbox (its processes, workspace, id range and cgroups) once the
+    /// command has ended, however it ends.
+    ///
+    /// The sandbox is the tier's in every respect a command sees (the same
+    /// namespaces, id range, root filesystem, limits and defences, checked
+    /// by the same privilege probe before the command starts), but no
+    /// agent serves in it: nothing listens inside, nothing may leave, and
+    /// the command's output goes straight to `io`'s writers.
+    ///
+    /// The calling process must have no other thread (the sandbox is
+    /// forked from it): call it before any runtime starts. Refused with
+    /// [`Error::InvalidArgument`] otherwise, and with
+    /// [`Error::OptionRefused`] for what needs an agent: an egress policy
+    /// other than `NoNetwork`, agent `limits`, a TCP link.
+    pub fn run_once(&self, spec: SandboxSpec, req: OnceRequest, io: OnceIo<'_>) -> Result<OnceOutcome> {
+        const OP: &str = "run_once";
+        crate::timeline::mark("create.begin");
+        check_spec(Tier::Local, &spec)?;
+        let refuse = |option: &str, reason: &str| Error::OptionRefused {
+            tier: Tier::Local,
+            option: option.into(),
+            reason: reason.into(),
+        };
+        if spec.egress != crate::egress::EgressConfig::default() {
+            return Err(refuse(
+                "egress",
+                "a one-command sandbox has no egress supervisor; create a sandbox to let anything leave",
+            ));
+        }
+        if !spec.limits.is_empty() {
+            return Err(refuse(
+                "limits",
+                "agent limits apply to a served sandbox; none serves here",
+            ));
+        }
+        if self.tcp_tls.is_some() {
+            return Err(refuse("tcp_tls", "a one-command sandbox listens on nothing"));
+        }
+        if req.command.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: OP.into(),
+                message: "no command given".into(),
+            });
+        }
+        if once::threads() != Some(1) {
+            return Err(Error::InvalidArgument {
+                op: OP.into(),
+                message: "the calling process has other threads; run_once forks, so call it before any start".into(),
+            });
+        }
+        let (id, dir, made) = self.state.create_bare()?;
+        let lock = once::hold_lock(&dir)?;
+        crate::timeline::mark("create.state-dir");
+        let slot = match nix::unistd::geteuid().is_root() {
+            true => Some((self.slots(), self.claim_slot(&id)?)),
+            false => None,
+        };
+        made.keep();
+        let mut leftovers = once::Leftovers {
+            id: id.clone(),
+            dir: dir.clone(),
+            _lock: lock,
+            armed: true,
+            slot,
+            cgroups: None,
+        };
+        crate::timeline::mark("create.uid-slot");
+        let (launch, cgroups) = self.launch_spec(&id, &dir, &spec, leftovers.slot.as_ref().map(|(_, s)| *s), None)?;
+        leftovers.cgroups = cgroups;
+        once::execute(&launch, leftovers, req, io)
+    }
+
     /// Every process recorded for this provider's sandboxes, by identity:
     /// what a caller that must leave none behind (a test harness that
     /// panicked) kills.
@@ -419,7 +510,8 @@ impl Provider for LocalProvider {
     }
 
     async fn gc(&self) -> Result<Vec<String>> {
-        let removed = crate::backend::state::gc_dead(self, &self.state).await?;
+        let mut removed = once::gc_abandoned(self.state.root());
+        removed.extend(crate::backend::state::gc_dead(self, &self.state).await?);
         // Copies of an /etc the host has since changed: only while no
         // sandbox runs, since a running one may have any of them mounted.
         if self.state.list()?.iter().all(|s| !s.alive) {
