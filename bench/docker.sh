@@ -49,6 +49,11 @@ for rt in runc runsc; do
     l=$(NAMZU_BENCH_ONLY=docker-rtt NAMZU_BENCH_DOCKER_IMAGE="$IMG" NAMZU_BENCH_DOCKER_RUNTIME="$rt" NAMZU_BENCH_ITERS=200 \
         ./target/x86_64-unknown-linux-gnu/$P/namzu-bench)
     printf '%-8s %-34s %12s %12s %8s\n' "$rt" "exec true (library) / docker exec" "$l" "$b" "$(ratio "$l" "$b")"
+    # The runtime's own floor: fork + exec + wait of /bin/true by a shell
+    # INSIDE the container, no namzu and no docker in the path.
+    f=$(docker exec "$c" sh -c 'time sh -c "i=0; while [ \$i -lt 200 ]; do /bin/true; i=\$((i+1)); done"' 2>&1 |
+        awk '/^real/ { m = $2; sub(/m$/, "", m); t = $3; sub(/s$/, "", t); printf "%d", (m * 60 + t) * 1e6 / 200 }')
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "floor: fork+exec of true inside" "$f" "$b" "$(ratio "$f" "$b")"
 
     t0=$(now); $N cp "$big" "$id:/workspace/big"; t1=$(now)
     a=$(per "$t0" "$t1" 1)

@@ -287,10 +287,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Peer<S> {
 
 /// The runtime the agent serves on: one thread drives every link,
 /// command, pump and relay, so a wakeup never crosses to another thread
-/// (an exec's round trip was ~100 µs shorter than on two workers, and an
-/// idle agent keeps fewer stacks and malloc arenas resident); blocking
-/// work (file I/O, the side streams' sendfile and copies, quiesce) runs on
-/// a pool of at most 32 threads.
+/// and an idle agent is one thread (an exec's round trip measured the same
+/// as on two workers, within this machine's noise); blocking work (file
+/// I/O, the side streams' sendfile and copies, quiesce) runs on a pool of
+/// at most 32 threads.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(32)
