@@ -8,6 +8,36 @@ use std::time::{Duration, Instant};
 
 use namzu::{ExecRequest, Provider, SandboxSpec};
 
+/// bwrap running `true` with every namespace of its own: what a user
+/// would run instead of `namzu run -- true`.
+pub const BWRAP: &[&str] = &[
+    "bwrap",
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/",
+    "/",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "true",
+];
+
+/// unshare(1) making the same namespaces and running `true`.
+pub const UNSHARE: &[&str] = &[
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--mount",
+    "--net",
+    "--ipc",
+    "--uts",
+    "true",
+];
+
 /// A command line to time, and what it is.
 pub struct Cmd {
     pub label: &'static str,
@@ -66,34 +96,11 @@ pub fn cli_cold_start(state: &std::path::Path, runs: usize) {
         Cmd::new("`namzu run -- true`", &[&cli, &state_arg, "run", "--", "true"]),
         Cmd::new(
             "`bwrap --unshare-all --die-with-parent --ro-bind / / --proc /proc --dev /dev true`",
-            &[
-                "bwrap",
-                "--unshare-all",
-                "--die-with-parent",
-                "--ro-bind",
-                "/",
-                "/",
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "true",
-            ],
+            BWRAP,
         ),
         Cmd::new(
             "`unshare --user --map-root-user --pid --fork --mount --net --ipc --uts true`",
-            &[
-                "unshare",
-                "--user",
-                "--map-root-user",
-                "--pid",
-                "--fork",
-                "--mount",
-                "--net",
-                "--ipc",
-                "--uts",
-                "true",
-            ],
+            UNSHARE,
         ),
         Cmd::new("`namzu --version` (the CLI's own start and exit)", &[&cli, "--version"]),
         Cmd::new("`bwrap --version`", &["bwrap", "--version"]),

@@ -212,37 +212,8 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     }
     let create = median(creates);
     let destroy = median(destroys);
-    let bwrap = time_command(
-        &[
-            "bwrap",
-            "--unshare-all",
-            "--die-with-parent",
-            "--ro-bind",
-            "/",
-            "/",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "true",
-        ],
-        n,
-    );
-    let unshare = time_command(
-        &[
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--pid",
-            "--fork",
-            "--mount",
-            "--net",
-            "--ipc",
-            "--uts",
-            "true",
-        ],
-        n,
-    );
+    let bwrap = time_command(cold::BWRAP, n);
+    let unshare = time_command(cold::UNSHARE, n);
 
     let sb = provider.create(SandboxSpec::default()).await?;
     let (exec_ns, exec_host) = exec_rtt(&sb, iters).await?;

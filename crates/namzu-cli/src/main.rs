@@ -85,16 +85,7 @@ fn main() -> ExitCode {
     {
         if commands::run_once::eligible(*tier, resources, kube) {
             namzu::timeline::mark("cli.runtime");
-            return match commands::run_once::run(&cli.state_dir, resources, exec.clone()) {
-                Ok(code) => {
-                    namzu::timeline::mark("cli.exit");
-                    code
-                }
-                Err(Fail(msg)) => {
-                    eprintln!("namzu: {msg}");
-                    ExitCode::from(EXIT_NAMZU)
-                }
-            };
+            return finish(commands::run_once::run(&cli.state_dir, resources, exec.clone()));
         }
     }
     // One thread serves every command but the server: nothing else here
@@ -113,7 +104,12 @@ fn main() -> ExitCode {
         }
     };
     namzu::timeline::mark("cli.runtime");
-    match rt.block_on(commands::run(cli.state_dir, cli.cmd)) {
+    finish(rt.block_on(commands::run(cli.state_dir, cli.cmd)))
+}
+
+/// The exit code of a command's outcome; a failure's one line printed.
+fn finish(outcome: Result<ExitCode, Fail>) -> ExitCode {
+    match outcome {
         Ok(code) => {
             namzu::timeline::mark("cli.exit");
             code

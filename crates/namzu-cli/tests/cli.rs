@@ -363,27 +363,13 @@ fn a_second_process_reattaches_to_a_named_execution_a_killed_one_left() {
     }
 }
 
-/// Ctrl-C on a foreground named execution cancels it inside the sandbox
-/// (the name only makes it survive this process dying, not an interrupt).
-#[test]
-fn ctrl_c_cancels_a_foreground_named_execution() {
+/// Starts `namzu ARGS` in the foreground and waits for the first line of
+/// its output, which must be `started`.
+fn spawn_started(st: &Path, args: &[&str]) -> std::process::Child {
     use std::io::BufRead;
-    let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
     let mut fg = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args([
-            "exec",
-            &id,
-            "--id",
-            "job",
-            "--",
-            "sh",
-            "-c",
-            "echo started; exec sleep 271.8",
-        ])
-        .env("NAMZU_STATE_DIR", st.path())
+        .args(args)
+        .env("NAMZU_STATE_DIR", st)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -394,6 +380,30 @@ fn ctrl_c_cancels_a_foreground_named_execution() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "started");
+    fg
+}
+
+/// Ctrl-C on a foreground named execution cancels it inside the sandbox
+/// (the name only makes it survive this process dying, not an interrupt).
+#[test]
+fn ctrl_c_cancels_a_foreground_named_execution() {
+    let st = tempfile::tempdir().unwrap();
+    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
+        .trim()
+        .to_owned();
+    let mut fg = spawn_started(
+        st.path(),
+        &[
+            "exec",
+            &id,
+            "--id",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 271.8",
+        ],
+    );
     let running = || {
         let o = namzu(
             st.path(),
@@ -445,27 +455,17 @@ fn host_pids(cmd: &[u8]) -> Vec<String> {
 /// and the sandbox leaves nothing behind in the state directory.
 #[test]
 fn ctrl_c_ends_a_run_and_leaves_nothing_behind() {
-    use std::io::BufRead;
     let st = tempfile::tempdir().unwrap();
-    let mut fg = Command::new(env!("CARGO_BIN_EXE_namzu"))
-        .args([
+    let mut fg = spawn_started(
+        st.path(),
+        &[
             "run",
             "--",
             "sh",
             "-c",
             "setsid sleep 314.15 >/dev/null 2>&1 </dev/null & echo started; exec sleep 271.9",
-        ])
-        .env("NAMZU_STATE_DIR", st.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(fg.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "started");
+        ],
+    );
     let (fg_cmd, bg_cmd) = (b"sleep\x00271.9\x00", b"sleep\x00314.15\x00");
     for _ in 0..100 {
         if host_pids(bg_cmd).len() == 1 {

@@ -128,14 +128,7 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
         ForkResult::Child => {
             drop((to_l_r, to_c_w));
             let serve = |fds: SandboxFds| init_g(&spec, link, listener, fds);
-            let code = match child_c(&spec, etc.as_deref(), to_l_w, to_c_r, serve) {
-                Ok(code) => code,
-                Err(e) => {
-                    tracing::error!("sandbox setup failed: {e}");
-                    125
-                }
-            };
-            std::process::exit(code);
+            c_main(&spec, etc.as_deref(), to_l_w, to_c_r, serve)
         }
         ForkResult::Parent { child } => {
             drop((to_l_w, to_c_r, listener));
@@ -300,6 +293,28 @@ pub(crate) struct SandboxFds {
     image: Option<OwnedFd>,
     etc: Option<OwnedFd>,
     binds: Vec<OwnedFd>,
+}
+
+/// C's whole life: [`child_c`], then its exit (125 for a failed setup,
+/// which it logged).
+fn c_main<G>(
+    spec: &LaunchSpec,
+    etc: Option<&Path>,
+    to_l: std::os::unix::net::UnixStream,
+    from_l: std::os::unix::net::UnixStream,
+    g: G,
+) -> !
+where
+    G: FnOnce(SandboxFds) -> Result<i32, LaunchError>,
+{
+    let code = match child_c(spec, etc, to_l, from_l, g) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("sandbox setup failed: {e}");
+            125
+        }
+    };
+    std::process::exit(code)
 }
 
 /// C: enters the new namespaces and starts G, which runs `g` (serve, or

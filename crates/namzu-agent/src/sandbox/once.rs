@@ -24,7 +24,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::{child_c, command_env, enter, etc, harden, io, map_ids, os, wait_exit, weaken, LaunchError, SandboxFds};
+use super::{c_main, command_env, enter, etc, harden, io, map_ids, os, wait_exit, weaken, LaunchError, SandboxFds};
 use crate::timeline::mark;
 
 /// The command G starts.
@@ -233,14 +233,7 @@ pub fn start(spec: &LaunchSpec, command: Command, stdio: Stdio) -> Result<Once, 
                 None,
             );
             let run = move |fds: SandboxFds| init_once(spec, fds, command, stdio, report_g);
-            let code = match child_c(spec, etc.as_deref(), to_l_w, to_c_r, run) {
-                Ok(code) => code,
-                Err(e) => {
-                    tracing::error!("sandbox setup failed: {e}");
-                    125
-                }
-            };
-            std::process::exit(code);
+            c_main(spec, etc.as_deref(), to_l_w, to_c_r, run)
         }
         ForkResult::Parent { child } => {
             drop((to_l_w, to_c_r, report_g, stdio, command, errors_w));
