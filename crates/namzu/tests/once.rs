@@ -373,6 +373,43 @@ fn gc_removes_what_a_dead_run_left() {
     assert_eq!(uid_claims(st.path()), 0);
 }
 
+/// The spec's process limit holds in a one-command sandbox as in a served
+/// one: its cgroup stops a command starting more (where the host offers a
+/// writable hierarchy; elsewhere the option is refused by name).
+fn the_process_limit_holds() {
+    let st = tempfile::tempdir().unwrap();
+    let limited = |pids: Option<u64>| SandboxSpec {
+        resources: namzu::Resources {
+            pids,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Forty background sleeps, then how many run: a shell that cannot fork
+    // says so and stops.
+    let script = "i=0; while [ $i -lt 40 ]; do sleep 30.5 & i=$((i+1)); done; \
+                  for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done | grep -c '^sleep 30[.]5'";
+    // Without a limit, the script does what it says.
+    let free = run_with(&provider(st.path()), limited(None), req(script), None, None);
+    assert_eq!(free.outcome.unwrap().code, Some(0));
+    assert_eq!(String::from_utf8_lossy(&free.stdout).trim(), "40");
+    let ran = run_with(&provider(st.path()), limited(Some(16)), req(script), None, None);
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            matches!(&ran.outcome, Err(Error::OptionRefused { option, .. }) if option.starts_with("resources.")),
+            "{:?}",
+            ran.outcome
+        );
+        return;
+    }
+    let outcome = ran.outcome.unwrap();
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert_ne!(outcome.code, Some(0), "40 processes started under pids 16");
+    assert!(stderr.to_ascii_lowercase().contains("fork"), "{stderr}");
+    assert!(host_pids(b"sleep\x0030.5\x00").is_empty());
+    assert!(sandbox_dirs(st.path()).is_empty());
+}
+
 fn as_root_it_runs_in_an_id_range_of_its_own() {
     let st = tempfile::tempdir().unwrap();
     let ran = run(&provider(st.path()), req("cat /proc/self/uid_map"));
@@ -441,6 +478,7 @@ fn main() -> std::process::ExitCode {
             "detached_cleanup_removes_the_rest_after_returning",
             detached_cleanup_removes_the_rest_after_returning,
         ),
+        t("the_process_limit_holds", the_process_limit_holds),
         t(
             "as_root_it_runs_in_an_id_range_of_its_own",
             as_root_it_runs_in_an_id_range_of_its_own,
