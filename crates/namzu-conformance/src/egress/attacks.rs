@@ -15,6 +15,7 @@ use namzu::Sandbox;
 
 use super::common::{allow, check, curl, in_background, sandbox, sandbox_of, sandbox_with, sh, Env};
 use crate::netlab::{LINK_LOCAL, PUB1, STREAM_PORT, VHOST_PORT};
+use crate::util::Ctx;
 use crate::Outcome;
 
 /// Audit item 2: the supervisor connects from the host's network stack, so
@@ -54,7 +55,7 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
                 (&codes, &body),
             )?;
         }
-        sb.destroy().await.map_err(|e| e.to_string())?;
+        sb.destroy().await.ctx("destroy")?;
     }
     // By name: an allowlisted name resolving to link-local space.
     let sb = sandbox(env, allow(&["metadata.allowed.test"])).await?;
@@ -64,7 +65,7 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         codes.starts_with("403"),
         (&codes, &body),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())?;
+    sb.destroy().await.ctx("destroy")?;
 
     // Named: that address is reached, and nothing else opens with it.
     let opt_in = vec![format!("{LINK_LOCAL}/32").parse().map_err(|_| "cidr")?];
@@ -83,14 +84,14 @@ pub async fn link_local_and_metadata_are_refused_under_every_policy_unless_named
         )?;
         let (codes, _) = curl(&sb, metadata[0]).await;
         check("169.254.169.254 stays refused", codes.starts_with("403"), &codes)?;
-        sb.destroy().await.map_err(|e| e.to_string())?;
+        sb.destroy().await.ctx("destroy")?;
     }
     // deny-all stays deny-all, opt-in or not; a range outside link-local
     // space is refused at create.
     let sb = sandbox_with(env, EgressPolicy::DenyAll, opt_in).await?;
     let (codes, _) = curl(&sb, &link_local).await;
     check("deny-all with the opt-in", codes.starts_with("403"), &codes)?;
-    sb.destroy().await.map_err(|e| e.to_string())?;
+    sb.destroy().await.ctx("destroy")?;
     match sandbox_with(
         env,
         EgressPolicy::AllowAll,
@@ -164,7 +165,7 @@ pub async fn the_plain_http_proxy_sends_only_the_checked_host(env: &Env) -> Outc
         !out.contains("other.test"),
         (&out, &err),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 /// Audit item 3: a supervisor out of file descriptors (its limit lowered
@@ -245,7 +246,7 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
     )?;
     let (codes, _) = curl(&sb, &format!("http://{PUB1}/")).await;
     check("egress works again", codes.starts_with("200"), &codes)?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 /// Audit item 4, end to end: a connection decided under an allowlist
@@ -294,7 +295,7 @@ pub async fn a_connect_in_flight_across_a_tightening_does_not_survive_it(env: &E
     )?;
     let open = sb.network().policy().await.map_err(|e| e.to_string())?.1;
     check("no connection open", open == 0, open)?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 /// Live `namzu-egress` processes serving sandbox `id`.
@@ -417,5 +418,5 @@ pub async fn egress_connections_are_bounded_and_one_supervisor_serves(env: &Env)
         supervisors_of(&id) == 1,
         supervisors_of(&id),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }

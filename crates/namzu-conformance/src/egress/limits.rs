@@ -51,7 +51,7 @@ pub async fn the_agents_egress_limits_hold(env: &Env) -> Outcome {
     .await
     .ctx("create")?;
     let r = limits_hold(env, &sb).await;
-    sb.destroy().await.map_err(|e| e.to_string())?;
+    sb.destroy().await.ctx("destroy")?;
     r
 }
 
@@ -108,5 +108,5 @@ pub async fn commands_get_the_proxy_environment(env: &Env) -> Outcome {
         "no_proxy=localhost,127.0.0.1,::1",
     ];
     check("the proxy environment", got == want, &got)?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }

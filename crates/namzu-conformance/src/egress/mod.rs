@@ -17,6 +17,7 @@ use crate::netlab::{PRIVATE, PUB1, PUB2, STREAM_PORT};
 mod attacks;
 mod common;
 mod limits;
+use crate::util::Ctx;
 use crate::Outcome;
 use attacks::*;
 pub use common::{allow, curl, in_background, sh, Connect, Env};
@@ -145,7 +146,7 @@ pub async fn allowlist_admits_its_names_and_refuses_the_rest(env: &Env) -> Outco
             && !decided("allowed.test", "refused"),
         &log,
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 /// The value of `name=` in a log line of `tracing`'s format (quotes
@@ -172,7 +173,7 @@ pub async fn ports_narrow_an_allowlisted_host(env: &Env) -> Outcome {
         codes.starts_with("403") && body.contains("8080"),
         (&codes, &body),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn public_internet_never_reaches_inside(env: &Env) -> Outcome {
@@ -194,7 +195,7 @@ pub async fn public_internet_never_reaches_inside(env: &Env) -> Outcome {
         let (codes, body) = curl(&sb, url).await;
         check(url, codes.starts_with("403"), (&codes, &body))?;
     }
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
@@ -217,7 +218,7 @@ pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
     let (code, out, err) = sh(&sb, &format!("curl -sS -m 5 --noproxy '*' http://{PUB1}/")).await;
     // 7: could not connect (no route), not a timeout and not a response.
     check("raw TCP", code == 7 && out.is_empty(), (code, &out, &err))?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -> Outcome {
@@ -226,7 +227,7 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
     check("no-network resolves nothing", code == 2 && out.is_empty(), (code, &out))?;
     let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("no-network connects nowhere", codes.starts_with("403"), &codes)?;
-    sb.destroy().await.map_err(|e| e.to_string())?;
+    sb.destroy().await.ctx("destroy")?;
 
     let sb = sandbox(env, EgressPolicy::DenyAll).await?;
     let (code, out, _) = sh(&sb, "getent hosts allowed.test").await;
@@ -253,7 +254,7 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
             .any(|l| l.contains("c2vjcmv0lwrhdge.exfil.example") && l.contains("refused")),
         log.lines().filter(|l| l.contains("exfil")).collect::<Vec<_>>(),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())?;
+    sb.destroy().await.ctx("destroy")?;
 
     // The query rate is bounded. A lookup first (the control), then 40
     // concurrent ones: the resolver refuses past 5 a second and says so in
@@ -298,7 +299,7 @@ pub async fn no_network_resolves_nothing_and_deny_all_only_resolves(env: &Env) -
         answered >= 1 && answered <= 1 + 5 * (seconds + 1),
         (answered, seconds),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &Env) -> Outcome {
@@ -376,7 +377,7 @@ pub async fn a_live_change_applies_at_once_and_closes_refused_connections(env: &
         config.policy == allow(&["other.test"]) && open == 0,
         (&config.policy, open),
     )?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn bad_policies_are_refused_by_name(env: &Env) -> Outcome {
@@ -410,7 +411,7 @@ pub async fn bad_policies_are_refused_by_name(env: &Env) -> Outcome {
     // The old policy still holds.
     let (codes, _) = curl(&sb, "http://allowed.test/").await;
     check("old policy kept", codes.starts_with("200"), &codes)?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -> Outcome {
@@ -447,7 +448,7 @@ pub async fn a_dead_supervisor_fails_closed_and_connect_restarts_it(env: &Env) -
     check("after connect", codes.starts_with("200"), &codes)?;
     let (codes, _) = curl(&again, "http://other.test/").await;
     check("after connect, same policy", codes.starts_with("403"), &codes)?;
-    sb.destroy().await.map_err(|e| e.to_string())
+    sb.destroy().await.ctx("destroy")
 }
 
 /// Every case as a libtest-mimic trial named `<tier>::<case>`; with no
