@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 # (README's figures come from release).
 P=${NAMZU_BENCH_PROFILE:-release}
 cargo build --profile "$P" --locked --bins >/dev/null
-N=./target/x86_64-unknown-linux-gnu/$P/namzu
+N=${NAMZU_BENCH_BIN:-./target/x86_64-unknown-linux-gnu/$P/namzu}
 export NAMZU_STATE_DIR; NAMZU_STATE_DIR=$(mktemp -d)
 NS=nz-bench-$$ VH=nzbh$$ VN=nzbn$$ ADDR=203.0.113.20
 www=$(mktemp -d)

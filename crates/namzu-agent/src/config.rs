@@ -209,7 +209,11 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     pub fn feature_enabled(&self, feature: &str) -> bool {
-        let egress = [namzu_proto::features::EGRESS, namzu_proto::features::EGRESS_STREAM];
+        let egress = [
+            namzu_proto::features::EGRESS,
+            namzu_proto::features::EGRESS_STREAM,
+            namzu_proto::features::EGRESS_HANDOFF,
+        ];
         if egress.contains(&feature) && self.egress.is_none() {
             return false;
         }
@@ -220,7 +224,11 @@ impl AgentConfig {
     pub fn features(&self) -> Vec<String> {
         namzu_proto::features::ALL
             .iter()
-            .chain([&namzu_proto::features::EGRESS, &namzu_proto::features::EGRESS_STREAM])
+            .chain([
+                &namzu_proto::features::EGRESS,
+                &namzu_proto::features::EGRESS_STREAM,
+                &namzu_proto::features::EGRESS_HANDOFF,
+            ])
             .filter(|f| self.feature_enabled(f))
             .map(|f| (*f).to_owned())
             .collect()

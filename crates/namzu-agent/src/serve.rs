@@ -190,8 +190,8 @@ impl Gate {
             let outcome = tokio::time::timeout(me.deadline, admitted).await;
             drop(permit);
             match outcome {
-                Ok(Ok((io, namzu_proto::preface::Offer::Egress { ask }))) => {
-                    if !me.egress.attach_stream(ask, io.into_splice()) {
+                Ok(Ok((io, namzu_proto::preface::Offer::Egress { ask, handoff }))) => {
+                    if !me.egress.attach_stream(ask, io.into_splice(handoff)) {
                         tracing::warn!(ask, "egress stream for an ask that no longer waits: closed");
                     }
                 }
@@ -247,9 +247,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Peer<S> {
 
     /// The host's end of an egress connection: a unix socket as itself
     /// (spliced), anything else as a byte stream.
-    fn into_splice(self) -> crate::egress::Splice {
+    fn into_splice(self, handoff: bool) -> crate::egress::Splice {
         match self.into_unix() {
-            Ok(u) => crate::egress::Splice::Unix(u),
+            Ok(host) => crate::egress::Splice::Unix { host, handoff },
             Err(b) => crate::egress::Splice::Stream(Box::pin(b)),
         }
     }

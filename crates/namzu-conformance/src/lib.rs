@@ -141,15 +141,20 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
 /// lost (or gained) fails the suite instead of turning cases into
 /// "ignored".
 pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
-    use namzu::features::{ALL, EGRESS, EGRESS_STREAM, FILES_READ_SIDE, FILES_WRITE_SIDE};
-    let with_egress = || ALL.iter().copied().chain([EGRESS, EGRESS_STREAM]).collect();
+    use namzu::features::{ALL, EGRESS, EGRESS_HANDOFF, EGRESS_STREAM, FILES_READ_SIDE, FILES_WRITE_SIDE};
+    let with_egress = || {
+        ALL.iter()
+            .copied()
+            .chain([EGRESS, EGRESS_STREAM, EGRESS_HANDOFF])
+            .collect()
+    };
     // An agent whose link is not a unix socket (a VM's port) does not
     // offer side reads or writes.
     let not_unix = || {
         ALL.iter()
             .copied()
             .filter(|f| *f != FILES_READ_SIDE && *f != FILES_WRITE_SIDE)
-            .chain([EGRESS, EGRESS_STREAM])
+            .chain([EGRESS, EGRESS_STREAM, EGRESS_HANDOFF])
             .collect()
     };
     match backend {

@@ -44,6 +44,8 @@ async fn env(runtime: &'static str, cert: Vec<u8>, lab: namzu_conformance::netla
         cert,
         log_of: Arc::new(move |id| state_dir(runtime).join("docker").join(id).join("egress.log")),
         lab,
+        // gVisor's sockets are its own: none can be passed to the host.
+        handoff: runtime == "runc",
     })
 }
 

@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
             cert: lab.tls_cert.clone(),
             log_of: Arc::new(|id| state_dir().join("local").join(id).join("egress.log")),
             lab: lab.handle(),
+            handoff: true,
         })
     });
     let why = env.as_ref().err().cloned();

@@ -35,6 +35,7 @@ fn main() -> std::process::ExitCode {
             cert: lab.tls_cert.clone(),
             log_of: Arc::new(move |id| state.join(id).join("egress.log")),
             lab: lab.handle(),
+            handoff: false,
         })
     });
     let why = env.as_ref().err().cloned();

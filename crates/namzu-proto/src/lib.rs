@@ -14,6 +14,7 @@
 
 pub mod accept;
 pub mod back;
+pub mod handoff;
 pub mod launch;
 pub mod link_tls;
 pub mod mux;
@@ -189,6 +190,10 @@ pub mod features {
     /// own (a link opened with the egress form of the preface) instead of
     /// an `EgressSplice` call on the shared link.
     pub const EGRESS_STREAM: &str = "egress.stream";
+    /// On a unix egress stream opened with the handoff form of the
+    /// preface, the agent may pass the client's socket to the host, which
+    /// then relays it alone ([`crate::handoff`]).
+    pub const EGRESS_HANDOFF: &str = "egress.handoff";
     /// A streamed read may travel on a byte stream of its own (a link
     /// opened with the read form of the preface), framed by
     /// [`crate::side_read`], the bytes sent with `sendfile(2)`.

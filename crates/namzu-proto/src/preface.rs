@@ -10,6 +10,9 @@
 //!
 //! host -> agent:  "NZE1" | token_len: u16 big-endian | token bytes | ask: u64 big-endian
 //! agent -> host:  0x00   (accepted; the stream now carries egress ask `ask`, raw)
+//!
+//! host -> agent:  "NZE2" | as NZE1
+//! agent -> host:  0x00   (accepted; the stream carries ask `ask` after a handoff, [`crate::handoff`])
 //! ```
 //!
 //! The second form asks the agent to say at once what `Health` would say
@@ -38,6 +41,9 @@ pub const MAGIC: [u8; 4] = *b"NZL1";
 pub const MAGIC_HELLO: [u8; 4] = *b"NZL2";
 /// The preface of an egress connection's own stream.
 pub const MAGIC_EGRESS: [u8; 4] = *b"NZE1";
+/// The preface of an egress connection's own unix stream on which the
+/// agent may hand the client's socket over ([`crate::handoff`]).
+pub const MAGIC_EGRESS_HANDOFF: [u8; 4] = *b"NZE2";
 /// The read form: the token, then a big-endian u32 length and an encoded
 /// `ReadFileStreamRequest`; the stream then carries that read's frames
 /// ([`crate::side_read`]).
@@ -87,8 +93,9 @@ pub enum Offer {
     Plain,
     /// `NZL2`: the link, after a hello; the flags it gave.
     Hello { flags: u8 },
-    /// `NZE1`: the raw stream of egress ask `ask`.
-    Egress { ask: u64 },
+    /// `NZE1`: the raw stream of egress ask `ask`; `NZE2` (`handoff`):
+    /// the same after the agent's handoff offer.
+    Egress { ask: u64, handoff: bool },
     /// `NZR1`: a streamed read on this stream; the encoded request.
     Read { request: Vec<u8> },
     /// `NZW1`: a streamed write on this stream; the encoded `WriteBegin`.
@@ -163,7 +170,7 @@ where
     // What follows the token: a flags byte (hello), an ask id (egress).
     let trailer = match magic {
         MAGIC_HELLO => 1,
-        MAGIC_EGRESS => 8,
+        MAGIC_EGRESS | MAGIC_EGRESS_HANDOFF => 8,
         MAGIC_READ | MAGIC_WRITE => 4,
         _ => 0,
     };
@@ -196,8 +203,9 @@ where
     }
     Ok(match magic {
         MAGIC_HELLO => Offer::Hello { flags: rest[0] },
-        MAGIC_EGRESS => Offer::Egress {
+        MAGIC_EGRESS | MAGIC_EGRESS_HANDOFF => Offer::Egress {
             ask: u64::from_be_bytes(rest),
+            handoff: magic == MAGIC_EGRESS_HANDOFF,
         },
         MAGIC_READ => Offer::Read { request },
         MAGIC_WRITE => Offer::Write { request },
@@ -277,12 +285,12 @@ async fn read_accepted<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), Prefa
 /// Host side: sends the egress form of the preface for ask `ask` and
 /// waits for the agent's acceptance; the stream is then that egress
 /// connection's, raw.
-pub async fn offer_egress<S>(stream: &mut S, token: &[u8], ask: u64) -> Result<(), PrefaceError>
+pub async fn offer_egress<S>(stream: &mut S, token: &[u8], ask: u64, handoff: bool) -> Result<(), PrefaceError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut bytes = encode(token)?;
-    bytes[..4].copy_from_slice(&MAGIC_EGRESS);
+    bytes[..4].copy_from_slice(if handoff { &MAGIC_EGRESS_HANDOFF } else { &MAGIC_EGRESS });
     bytes.extend_from_slice(&ask.to_be_bytes());
     send_and_accept(stream, &bytes).await
 }
@@ -386,19 +394,24 @@ mod tests {
         assert_eq!(served.await.unwrap(), Err(PrefaceError::BadMagic));
         assert_eq!(refused.await.unwrap(), Err(PrefaceError::Refused));
 
-        let (mut host, mut agent) = tokio::io::duplex(4096);
-        let served = tokio::spawn(async move {
-            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
-            answer(&mut agent, None).await.unwrap();
-            offer
-        });
-        offer_egress(&mut host, b"tok", 0x0102_0304_0506_0708).await.unwrap();
-        assert_eq!(
-            served.await.unwrap(),
-            Offer::Egress {
-                ask: 0x0102_0304_0506_0708
-            }
-        );
+        for handoff in [false, true] {
+            let (mut host, mut agent) = tokio::io::duplex(4096);
+            let served = tokio::spawn(async move {
+                let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+                answer(&mut agent, None).await.unwrap();
+                offer
+            });
+            offer_egress(&mut host, b"tok", 0x0102_0304_0506_0708, handoff)
+                .await
+                .unwrap();
+            assert_eq!(
+                served.await.unwrap(),
+                Offer::Egress {
+                    ask: 0x0102_0304_0506_0708,
+                    handoff
+                }
+            );
+        }
 
         let (mut host, mut agent) = tokio::io::duplex(4096);
         let served = tokio::spawn(async move {

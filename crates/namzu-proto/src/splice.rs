@@ -46,7 +46,7 @@ macro_rules! socket {
 socket!(tokio::net::TcpStream);
 socket!(tokio::net::UnixStream);
 
-fn borrow(fd: &impl AsRawFd) -> BorrowedFd<'_> {
+pub(crate) fn borrow(fd: &impl AsRawFd) -> BorrowedFd<'_> {
     #[allow(unsafe_code)]
     // SAFETY: the descriptor belongs to the socket borrowed here, which
     // outlives the returned borrow.
@@ -86,7 +86,7 @@ async fn relay<S: Socket, D: Socket>(
 }
 
 /// Runs `f` once `sock` is ready for `interest`, until it does not block.
-async fn when_ready<S: Socket, R>(
+pub(crate) async fn when_ready<S: Socket, R>(
     sock: &S,
     interest: Interest,
     mut f: impl FnMut() -> std::io::Result<R>,
@@ -143,6 +143,18 @@ async fn buffered<S: Socket, D: Socket>(src: &S, dst: &D) -> std::io::Result<u64
         }
         total += n as u64;
     }
+}
+
+/// Writes all of `buf` to `dst`, waiting for room.
+pub async fn write_all<D: Socket>(dst: &D, buf: &[u8]) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        at += when_ready(dst, Interest::WRITABLE, || {
+            rustix::io::write(borrow(dst), &buf[at..]).map_err(std::io::Error::from)
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 /// Both directions between `a` and `b` at once, each ending on its own

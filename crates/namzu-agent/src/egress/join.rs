@@ -2,7 +2,7 @@
 //! the host accepted: an `EgressSplice` call's messages, or a byte stream
 //! of the connection's own, copied both ways in large reads.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -29,7 +29,7 @@ pub(super) async fn join(client: TcpStream, s: Box<Splice>, first: Bytes, body: 
     match *s {
         Splice::Call { from_host, to_host } => join_call(client, from_host, to_host, first, body).await,
         Splice::Stream(host) => join_stream(client, host, first, body).await,
-        Splice::Unix(host) => join_unix(client, host, first, body).await,
+        Splice::Unix { host, handoff } => join_unix(client, host, handoff, first, body).await,
     }
 }
 
@@ -68,18 +68,33 @@ async fn write_all_ref(s: &tokio::net::UnixStream, mut buf: &[u8]) -> std::io::R
     Ok(())
 }
 
-/// [`join`] on a unix stream of the connection's own: the bytes are
+/// [`join`] on a unix stream of the connection's own. With `handoff`
+/// the client's socket is offered to the host first
+/// ([`namzu_proto::handoff`]): taken, the host relays the destination's
+/// bytes to it directly (and the client's too, where no body is to be
+/// cut) and this process steps out of that path. Otherwise the bytes are
 /// spliced, never copied through this process (but a plain-HTTP
 /// request's body, which is read to be cut at its end).
 async fn join_unix(
     client: TcpStream,
     host: tokio::net::UnixStream,
+    handoff: bool,
     first: Bytes,
     body: Option<Body>,
 ) -> std::io::Result<()> {
-    write_all_ref(&host, &first).await?;
+    use namzu_proto::handoff::{give, Mode};
+    let taken = if handoff {
+        let mode = if body.is_some() { Mode::Downstream } else { Mode::Whole };
+        give(&host, client.as_fd(), mode, &first).await?
+    } else {
+        write_all_ref(&host, &first).await?;
+        false
+    };
     let Some(mut body) = body else {
-        namzu_proto::splice::both_ways(&client, &host).await?;
+        if !taken {
+            namzu_proto::splice::both_ways(&client, &host).await?;
+        }
+        // Taken whole: the host holds the client; this copy closes.
         return Ok(());
     };
     let upstream = async {
@@ -103,10 +118,17 @@ async fn join_unix(
         futures::future::pending::<()>().await;
     };
     // The one request's response is over when the host's side ends: then
-    // both halves close, whatever the client is doing.
+    // both halves close, whatever the client is doing. Taken, the host
+    // writes the response itself and closes the stream at its end.
     tokio::select! {
         _ = upstream => {}
-        _ = namzu_proto::splice::one_way(&host, &client) => {}
+        _ = async {
+            if taken {
+                namzu_proto::handoff::closed(&host).await;
+            } else {
+                let _ = namzu_proto::splice::one_way(&host, &client).await;
+            }
+        } => {}
     }
     Ok(())
 }

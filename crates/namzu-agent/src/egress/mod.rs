@@ -129,8 +129,13 @@ pub enum Splice {
     },
     /// A byte stream of its own (the egress form of the preface), raw.
     Stream(RawStream),
-    /// The same on a unix socket, copied with `splice(2)`.
-    Unix(tokio::net::UnixStream),
+    /// The same on a unix socket, copied with `splice(2)`; `handoff`:
+    /// opened with the handoff form, so the client's socket is offered to
+    /// the host first.
+    Unix {
+        host: tokio::net::UnixStream,
+        handoff: bool,
+    },
 }
 
 /// A host stream carrying one egress connection's bytes.

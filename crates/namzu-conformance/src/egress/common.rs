@@ -24,6 +24,9 @@ pub struct Env {
     pub connect: Connect,
     /// The running lab.
     pub lab: crate::netlab::LabHandle,
+    /// Whether the host must be handed allowed connections' client
+    /// sockets: the agent's link is a unix socket of the host's kernel.
+    pub handoff: bool,
 }
 
 /// A provider's `connect`, by id.

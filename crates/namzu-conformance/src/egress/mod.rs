@@ -16,6 +16,7 @@ use crate::netlab::{PRIVATE, PUB1, PUB2, STREAM_PORT};
 
 mod attacks;
 mod common;
+mod handoff;
 mod limits;
 use crate::util::Ctx;
 use crate::Outcome;
@@ -75,6 +76,10 @@ pub fn cases() -> Vec<(&'static str, Case)> {
         ("a_dead_supervisor_fails_closed_and_connect_restarts_it", |e| {
             Box::pin(a_dead_supervisor_fails_closed_and_connect_restarts_it(e))
         }),
+        (
+            "an_allowed_connection_is_handed_to_the_host_where_the_link_can_carry_it",
+            |e| Box::pin(handoff::an_allowed_connection_is_handed_to_the_host_where_the_link_can_carry_it(e)),
+        ),
     ]
 }
 

@@ -127,8 +127,15 @@ pub(super) enum SideDial {
 
 /// An egress connection's own stream to the agent.
 pub enum EgressStream {
-    /// On a unix socket, so the host can splice it.
-    Unix(tokio::net::UnixStream),
+    /// On a unix socket, so the host can splice it; `handoff`: opened with
+    /// the handoff form, so the agent's offer ([`namzu_proto::handoff`])
+    /// comes first.
+    Unix {
+        /// The stream, past its preface.
+        stream: tokio::net::UnixStream,
+        /// Whether the agent's handoff offer comes first.
+        handoff: bool,
+    },
     /// On another transport.
     Other(Box<dyn LinkStreamObj>),
 }
@@ -551,15 +558,16 @@ impl AgentClient {
             };
             Ok(match dial {
                 SideDial::Unix(dial) => {
+                    let handoff = self.inner.features.contains(feat::EGRESS_HANDOFF);
                     let mut s = dial().await.map_err(connect)?;
-                    namzu_proto::preface::offer_egress(&mut s, &token(), ask)
+                    namzu_proto::preface::offer_egress(&mut s, &token(), ask, handoff)
                         .await
                         .map_err(refused)?;
-                    EgressStream::Unix(s)
+                    EgressStream::Unix { stream: s, handoff }
                 }
                 SideDial::Other(dialer) => {
                     let mut s = dialer().await.map_err(connect)?;
-                    namzu_proto::preface::offer_egress(&mut s, &token(), ask)
+                    namzu_proto::preface::offer_egress(&mut s, &token(), ask, false)
                         .await
                         .map_err(refused)?;
                     EgressStream::Other(s)

@@ -161,21 +161,10 @@ pub fn check_not_host(ip: IpAddr) -> Result<(), Refusal> {
     Err(Refusal::Address { address: ip, class })
 }
 
-/// Every address on the host's interfaces, read now (interfaces change).
+/// Every address on the host's interfaces, as of now (interfaces change;
+/// [`super::host_addrs`] re-reads them when they do).
 fn host_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    addrs
-        .filter_map(|a| a.address)
-        .filter_map(|s| {
-            if let Some(v4) = s.as_sockaddr_in() {
-                Some(IpAddr::V4(v4.ip()))
-            } else {
-                s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
-            }
-        })
-        .collect()
+    super::host_addrs::current()
 }
 
 /// An IPv6 address from text, for tests.

@@ -33,6 +33,10 @@ pub struct Decisions {
     pub resolved: u64,
     /// Connections allowed that could not be made.
     pub failed: u64,
+    /// Connections whose client socket the agent handed to the host, which
+    /// then relayed them alone (not a verdict: a count of allowed ones).
+    #[serde(default)]
+    pub handed_over: u64,
 }
 
 /// A sandbox's egress settings: the policy, names the host resolves itself

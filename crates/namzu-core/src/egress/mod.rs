@@ -11,7 +11,8 @@
 //!
 //! This crate holds the decisions, which need no IO:
 //! * [`policy`]: the policy type, entry validation, decisions;
-//! * [`addr`]: which addresses are public;
+//! * [`addr`]: which addresses are public (the host's own, watched by
+//!   `host_addrs`, never);
 //! * [`config`]: a sandbox's whole egress configuration.
 //!
 //! The service that answers the agent and the per-sandbox supervisor
@@ -19,6 +20,7 @@
 
 pub mod addr;
 pub mod config;
+mod host_addrs;
 pub mod policy;
 pub mod refusal;
 

@@ -26,6 +26,9 @@ use crate::error::Result;
 
 /// How long one connection attempt to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the agent may take to send its handoff offer, which it
+/// sends as soon as the stream is accepted.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
 const CHUNK: usize = 64 * 1024;
 /// Bytes copied at a time on an egress connection's own stream.
 const STREAM_CHUNK: usize = 256 * 1024;
@@ -77,14 +80,16 @@ pub struct Service {
     slots: std::sync::atomic::AtomicUsize,
     /// Name queries in the current one-second window.
     dns: Mutex<DnsWindow>,
-    /// Decisions so far: allowed, refused, resolved, failed.
-    counts: [AtomicU64; 4],
+    /// Decisions so far: allowed, refused, resolved, failed; and
+    /// connections handed over.
+    counts: [AtomicU64; 5],
 }
 
 const ALLOWED: usize = 0;
 const REFUSED: usize = 1;
 const RESOLVED: usize = 2;
 const FAILED: usize = 3;
+const HANDED_OVER: usize = 4;
 
 /// A one-second window of name queries.
 #[derive(Debug)]
@@ -153,6 +158,7 @@ impl Service {
             refused: n(REFUSED),
             resolved: n(RESOLVED),
             failed: n(FAILED),
+            handed_over: n(HANDED_OVER),
         }
     }
 
@@ -393,9 +399,13 @@ impl Service {
         // no framing, no sharing the link's flow control with the rest.
         match client.open_egress_stream(id).await {
             // A unix socket: spliced, the bytes never through this process.
-            Some(Ok(crate::client::EgressStream::Unix(raw))) => {
+            Some(Ok(crate::client::EgressStream::Unix { stream: raw, handoff })) => {
                 tokio::select! {
-                    _ = namzu_proto::splice::both_ways(&raw, &stream) => {}
+                    r = relay_unix(raw, handoff, &stream, || self.count(HANDED_OVER)) => {
+                        if let Err(e) = r {
+                            tracing::debug!(sandbox = %self.id, ask = id, "egress: relay ended: {e}");
+                        }
+                    }
                     _ = close.cancelled() => {}
                 }
                 return Ok(());
@@ -446,6 +456,50 @@ impl Service {
             _ = close.cancelled() => {}
         }
         Ok(())
+    }
+}
+
+/// Relays `upstream` through a unix egress stream: after the agent's
+/// offer where it was asked for one, straight to the client's socket when
+/// the agent handed it over (one relay instead of two), else through the
+/// stream.
+async fn relay_unix(
+    raw: tokio::net::UnixStream,
+    handoff: bool,
+    upstream: &tokio::net::TcpStream,
+    handed_over: impl FnOnce(),
+) -> std::io::Result<()> {
+    use namzu_proto::handoff::{self, Mode};
+    use namzu_proto::splice::{both_ways, one_way, write_all};
+    if !handoff {
+        return both_ways(&raw, upstream).await.map(drop);
+    }
+    let offered = tokio::time::timeout(HANDOFF_TIMEOUT, handoff::take(&raw))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no handoff offer in time"))??;
+    write_all(upstream, &offered.first).await?;
+    if offered.client.is_some() {
+        handed_over();
+    }
+    match (offered.client, offered.mode) {
+        (Some(client), Mode::Whole) => {
+            drop(raw);
+            both_ways(&client, upstream).await.map(drop)
+        }
+        (Some(client), Mode::Downstream) => {
+            // The agent sends the client's bytes (a request's body, cut
+            // at its end); the response goes straight to the client, and
+            // its end closes everything, the stream telling the agent.
+            let up = async {
+                let _ = one_way(&raw, upstream).await;
+                futures::future::pending::<()>().await
+            };
+            tokio::select! {
+                _ = up => Ok(()),
+                r = one_way(upstream, &client) => r.map(drop),
+            }
+        }
+        _ => both_ways(&raw, upstream).await.map(drop),
     }
 }
 

@@ -1,0 +1,380 @@
+//! Handing an egress connection's client socket to the host, so the bytes
+//! cross one relay (the host's) instead of two.
+//!
+//! On a unix egress stream opened with the handoff form of the preface
+//! (`NZE2`, offered as [`crate::features::EGRESS_HANDOFF`]), the agent's
+//! first message says how the connection goes on, and may carry the
+//! accepted client socket as `SCM_RIGHTS`:
+//!
+//! ```text
+//! agent -> host:  mode: u8 | first_len: u32 big-endian | first bytes   (+ the socket, on the mode byte)
+//! host -> agent:  TAKEN (1) or KEPT (0)
+//! ```
+//!
+//! `first` is what the agent read from the client past what the proxy
+//! consumed: it goes to the destination before anything else, whoever
+//! relays the rest. Then, by mode and answer:
+//!
+//! * [`Mode::Whole`], taken: the host splices the client and the
+//!   destination both ways; the agent is out of the path.
+//! * [`Mode::Downstream`], taken: the host splices the destination into
+//!   the client; the agent keeps sending the client's upstream bytes
+//!   through the stream (it cuts a plain-HTTP request's body at its end),
+//!   and closes the client when the host closes the stream.
+//! * [`Mode::Keep`], or not taken: the stream carries the connection both
+//!   ways, as the `NZE1` form does.
+//!
+//! The host takes only a connected-looking TCP socket (a stream socket of
+//! an internet family): anything else a peer passes is closed and the
+//! answer is KEPT. A transport that drops or refuses descriptors (gVisor's
+//! host sockets) ends up KEPT too, so the agent never lets go of a client
+//! the host does not hold. The host only ever reads and writes what it
+//! takes; handing the host's upstream socket to the agent instead would
+//! let a command that took the agent over reconnect it anywhere.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+
+use crate::splice::{borrow, when_ready};
+
+/// How the agent wants the connection relayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No socket passed: the stream carries everything.
+    Keep = 0,
+    /// Both directions to the host.
+    Whole = 1,
+    /// The host writes the destination's bytes to the client; the
+    /// client's bytes still come through the stream.
+    Downstream = 2,
+}
+
+impl Mode {
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            0 => Some(Self::Keep),
+            1 => Some(Self::Whole),
+            2 => Some(Self::Downstream),
+            _ => None,
+        }
+    }
+}
+
+/// The host's answer: it holds the client now.
+pub const TAKEN: u8 = 1;
+/// The host's answer: the stream carries the connection.
+pub const KEPT: u8 = 0;
+/// Most bytes of `first` a host reads.
+pub const MAX_FIRST_BYTES: usize = 1 << 20;
+const HEADER: usize = 5;
+
+fn bad(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned())
+}
+
+/// Agent side: offers `client` to the host in `mode` with `first`, and
+/// says whether the host took it. Where the transport refuses to carry a
+/// descriptor, the offer goes again without one ([`Mode::Keep`]); `first`
+/// over [`MAX_FIRST_BYTES`] is never inlined: the offer is then a plain
+/// [`Mode::Keep`] and `first` follows it on the stream. Not taken, the
+/// stream is the connection's, `first` already on it.
+pub async fn give(stream: &UnixStream, client: BorrowedFd<'_>, mode: Mode, first: &[u8]) -> std::io::Result<bool> {
+    let (mode, inline, after) = if first.len() > MAX_FIRST_BYTES {
+        (Mode::Keep, &[][..], first)
+    } else {
+        (mode, first, &[][..])
+    };
+    // Fits: at most MAX_FIRST_BYTES.
+    let len = inline.len() as u32;
+    let mut sent = match mode {
+        Mode::Keep => 0,
+        _ => match send_header(stream, Some(client), mode, len, inline).await {
+            Ok(n) => n,
+            // The transport carries no descriptor; nothing was sent, so
+            // the plain form follows.
+            Err(e) if refuses_descriptors(&e) => 0,
+            Err(e) => return Err(e),
+        },
+    };
+    let mode = if sent == 0 { Mode::Keep } else { mode };
+    if sent == 0 {
+        sent = send_header(stream, None, mode, len, inline).await?;
+    }
+    // The rest of the header and of `first`, where one sendmsg took less.
+    let mut whole = Vec::with_capacity(HEADER + inline.len());
+    whole.push(mode as u8);
+    whole.extend_from_slice(&len.to_be_bytes());
+    whole.extend_from_slice(inline);
+    write_from(stream, &whole, sent).await?;
+    let mut answer = [0u8; 1];
+    let n = when_ready(stream, Interest::READABLE, || {
+        rustix::io::read(borrow(stream), &mut answer).map_err(std::io::Error::from)
+    })
+    .await?;
+    match (n, answer[0]) {
+        (0, _) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        (_, TAKEN) if mode != Mode::Keep => Ok(true),
+        (_, KEPT) => {
+            write_from(stream, after, 0).await?;
+            Ok(false)
+        }
+        _ => Err(bad("the host's answer to a handoff is neither taken nor kept")),
+    }
+}
+
+/// Writes `buf` from `at` on.
+async fn write_from(stream: &UnixStream, buf: &[u8], mut at: usize) -> std::io::Result<()> {
+    while at < buf.len() {
+        at += when_ready(stream, Interest::WRITABLE, || {
+            rustix::io::write(borrow(stream), &buf[at..]).map_err(std::io::Error::from)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+fn refuses_descriptors(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    matches!(
+        Errno::from_io_error(e),
+        Some(Errno::INVAL | Errno::OPNOTSUPP | Errno::PERM | Errno::ACCESS)
+    )
+}
+
+/// One `sendmsg` of the header and `first`, with `client` attached.
+async fn send_header(
+    stream: &UnixStream,
+    client: Option<BorrowedFd<'_>>,
+    mode: Mode,
+    len: u32,
+    first: &[u8],
+) -> std::io::Result<usize> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut head = [0u8; HEADER];
+    head[0] = mode as u8;
+    head[1..].copy_from_slice(&len.to_be_bytes());
+    let fds: Vec<BorrowedFd<'_>> = client.into_iter().collect();
+    when_ready(stream, Interest::WRITABLE, || {
+        let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(bad("no room for a descriptor"));
+        }
+        let iov = [IoSlice::new(&head), IoSlice::new(first)];
+        sendmsg(borrow(stream), &iov, &mut control, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
+    })
+    .await
+}
+
+/// What the host received.
+#[derive(Debug)]
+pub struct Offered {
+    /// The client, when the host took it (and said so).
+    pub client: Option<tokio::net::TcpStream>,
+    /// How the agent asked for it to be relayed ([`Mode::Keep`] when not
+    /// taken).
+    pub mode: Mode,
+    /// Bytes for the destination before anything else.
+    pub first: Vec<u8>,
+}
+
+/// Host side: reads the agent's offer, takes the socket if it is one a
+/// relay may hold, and answers. The caller bounds the time this takes.
+pub async fn take(stream: &UnixStream) -> std::io::Result<Offered> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut head = [0u8; HEADER];
+    let (mut got, passed) = when_ready(stream, Interest::READABLE, || {
+        let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(&mut head)];
+        let r = recvmsg(borrow(stream), &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+        // Every descriptor is owned here, so any beyond the first closes.
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                fds.extend(rights);
+            }
+        }
+        Ok::<_, std::io::Error>((r.bytes, fds.into_iter().next()))
+    })
+    .await?;
+    if got == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    read_exact(stream, &mut head, &mut got).await?;
+    let mode = Mode::from_byte(head[0]).ok_or_else(|| bad("unknown handoff mode"))?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FIRST_BYTES {
+        return Err(bad("first bytes over the bound"));
+    }
+    let mut first = vec![0u8; len];
+    read_exact(stream, &mut first, &mut 0).await?;
+    let client = match (mode, passed) {
+        (Mode::Keep, _) | (_, None) => None,
+        (_, Some(fd)) => relayable(fd),
+    };
+    let answer = [if client.is_some() { TAKEN } else { KEPT }];
+    when_ready(stream, Interest::WRITABLE, || {
+        rustix::io::write(borrow(stream), &answer).map_err(std::io::Error::from)
+    })
+    .await?;
+    let mode = if client.is_some() { mode } else { Mode::Keep };
+    Ok(Offered { client, mode, first })
+}
+
+/// `fd` as a TCP stream, if it is a stream socket of an internet family;
+/// anything else is closed.
+fn relayable(fd: OwnedFd) -> Option<tokio::net::TcpStream> {
+    use rustix::net::{sockopt, AddressFamily, SocketType};
+    let is_sock = rustix::fs::fstat(&fd)
+        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket);
+    let stream = sockopt::get_socket_type(&fd).is_ok_and(|t| t == SocketType::STREAM);
+    let inet = sockopt::get_socket_domain(&fd).is_ok_and(|d| d == AddressFamily::INET || d == AddressFamily::INET6);
+    if !(is_sock && stream && inet) {
+        return None;
+    }
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true).ok()?;
+    tokio::net::TcpStream::from_std(std).ok()
+}
+
+async fn read_exact(stream: &UnixStream, buf: &mut [u8], at: &mut usize) -> std::io::Result<()> {
+    while *at < buf.len() {
+        let n = when_ready(stream, Interest::READABLE, || {
+            rustix::io::read(borrow(stream), &mut buf[*at..]).map_err(std::io::Error::from)
+        })
+        .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        *at += n;
+    }
+    Ok(())
+}
+
+/// Waits until the peer closes `stream` (or it fails); what it sends
+/// meanwhile is dropped. The agent's end of a downstream handoff: the
+/// host closes the stream when the connection is over.
+pub async fn closed(stream: &UnixStream) {
+    let mut sink = [0u8; 512];
+    loop {
+        let r = when_ready(stream, Interest::READABLE, || {
+            rustix::io::read(borrow(stream), &mut sink).map_err(std::io::Error::from)
+        })
+        .await;
+        if !matches!(r, Ok(n) if n > 0) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let c = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (a, _) = l.accept().await.unwrap_or_else(|e| panic!("{e}"));
+        (c, a)
+    }
+
+    #[tokio::test]
+    async fn a_handed_socket_reaches_the_host_with_the_bytes_read_before_it() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let (mut command, accepted) = tcp_pair().await;
+        let given = tokio::spawn(async move {
+            let taken = give(&agent, accepted.as_fd(), Mode::Whole, b"GET / HTTP/1.1\r\n\r\n").await;
+            // The agent lets go of its copy once taken.
+            drop(accepted);
+            taken
+        });
+        let offered = take(&host).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(offered.mode, Mode::Whole);
+        assert_eq!(offered.first, b"GET / HTTP/1.1\r\n\r\n");
+        let mut client = offered.client.unwrap_or_else(|| panic!("not taken"));
+        // The host's copy is the command's peer: bytes cross both ways.
+        client.write_all(b"from host").await.unwrap_or_else(|e| panic!("{e}"));
+        let mut got = [0u8; 9];
+        command.read_exact(&mut got).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&got, b"from host");
+        command.write_all(b"up").await.unwrap_or_else(|e| panic!("{e}"));
+        let mut up = [0u8; 2];
+        client.read_exact(&mut up).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&up, b"up");
+    }
+
+    #[tokio::test]
+    async fn anything_but_a_tcp_socket_is_closed_and_kept() {
+        let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        // A pipe is no socket a relay may hold: the host answers KEPT.
+        let (r, _w) = rustix::pipe::pipe().unwrap_or_else(|e| panic!("{e}"));
+        let given = tokio::spawn(async move { give(&agent, r.as_fd(), Mode::Whole, b"x").await });
+        let offered = take(&host).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(offered.client.is_none());
+        assert_eq!(offered.mode, Mode::Keep);
+        assert_eq!(offered.first, b"x");
+        assert!(!given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}")));
+        // Nor a unix socket: a peer could pass descriptors back through it.
+        let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let (u, _u2) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let given = tokio::spawn(async move { give(&agent, u.as_fd(), Mode::Whole, b"").await });
+        assert!(take(&host).await.unwrap_or_else(|e| panic!("{e}")).client.is_none());
+        assert!(!given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    #[tokio::test]
+    async fn first_bytes_over_the_bound_follow_a_plain_offer() {
+        use tokio::io::AsyncReadExt;
+        let (agent, mut host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let (_command, accepted) = tcp_pair().await;
+        let big: Vec<u8> = (0..MAX_FIRST_BYTES + 10).map(|i| (i % 253) as u8).collect();
+        let big2 = big.clone();
+        let given = tokio::spawn(async move { give(&agent, accepted.as_fd(), Mode::Whole, &big2).await });
+        let offered = take(&host).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(offered.client.is_none());
+        assert!(offered.first.is_empty());
+        // The agent's end goes with its task: the stream ends after `first`.
+        let mut rest = Vec::new();
+        host.read_to_end(&mut rest).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(rest == big, "the first bytes differ after a plain offer");
+        assert!(!given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_or_unknown_offer_is_refused() {
+        let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let mut head = vec![9u8];
+        head.extend_from_slice(&0u32.to_be_bytes());
+        rustix::io::write(&agent, &head).unwrap_or_else(|e| panic!("{e}"));
+        assert!(take(&host).await.is_err(), "mode 9 accepted");
+        let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let mut head = vec![1u8];
+        head.extend_from_slice(&(MAX_FIRST_BYTES as u32 + 1).to_be_bytes());
+        rustix::io::write(&agent, &head).unwrap_or_else(|e| panic!("{e}"));
+        assert!(take(&host).await.is_err(), "over-long first accepted");
+    }
+}
