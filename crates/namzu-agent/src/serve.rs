@@ -250,7 +250,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Peer<S> {
     fn into_splice(self, handoff: bool) -> crate::egress::Splice {
         match self.into_unix() {
             Ok(host) => crate::egress::Splice::Unix { host, handoff },
-            Err(b) => crate::egress::Splice::Stream(Box::pin(b)),
+            Err(b) => crate::egress::Splice::Stream {
+                host: Box::pin(b),
+                handoff,
+            },
         }
     }
 }

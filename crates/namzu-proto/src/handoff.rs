@@ -91,13 +91,11 @@ pub async fn give(stream: &UnixStream, client: BorrowedFd<'_>, mode: Mode, first
     let len = inline.len() as u32;
     let mut sent = match mode {
         Mode::Keep => 0,
-        _ => match send_header(stream, Some(client), mode, len, inline).await {
-            Ok(n) => n,
-            // The transport carries no descriptor; nothing was sent, so
-            // the plain form follows.
-            Err(e) if refuses_descriptors(&e) => 0,
-            Err(e) => return Err(e),
-        },
+        // A failed sendmsg sent nothing: whatever the transport said (it
+        // carries no descriptor: EINVAL, EOPNOTSUPP, EPERM …, or the
+        // stream is broken), the plain form follows, and fails in turn if
+        // the stream is gone.
+        _ => send_header(stream, Some(client), mode, len, inline).await.unwrap_or(0),
     };
     let mode = if sent == 0 { Mode::Keep } else { mode };
     if sent == 0 {
@@ -125,6 +123,37 @@ pub async fn give(stream: &UnixStream, client: BorrowedFd<'_>, mode: Mode, first
     }
 }
 
+/// Agent side, on a stream that cannot carry a descriptor (a VM's
+/// multiplexed port, a relayed pipe) but was opened with the handoff form:
+/// the plain offer ([`Mode::Keep`], `first` inline when it fits, else
+/// after it) and the host's answer read. The stream is then the
+/// connection's, `first` already on it.
+pub async fn keep<S>(stream: &mut S, first: &[u8]) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (inline, after) = if first.len() > MAX_FIRST_BYTES {
+        (&[][..], first)
+    } else {
+        (first, &[][..])
+    };
+    let mut whole = Vec::with_capacity(HEADER + inline.len());
+    whole.push(Mode::Keep as u8);
+    // Fits: at most MAX_FIRST_BYTES.
+    whole.extend_from_slice(&(inline.len() as u32).to_be_bytes());
+    whole.extend_from_slice(inline);
+    stream.write_all(&whole).await?;
+    stream.flush().await?;
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).await?;
+    if answer[0] != KEPT {
+        return Err(bad("the host took what was not offered"));
+    }
+    stream.write_all(after).await?;
+    stream.flush().await
+}
+
 /// Writes `buf` from `at` on.
 async fn write_from(stream: &UnixStream, buf: &[u8], mut at: usize) -> std::io::Result<()> {
     while at < buf.len() {
@@ -134,14 +163,6 @@ async fn write_from(stream: &UnixStream, buf: &[u8], mut at: usize) -> std::io::
         .await?;
     }
     Ok(())
-}
-
-fn refuses_descriptors(e: &std::io::Error) -> bool {
-    use rustix::io::Errno;
-    matches!(
-        Errno::from_io_error(e),
-        Some(Errno::INVAL | Errno::OPNOTSUPP | Errno::PERM | Errno::ACCESS)
-    )
 }
 
 /// One `sendmsg` of the header and `first`, with `client` attached.
@@ -362,6 +383,27 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_descriptors_makes_the_plain_offer() {
+        use tokio::io::AsyncReadExt;
+        let (mut agent, mut host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let given = tokio::spawn(async move {
+            keep(&mut agent, b"head").await?;
+            tokio::io::AsyncWriteExt::write_all(&mut agent, b" and more").await
+        });
+        let offered = take(&host).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(offered.client.is_none());
+        assert_eq!(offered.mode, Mode::Keep);
+        assert_eq!(offered.first, b"head");
+        let mut rest = Vec::new();
+        host.read_to_end(&mut rest).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rest, b" and more");
+        given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[tokio::test]

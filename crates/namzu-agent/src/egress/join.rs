@@ -28,7 +28,7 @@ pub(super) async fn join(client: TcpStream, s: Box<Splice>, first: Bytes, body: 
     let _ = client.set_nodelay(true);
     match *s {
         Splice::Call { from_host, to_host } => join_call(client, from_host, to_host, first, body).await,
-        Splice::Stream(host) => join_stream(client, host, first, body).await,
+        Splice::Stream { host, handoff } => join_stream(client, host, handoff, first, body).await,
         Splice::Unix { host, handoff } => join_unix(client, host, handoff, first, body).await,
     }
 }
@@ -206,11 +206,21 @@ async fn join_call(
 /// stream when the destination is done or a policy change ends the
 /// connection (the two look alike here): the client's read side then sees
 /// the end, and its writes fail once the host is gone.
-async fn join_stream(client: TcpStream, host: RawStream, first: Bytes, body: Option<Body>) -> std::io::Result<()> {
+async fn join_stream(
+    client: TcpStream,
+    mut host: RawStream,
+    handoff: bool,
+    first: Bytes,
+    body: Option<Body>,
+) -> std::io::Result<()> {
     let framed = body.is_some();
+    if handoff {
+        namzu_proto::handoff::keep(&mut host, &first).await?;
+    } else {
+        host.write_all(&first).await?;
+    }
     let (mut crd, mut cwr) = client.into_split();
     let (mut hrd, mut hwr) = tokio::io::split(host);
-    hwr.write_all(&first).await?;
     let upstream = async move {
         let mut buf = vec![0u8; STREAM_CHUNK];
         let mut body = body;

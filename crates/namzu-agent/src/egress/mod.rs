@@ -127,8 +127,10 @@ pub enum Splice {
         from_host: Streaming<EgressSpliceInput>,
         to_host: mpsc::Sender<Result<TcpOutput, Status>>,
     },
-    /// A byte stream of its own (the egress form of the preface), raw.
-    Stream(RawStream),
+    /// A byte stream of its own (the egress form of the preface), raw;
+    /// `handoff`: opened with the handoff form, which such a stream
+    /// answers with the plain offer.
+    Stream { host: RawStream, handoff: bool },
     /// The same on a unix socket, copied with `splice(2)`; `handoff`:
     /// opened with the handoff form, so the client's socket is offered to
     /// the host first.
