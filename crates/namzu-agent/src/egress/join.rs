@@ -1,6 +1,8 @@
 //! Joining a sandbox's client to the host's end of an egress connection
 //! the host accepted: an `EgressSplice` call's messages, or a byte stream
-//! of the connection's own, copied both ways in large reads.
+//! of the connection's own, copied both ways in large reads — or, on a
+//! unix stream opened with the handoff form, the client's socket handed
+//! to the host, which then relays it without this process.
 
 use std::os::fd::{AsFd, AsRawFd};
 
