@@ -38,7 +38,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
-use crate::splice::{borrow, when_ready};
+use crate::splice::{borrow, when_ready, write_all};
 
 /// How the agent wants the connection relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,31 +82,20 @@ fn bad(what: &str) -> std::io::Error {
 /// [`Mode::Keep`] and `first` follows it on the stream. Not taken, the
 /// stream is the connection's, `first` already on it.
 pub async fn give(stream: &UnixStream, client: BorrowedFd<'_>, mode: Mode, first: &[u8]) -> std::io::Result<bool> {
-    let (mode, inline, after) = if first.len() > MAX_FIRST_BYTES {
-        (Mode::Keep, &[][..], first)
-    } else {
-        (mode, first, &[][..])
-    };
-    // Fits: at most MAX_FIRST_BYTES.
-    let len = inline.len() as u32;
-    let mut sent = match mode {
-        Mode::Keep => 0,
+    let (mut offer, after) = offer(mode, first);
+    let sent = match offer[0] {
+        0 => 0,
         // A failed sendmsg sent nothing: whatever the transport said (it
         // carries no descriptor: EINVAL, EOPNOTSUPP, EPERM …, or the
         // stream is broken), the plain form follows, and fails in turn if
         // the stream is gone.
-        _ => send_header(stream, Some(client), mode, len, inline).await.unwrap_or(0),
+        _ => send_with(stream, client, &offer).await.unwrap_or(0),
     };
-    let mode = if sent == 0 { Mode::Keep } else { mode };
     if sent == 0 {
-        sent = send_header(stream, None, mode, len, inline).await?;
+        offer[0] = Mode::Keep as u8;
     }
-    // The rest of the header and of `first`, where one sendmsg took less.
-    let mut whole = Vec::with_capacity(HEADER + inline.len());
-    whole.push(mode as u8);
-    whole.extend_from_slice(&len.to_be_bytes());
-    whole.extend_from_slice(inline);
-    write_from(stream, &whole, sent).await?;
+    // The rest of the offer, where one sendmsg took less (or none was made).
+    write_all(stream, &offer[sent..]).await?;
     let mut answer = [0u8; 1];
     let n = when_ready(stream, Interest::READABLE, || {
         rustix::io::read(borrow(stream), &mut answer).map_err(std::io::Error::from)
@@ -114,13 +103,30 @@ pub async fn give(stream: &UnixStream, client: BorrowedFd<'_>, mode: Mode, first
     .await?;
     match (n, answer[0]) {
         (0, _) => Err(std::io::ErrorKind::UnexpectedEof.into()),
-        (_, TAKEN) if mode != Mode::Keep => Ok(true),
+        (_, TAKEN) if offer[0] != Mode::Keep as u8 => Ok(true),
         (_, KEPT) => {
-            write_from(stream, after, 0).await?;
+            write_all(stream, after).await?;
             Ok(false)
         }
         _ => Err(bad("the host's answer to a handoff is neither taken nor kept")),
     }
+}
+
+/// The offer's bytes (mode, length, `first` inline when it fits) and what
+/// of `first` follows it instead: over [`MAX_FIRST_BYTES`], all of it,
+/// after a plain offer.
+fn offer(mode: Mode, first: &[u8]) -> (Vec<u8>, &[u8]) {
+    let (mode, inline, after) = if first.len() > MAX_FIRST_BYTES {
+        (Mode::Keep, &[][..], first)
+    } else {
+        (mode, first, &[][..])
+    };
+    let mut bytes = Vec::with_capacity(HEADER + inline.len());
+    bytes.push(mode as u8);
+    // Fits: at most MAX_FIRST_BYTES.
+    bytes.extend_from_slice(&(inline.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(inline);
+    (bytes, after)
 }
 
 /// Agent side, on a stream that cannot carry a descriptor (a VM's
@@ -133,17 +139,8 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (inline, after) = if first.len() > MAX_FIRST_BYTES {
-        (&[][..], first)
-    } else {
-        (first, &[][..])
-    };
-    let mut whole = Vec::with_capacity(HEADER + inline.len());
-    whole.push(Mode::Keep as u8);
-    // Fits: at most MAX_FIRST_BYTES.
-    whole.extend_from_slice(&(inline.len() as u32).to_be_bytes());
-    whole.extend_from_slice(inline);
-    stream.write_all(&whole).await?;
+    let (offer, after) = offer(Mode::Keep, first);
+    stream.write_all(&offer).await?;
     stream.flush().await?;
     let mut answer = [0u8; 1];
     stream.read_exact(&mut answer).await?;
@@ -154,38 +151,23 @@ where
     stream.flush().await
 }
 
-/// Writes `buf` from `at` on.
-async fn write_from(stream: &UnixStream, buf: &[u8], mut at: usize) -> std::io::Result<()> {
-    while at < buf.len() {
-        at += when_ready(stream, Interest::WRITABLE, || {
-            rustix::io::write(borrow(stream), &buf[at..]).map_err(std::io::Error::from)
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-/// One `sendmsg` of the header and `first`, with `client` attached.
-async fn send_header(
-    stream: &UnixStream,
-    client: Option<BorrowedFd<'_>>,
-    mode: Mode,
-    len: u32,
-    first: &[u8],
-) -> std::io::Result<usize> {
+/// One `sendmsg` of `bytes` with `client` attached.
+async fn send_with(stream: &UnixStream, client: BorrowedFd<'_>, bytes: &[u8]) -> std::io::Result<usize> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    let mut head = [0u8; HEADER];
-    head[0] = mode as u8;
-    head[1..].copy_from_slice(&len.to_be_bytes());
-    let fds: Vec<BorrowedFd<'_>> = client.into_iter().collect();
+    let fds = [client];
     when_ready(stream, Interest::WRITABLE, || {
         let mut space = [0u8; rustix::cmsg_space!(ScmRights(1))];
         let mut control = SendAncillaryBuffer::new(&mut space);
-        if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
             return Err(bad("no room for a descriptor"));
         }
-        let iov = [IoSlice::new(&head), IoSlice::new(first)];
-        sendmsg(borrow(stream), &iov, &mut control, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
+        sendmsg(
+            borrow(stream),
+            &[IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+        .map_err(std::io::Error::from)
     })
     .await
 }
@@ -237,11 +219,7 @@ pub async fn take(stream: &UnixStream) -> std::io::Result<Offered> {
         (Mode::Keep, _) | (_, None) => None,
         (_, Some(fd)) => relayable(fd),
     };
-    let answer = [if client.is_some() { TAKEN } else { KEPT }];
-    when_ready(stream, Interest::WRITABLE, || {
-        rustix::io::write(borrow(stream), &answer).map_err(std::io::Error::from)
-    })
-    .await?;
+    write_all(stream, &[if client.is_some() { TAKEN } else { KEPT }]).await?;
     let mode = if client.is_some() { mode } else { Mode::Keep };
     Ok(Offered { client, mode, first })
 }
@@ -297,6 +275,14 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
+    /// What a `give` on a task of its own said: taken or not.
+    async fn taken(given: tokio::task::JoinHandle<std::io::Result<bool>>) -> bool {
+        given
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -321,10 +307,7 @@ mod tests {
             taken
         });
         let offered = take(&host).await.unwrap_or_else(|e| panic!("{e}"));
-        assert!(given
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}")));
+        assert!(taken(given).await);
         assert_eq!(offered.mode, Mode::Whole);
         assert_eq!(offered.first, b"GET / HTTP/1.1\r\n\r\n");
         let mut client = offered.client.unwrap_or_else(|| panic!("not taken"));
@@ -349,19 +332,13 @@ mod tests {
         assert!(offered.client.is_none());
         assert_eq!(offered.mode, Mode::Keep);
         assert_eq!(offered.first, b"x");
-        assert!(!given
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}")));
+        assert!(!taken(given).await);
         // Nor a unix socket: a peer could pass descriptors back through it.
         let (agent, host) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
         let (u, _u2) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
         let given = tokio::spawn(async move { give(&agent, u.as_fd(), Mode::Whole, b"").await });
         assert!(take(&host).await.unwrap_or_else(|e| panic!("{e}")).client.is_none());
-        assert!(!given
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}")));
+        assert!(!taken(given).await);
     }
 
     #[tokio::test]
@@ -379,10 +356,7 @@ mod tests {
         let mut rest = Vec::new();
         host.read_to_end(&mut rest).await.unwrap_or_else(|e| panic!("{e}"));
         assert!(rest == big, "the first bytes differ after a plain offer");
-        assert!(!given
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}")));
+        assert!(!taken(given).await);
     }
 
     #[tokio::test]

@@ -57,19 +57,6 @@ async fn read_ref(s: &TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
-/// Writes all of `buf` to `s`, waiting for room.
-async fn write_all_ref(s: &tokio::net::UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        s.writable().await?;
-        match s.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// [`join`] on a unix stream of the connection's own. With `handoff`
 /// the client's socket is offered to the host first
 /// ([`namzu_proto::handoff`]): taken, the host relays the destination's
@@ -89,7 +76,7 @@ async fn join_unix(
         let mode = if body.is_some() { Mode::Downstream } else { Mode::Whole };
         give(&host, client.as_fd(), mode, &first).await?
     } else {
-        write_all_ref(&host, &first).await?;
+        namzu_proto::splice::write_all(&host, &first).await?;
         false
     };
     let Some(mut body) = body else {
@@ -111,7 +98,7 @@ async fn join_unix(
             let Some(k) = upstream_len(Some(&mut body), &buf[..n]) else {
                 break;
             };
-            if k > 0 && write_all_ref(&host, &buf[..k]).await.is_err() {
+            if k > 0 && namzu_proto::splice::write_all(&host, &buf[..k]).await.is_err() {
                 break;
             }
         }
