@@ -9,6 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/net-up.sh
+# busybox's httpd serves the downloads (installed by the docker tier's setup
+# too; here for a machine that ran no tests).
+if ! command -v busybox >/dev/null && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq busybox-static) >/dev/null
+fi
 # NAMZU_BENCH_PROFILE=fast: an optimised build without LTO, for quick looks
 # (README's figures come from release).
 P=${NAMZU_BENCH_PROFILE:-release}
