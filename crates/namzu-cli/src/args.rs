@@ -119,18 +119,21 @@ impl KubeArgs {
         // looked for.
         let mut opts = self.options();
         opts.validate()?;
-        let link = self.link_dir(state_dir);
-        let tls = namzu::backend::kubernetes::link::LinkTls::from_dir(&link).map_err(|e| {
-            Fail(format!(
-                "the pod link's credentials: {e} (make them with `namzu kube link-init`)"
-            ))
-        })?;
-        opts.link_tls = Some(tls);
+        opts.link_tls = Some(self.link_tls(state_dir)?);
         let factory = namzu::factory::ProviderOptions {
             kubernetes: Some(opts),
             ..Default::default()
         };
         Ok(namzu::factory::provider(namzu::Tier::Kubernetes, factory).await?)
+    }
+
+    /// The host's link credentials, read from [`KubeArgs::link_dir`].
+    pub fn link_tls(&self, state_dir: &Option<PathBuf>) -> Result<namzu::backend::kubernetes::link::LinkTls, Fail> {
+        namzu::backend::kubernetes::link::LinkTls::from_dir(&self.link_dir(state_dir)).map_err(|e| {
+            Fail(format!(
+                "the pod link's credentials: {e} (make them with `namzu kube link-init`)"
+            ))
+        })
     }
 
     /// Where the host's link credentials are.

@@ -13,6 +13,7 @@ mod kube;
 mod providers;
 mod tty;
 mod ui;
+mod workspace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

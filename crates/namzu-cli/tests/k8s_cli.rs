@@ -251,3 +251,56 @@ async fn create_exec_ls_rm_capacity_and_release_reach_a_kubernetes_sandbox_by_id
     assert_eq!(code, Some(0), "{err}");
     c.stop().await;
 }
+
+/// `namzu workspace` on the simulated cluster: create, ls (without
+/// waking), suspend (pod gone, disk kept), resume (a new pod), a fenced
+/// rm refused below the holder epoch, rm; a pool refused by flag name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_create_ls_suspend_resume_rm_by_name() {
+    use namzu_k8s_sim::controller::{PODS, PVCS, SANDBOXES};
+    let c = Cluster::start(None).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = kubeconfig(dir.path(), &c.url);
+    let state = dir.path().join("state");
+    c.link.write_host_dir(&state.join("kubernetes/link")).unwrap();
+    let ws = |verb: &'static str, extra: &[&'static str]| {
+        let mut a = vec!["workspace", verb, "proj"];
+        a.extend(["--kube-namespace", NAMESPACE, "--kube-address", "pod-ip"]);
+        a.extend(extra);
+        a
+    };
+    let (out, err, code) = namzu(&cfg, &state, &ws("create", &["--epoch", "2"])).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("proj\tcreated\tpod "), "{out}");
+    let pod = c.get(PODS, "namzu-ws-proj").unwrap()["metadata"]["uid"].clone();
+    let (out, err, code) = namzu(&cfg, &state, &ws("create", &[])).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("adopted"), "{out}");
+    let (out, err, code) = namzu(&cfg, &state, &["workspace", "ls", "--kube-namespace", NAMESPACE]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..4], ["proj", "Running", "namzu-workspace", "2"], "{out}");
+    let (out, err, code) = namzu(&cfg, &state, &ws("suspend", &["--epoch", "2"])).await;
+    assert_eq!((out.as_str(), code), ("proj\tsuspended\n", Some(0)), "{err}");
+    assert!(c.get(PODS, "namzu-ws-proj").is_none());
+    assert!(c.get(PVCS, "workspace-namzu-ws-proj").is_some());
+    assert_eq!(
+        c.get(SANDBOXES, "namzu-ws-proj").unwrap()["spec"]["operatingMode"],
+        "Suspended"
+    );
+    let (out, err, code) = namzu(&cfg, &state, &ws("resume", &["--epoch", "2"])).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("resumed"), "{out}");
+    assert_ne!(c.get(PODS, "namzu-ws-proj").unwrap()["metadata"]["uid"], pod);
+    let (_, err, code) = namzu(&cfg, &state, &ws("rm", &["--epoch", "1"])).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("held at epoch 2"), "{err}");
+    assert!(c.get(SANDBOXES, "namzu-ws-proj").is_some());
+    let (_, err, code) = namzu(&cfg, &state, &ws("create", &["--warm-pool", "p"])).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--warm-pool"), "{err}");
+    let (out, err, code) = namzu(&cfg, &state, &ws("rm", &["--epoch", "2"])).await;
+    assert_eq!((out.as_str(), code), ("proj\tdeleted\n", Some(0)), "{err}");
+    assert!(c.get(SANDBOXES, "namzu-ws-proj").is_none());
+    c.stop().await;
+}

@@ -28,6 +28,7 @@ pub const TEMPLATE: &str = "namzu-task";
 pub const POOL: &str = "namzu-pool";
 
 const TEMPLATE_YAML: &str = include_str!("../../../deploy/k8s/sandboxtemplate-task.yaml");
+const WORKSPACE_TEMPLATE_YAML: &str = include_str!("../../../deploy/k8s/sandboxtemplate-workspace.yaml");
 const POOL_YAML: &str = include_str!("../../../deploy/k8s/sandboxwarmpool.yaml");
 const AGENT_PORT_POLICY_YAML: &str = include_str!("../../../deploy/k8s/networkpolicy.yaml");
 
@@ -68,6 +69,9 @@ impl Cluster {
         let mut template = parse(TEMPLATE_YAML)?;
         template["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = WORKLOAD_IMAGE.into();
         sim.put(TEMPLATES, template);
+        let mut workspace = parse(WORKSPACE_TEMPLATE_YAML)?;
+        workspace["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = WORKLOAD_IMAGE.into();
+        sim.put(TEMPLATES, workspace);
         sim.put(crate::controller::NETWORK_POLICIES, parse(AGENT_PORT_POLICY_YAML)?);
         let link = LinkCredentials::generate().map_err(std::io::Error::other)?;
         let [ca, secret] = link.cluster_objects(NAMESPACE);

@@ -546,3 +546,26 @@ pub async fn find(api: &Api, opts: &KubernetesOptions, id: &str) -> Result<Bound
         Err(Stop::Deadline) => Err(ae::at_deadline(None, b.last_failure(), b.total).into()),
     }
 }
+
+/// Waits, on a fresh readiness budget, for Sandbox `name` (made by the
+/// caller, for namzu id `id`) to be Ready with a live pod, and reads what
+/// it is bound to. A pod being deleted is never bound: the wait goes on
+/// for its replacement. At the deadline, one read of the pod names what
+/// kept it (capacity, image pull), as an acquire's does.
+pub(crate) async fn bind_sandbox(api: &Api, opts: &KubernetesOptions, name: &str, id: &str) -> Result<Bound> {
+    let mut b = Budget::new(opts);
+    let mut hint = None;
+    match wait_bound(api, opts, &mut b, (Leased::Sandbox, name, id), &mut hint).await {
+        Ok(bound) => Ok(bound),
+        Err(Stop::Fail(e)) => Err(e),
+        Err(Stop::Deadline) => {
+            let pod = hint.unwrap_or_else(|| name.to_owned());
+            let diagnosis = api
+                .get(&Resource::core("pods", &opts.namespace), &pod)
+                .await
+                .ok()
+                .and_then(|p| ae::diagnose_pod(&p));
+            Err(ae::at_deadline(diagnosis, b.last_failure(), b.total).into())
+        }
+    }
+}

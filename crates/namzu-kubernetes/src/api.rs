@@ -322,6 +322,16 @@ impl Api {
         self.call(Request::to(Verb::Delete, r, Some(name))).await
     }
 
+    /// Deletes an object by name only while it still stands at
+    /// `resource_version` (`preconditions.resourceVersion`): a write made
+    /// since answers 409 and nothing is deleted.
+    pub async fn delete_at(&self, r: &Resource, name: &str, resource_version: &str) -> Result<Value, ApiError> {
+        let body = serde_json::json!({"kind": "DeleteOptions", "apiVersion": "v1",
+            "preconditions": {"resourceVersion": resource_version}});
+        self.call(Request::to(Verb::Delete, r, Some(name)).body(&body, "application/json"))
+            .await
+    }
+
     async fn call(&self, req: Request<'_>) -> Result<Value, ApiError> {
         let Request {
             verb,

@@ -63,6 +63,9 @@ pub enum KubernetesError {
         /// Its uid.
         sandbox_uid: String,
     },
+    /// A persistent workspace refused an operation (see `workspace`).
+    #[error(transparent)]
+    Workspace(Box<crate::workspace::WorkspaceError>),
     /// The agent's in-cluster name does not resolve from this host.
     #[error("sandbox {id}: the agent address {fqdn:?} does not resolve here ({cause}); a host outside the cluster needs address mode `pod-ip` and a route to the pod network")]
     AgentAddressUnresolvable {
@@ -120,5 +123,11 @@ impl From<IngressPolicyError> for Error {
 impl From<EgressPolicyUnionError> for Error {
     fn from(e: EgressPolicyUnionError) -> Self {
         KubernetesError::EgressUnion(Box::new(e)).into()
+    }
+}
+
+impl From<crate::workspace::WorkspaceError> for Error {
+    fn from(e: crate::workspace::WorkspaceError) -> Self {
+        KubernetesError::Workspace(Box::new(e)).into()
     }
 }

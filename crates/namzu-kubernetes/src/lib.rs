@@ -10,6 +10,8 @@
 //!   [`KubernetesSandbox`];
 //! * [`KubernetesError`] and what it carries ([`acquire_error`]: the acquire
 //!   failure taxonomy, [`ApiError`]);
+//! * [`workspace`]: persistent workspaces — a named Sandbox with a disk
+//!   kept across suspend and resume, fenced by a holder epoch;
 //! * [`ops`]: crash recovery and headroom;
 //! * [`link`]: the pod link's mutual-TLS credentials;
 //! * [`policy`]: egress translated to the cluster's policy objects, and
@@ -55,9 +57,11 @@ mod options;
 pub mod policy;
 pub mod provider;
 pub mod rebind;
+pub mod workspace;
 
 pub use api::{ApiError, Verb};
 
 pub use error::KubernetesError;
 pub use options::*;
 pub use provider::{KubernetesProvider, KubernetesSandbox};
+pub use workspace::{KubernetesWorkspace, Origin, WorkspaceError, WorkspaceOptions};

@@ -78,6 +78,16 @@ impl KubernetesProvider {
         &self.opts
     }
 
+    /// The link options agents are dialed with.
+    pub(crate) fn client_options(&self) -> &ClientOptions {
+        &self.client
+    }
+
+    /// The egress-policy verifier (and its cache of passes).
+    pub(crate) fn verifier(&self) -> &super::policy::verify::PolicyVerifier {
+        &self.verifier
+    }
+
     fn owner(&self) -> Leased {
         acquire::owner_kind(&self.opts)
     }
@@ -127,7 +137,7 @@ impl KubernetesProvider {
 
     /// Refuses, before any request, to acquire or reach a pod the host
     /// cannot speak to: the link is mutual TLS and needs the host's key.
-    fn link_ready(&self) -> Result<()> {
+    pub(crate) fn link_ready(&self) -> Result<()> {
         if self.opts.link_tls.is_some() {
             return Ok(());
         }

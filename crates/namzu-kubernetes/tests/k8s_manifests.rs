@@ -51,12 +51,57 @@ fn the_template_and_the_pool_pass_the_crd_schemas() {
         validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &t),
         vec![]
     );
+    let w = manifest("sandboxtemplate-workspace.yaml");
+    assert_eq!(
+        validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &w),
+        vec![]
+    );
     let p = manifest("sandboxwarmpool.yaml");
     assert_eq!(
         validate(&schema("extensions.agents.x-k8s.io_sandboxwarmpools.yaml"), &p),
         vec![]
     );
     assert_eq!(p["spec"]["sandboxTemplateRef"]["name"], t["metadata"]["name"]);
+}
+
+/// The workspace template is the task template's pod with /workspace on
+/// a claim of its own: every restriction below is checked on both.
+#[test]
+fn the_workspace_template_is_the_task_pod_with_its_workspace_on_a_claim() {
+    let (t, w) = (
+        manifest("sandboxtemplate-task.yaml"),
+        manifest("sandboxtemplate-workspace.yaml"),
+    );
+    assert_eq!(
+        w["metadata"]["name"],
+        namzu_kubernetes::workspace::DEFAULT_WORKSPACE_TEMPLATE
+    );
+    let claims = w["spec"]["volumeClaimTemplates"].as_array().unwrap();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0]["metadata"]["name"], "workspace");
+    let volumes = |m: &serde_json::Value| -> Vec<String> {
+        m["spec"]["podTemplate"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut task_volumes = volumes(&t);
+    task_volumes.retain(|v| v != "workspace");
+    assert_eq!(
+        volumes(&w),
+        task_volumes,
+        "the claim replaces the emptyDir, nothing else"
+    );
+    assert_eq!(
+        w["spec"]["podTemplate"]["spec"]["containers"], t["spec"]["podTemplate"]["spec"]["containers"],
+        "the same containers"
+    );
+    assert_eq!(
+        w["spec"]["podTemplate"]["spec"]["securityContext"],
+        t["spec"]["podTemplate"]["spec"]["securityContext"]
+    );
 }
 
 #[test]

@@ -223,3 +223,47 @@ async fn the_template_path_and_headroom_stay_inside_the_full_role() {
     assert!(issued.contains(&("networking.k8s.io".into(), "networkpolicies".into(), "list".into())));
     c.stop().await;
 }
+
+/// Every workspace path — create, use, suspend (flushed), resume, adopt
+/// and take over under an epoch, list, the standalone suspend and delete —
+/// issues only what the full Role grants; and the verbs a workspace needs
+/// beyond a task's reads (patch for the mode and the fence, delete with a
+/// precondition) are among what it issued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workspace_paths_stay_inside_the_full_role() {
+    use namzu_kubernetes::workspace::{Flush, SuspendOptions};
+    use namzu_kubernetes::WorkspaceOptions;
+    let c = Cluster::start(None).await.unwrap();
+    let p = KubernetesProvider::new(c.client(), c.options(false)).unwrap();
+    let q = KubernetesProvider::new(c.client(), c.options(false)).unwrap();
+    let ws = p.workspace("rbac", WorkspaceOptions::default()).await.unwrap();
+    ws.sandbox().await.unwrap().commands().run("true").await.unwrap();
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    ws.resume(None).await.unwrap();
+    let held = WorkspaceOptions {
+        epoch: Some(4),
+        ..Default::default()
+    };
+    let other = q.workspace("rbac", held).await.unwrap();
+    other.refresh().await.unwrap();
+    q.list_workspaces().await.unwrap();
+    let skip = SuspendOptions {
+        epoch: Some(4),
+        flush: Flush::Skip,
+        ..Default::default()
+    };
+    q.suspend_workspace("rbac", skip).await.unwrap();
+    q.delete_workspace("rbac", Some(4)).await.unwrap();
+    let issued = recorded(&[p.api(), q.api()]);
+    let full = role("rbac.yaml");
+    let outside: Vec<_> = issued.difference(&full).collect();
+    assert!(outside.is_empty(), "issued beyond the full Role: {outside:?}");
+    for verb in ["create", "get", "list", "patch", "delete"] {
+        assert!(
+            issued.contains(&("agents.x-k8s.io".into(), "sandboxes".into(), verb.into())),
+            "{verb} sandboxes never issued"
+        );
+    }
+    assert!(issued.contains(&("".into(), "pods".into(), "get".into())));
+    c.stop().await;
+}

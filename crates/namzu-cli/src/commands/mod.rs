@@ -167,6 +167,10 @@ pub enum Cmd {
     /// The kubernetes tier's operations: headroom, crash recovery.
     #[command(subcommand)]
     Kube(crate::kube::KubeCmd),
+    /// The kubernetes tier's persistent workspaces: a named sandbox whose
+    /// disk is kept across suspend and resume.
+    #[command(subcommand)]
+    Workspace(crate::workspace::WorkspaceCmd),
 }
 
 /// Runs one command.
@@ -207,6 +211,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Cp { src, dst } => cp::run(state_dir, src, dst).await,
         Cmd::Ls => sandboxes::list(state_dir).await,
         Cmd::Kube(cmd) => crate::kube::run(state_dir, cmd).await,
+        Cmd::Workspace(cmd) => crate::workspace::run(state_dir, cmd).await,
         Cmd::Shell { id, session, command } => shell::shell(state_dir, id, session, command).await,
         Cmd::Attach { id, session, from } => shell::attach(state_dir, id, session, from).await,
         Cmd::PortForward {
