@@ -125,6 +125,11 @@ pub async fn quiesce(grace: Duration) -> Result<(Vec<StoppedProcess>, u32), OpEr
     Ok((stopped.into_values().collect(), rounds))
 }
 
+/// What a stopping agent (SIGTERM) gives the workspace's `syncfs`, inside
+/// `agent_shutdown_deadline_ms` after its quiesce (`shutdown_grace_ms` a
+/// round): a pod's `terminationGracePeriodSeconds` must cover all three.
+pub const SHUTDOWN_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `syncfs` on the filesystem holding `root`, within `timeout`.
 pub async fn flush(root: &Path, timeout: Duration) -> Result<Duration, OpError> {
     let root = root.to_path_buf();

@@ -529,7 +529,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
                 Err(e) => tracing::error!(pid = e.pid, "quiesce: {}", e.message),
             }
             crate::terminal::kill_all().await;
-            if let Err(e) = crate::quiesce::flush(&flush_root, Duration::from_secs(10)).await {
+            if let Err(e) = crate::quiesce::flush(&flush_root, crate::quiesce::SHUTDOWN_FLUSH_TIMEOUT).await {
                 tracing::error!("flush: {}", e.message);
             }
         };

@@ -46,6 +46,10 @@ pub enum WorkspaceCmd {
     /// Resume NAME: a new pod on the same disk.
     Resume {
         name: String,
+        /// Build the new pod from the template as it is now (its image,
+        /// limits, env), not the copy the workspace was made with.
+        #[arg(long = "refresh-template")]
+        refresh_template: bool,
         #[command(flatten)]
         fence: Fence,
         #[command(flatten)]
@@ -100,22 +104,45 @@ fn opened(kube: &KubeArgs, fence: &Fence) -> WorkspaceOptions {
     }
 }
 
+/// Opens (creates, adopts or resumes) workspace `name` and says which,
+/// with the pod and guest it is bound to and whether its pod template is
+/// the template's current one.
+async fn open(state_dir: &Option<PathBuf>, name: &str, kube: &KubeArgs, w: WorkspaceOptions) -> Result<(), Fail> {
+    let p = provider(state_dir, kube).await?;
+    let ws = p.workspace(name, w).await?;
+    let origin = match ws.origin() {
+        Origin::Created => "created",
+        Origin::AdoptedRunning => "adopted (already running)",
+        Origin::Resumed => "resumed",
+    };
+    let id = ws.identity().await;
+    let template = if ws.template_revision_current() {
+        "current"
+    } else {
+        "behind"
+    };
+    println!(
+        "{name}\t{origin}\tpod {}\tboot {}\ttemplate {template}",
+        id.pod_uid.unwrap_or_default(),
+        id.boot_id.unwrap_or_default()
+    );
+    Ok(())
+}
+
 pub async fn run(state_dir: &Option<PathBuf>, cmd: WorkspaceCmd) -> Result<ExitCode, Fail> {
     match cmd {
-        WorkspaceCmd::Create { name, fence, kube } | WorkspaceCmd::Resume { name, fence, kube } => {
-            let p = provider(state_dir, &kube).await?;
-            let ws = p.workspace(&name, opened(&kube, &fence)).await?;
-            let origin = match ws.origin() {
-                Origin::Created => "created",
-                Origin::AdoptedRunning => "adopted (already running)",
-                Origin::Resumed => "resumed",
+        WorkspaceCmd::Create { name, fence, kube } => open(state_dir, &name, &kube, opened(&kube, &fence)).await?,
+        WorkspaceCmd::Resume {
+            name,
+            refresh_template,
+            fence,
+            kube,
+        } => {
+            let w = WorkspaceOptions {
+                refresh_pod_template: refresh_template,
+                ..opened(&kube, &fence)
             };
-            let id = ws.identity().await;
-            println!(
-                "{name}\t{origin}\tpod {}\tboot {}",
-                id.pod_uid.unwrap_or_default(),
-                id.boot_id.unwrap_or_default()
-            );
+            open(state_dir, &name, &kube, w).await?
         }
         WorkspaceCmd::Ls { kube } => {
             let p = provider(state_dir, &kube).await?;

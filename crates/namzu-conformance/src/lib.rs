@@ -158,7 +158,7 @@ pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
             .collect()
     };
     match backend {
-        "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" => Some(with_egress()),
+        "local" | "docker-runc" | "docker-runsc" | "kubernetes-sim" | "kubernetes-workspace-sim" => Some(with_egress()),
         "microvm" => Some(not_unix()),
         "host" => Some(ALL.to_vec()),
         _ => None,

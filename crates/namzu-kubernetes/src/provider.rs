@@ -322,7 +322,7 @@ impl SandboxBackend for KubernetesSandbox {
 /// limits travel as the agent container's environment: the claim's `env`,
 /// which the template must allow.) Egress on a cluster is the cluster's
 /// NetworkPolicy, not a spec field.
-fn refusals(spec: &SandboxSpec) -> Result<()> {
+pub(crate) fn refusals(spec: &SandboxSpec) -> Result<()> {
     let template = "the SandboxTemplate's pod decides it; a task sandbox is claimed, not built";
     refuse_unsupported(
         Tier::Kubernetes,

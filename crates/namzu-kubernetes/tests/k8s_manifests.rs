@@ -94,14 +94,67 @@ fn the_workspace_template_is_the_task_pod_with_its_workspace_on_a_claim() {
         task_volumes,
         "the claim replaces the emptyDir, nothing else"
     );
+    // The same containers, but for the agent's shutdown deadline (see
+    // the grace-period test below).
+    let mut containers = w["spec"]["podTemplate"]["spec"]["containers"].clone();
+    containers[0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|e| e["name"] != "NAMZU_AGENT_SHUTDOWN_DEADLINE_MS");
     assert_eq!(
-        w["spec"]["podTemplate"]["spec"]["containers"], t["spec"]["podTemplate"]["spec"]["containers"],
+        containers, t["spec"]["podTemplate"]["spec"]["containers"],
         "the same containers"
     );
     assert_eq!(
         w["spec"]["podTemplate"]["spec"]["securityContext"],
         t["spec"]["podTemplate"]["spec"]["securityContext"]
     );
+}
+
+/// A stopping workspace pod flushes its disk before the kubelet's SIGKILL:
+/// the agent's quiesce round and its shutdown flush fit in its shutdown
+/// deadline (as the template sets it), and the deadline in the pod's
+/// grace period with a margin for the kubelet; the suspend's own flush is
+/// the same bound, and a suspend waits longer than the grace period.
+#[test]
+fn a_stopping_workspace_pod_flushes_inside_its_grace_period() {
+    let w = manifest("sandboxtemplate-workspace.yaml");
+    let pod = &w["spec"]["podTemplate"]["spec"];
+    let grace_ms = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("an explicit grace period")
+        * 1000;
+    let env = |name: &str| {
+        pod["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(|v| v.parse::<u64>().unwrap())
+    };
+    let defaults = namzu_agent::config::Limits::default();
+    let var = |limit: &str| namzu_proto::limits::env_var(limit);
+    let deadline =
+        env(&var(namzu_proto::limits::AGENT_SHUTDOWN_DEADLINE_MS)).unwrap_or(defaults.agent_shutdown_deadline_ms);
+    let quiesce = env(&var(namzu_proto::limits::SHUTDOWN_GRACE_MS)).unwrap_or(defaults.shutdown_grace_ms);
+    let flush = u64::try_from(namzu_agent::quiesce::SHUTDOWN_FLUSH_TIMEOUT.as_millis()).unwrap();
+    // One quiesce round and the flush, with a second for the rest.
+    assert!(
+        quiesce + flush + 1000 <= deadline,
+        "quiesce {quiesce} + flush {flush} over the deadline {deadline}"
+    );
+    // The kubelet's SIGKILL after the grace period: 5 s of margin at least.
+    assert!(
+        deadline + 5000 <= grace_ms,
+        "deadline {deadline} too close to the grace period {grace_ms}"
+    );
+    assert_eq!(
+        namzu_kubernetes::workspace::DEFAULT_FLUSH_TIMEOUT,
+        namzu_agent::quiesce::SHUTDOWN_FLUSH_TIMEOUT
+    );
+    let suspend_wait = namzu_kubernetes::DEFAULT_READY_TIMEOUT.as_millis() as u64;
+    assert!(suspend_wait > grace_ms, "a suspend gives up before the pod may stop");
 }
 
 #[test]

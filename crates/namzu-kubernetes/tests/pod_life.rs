@@ -74,9 +74,6 @@ async fn a_pod_replaced_under_a_live_handle_is_followed_by_every_later_call_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unconfirmed_cancel_releases_the_claim_and_says_so() {
-    use namzu::{ExecEvent, ExecRequest};
-    use tokio_stream::StreamExt;
-    use tokio_util::sync::CancellationToken;
     let c = Cluster::start(Some(1)).await.unwrap();
     let p = provider(&c, c.options(true));
     let spec = SandboxSpec {
@@ -86,32 +83,7 @@ async fn an_unconfirmed_cancel_releases_the_claim_and_says_so() {
     let sb = p.create_task(spec).await.unwrap();
     let claim = object_name(sb.id());
     // A zombie kept in the group: the agent cannot confirm the kill.
-    let token = CancellationToken::new();
-    let mut s = sb
-        .commands()
-        .stream(ExecRequest::shell("(sleep 30 & exec setsid sleep 30) & echo ready; wait").cancel_token(token.clone()))
-        .await
-        .unwrap();
-    let mut last = None;
-    while let Some(ev) = s.next().await {
-        match ev {
-            Ok(ExecEvent::Stdout { data, .. }) if data.starts_with(b"ready") => {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                token.cancel();
-            }
-            Ok(_) => {}
-            Err(e) => {
-                last = Some(e);
-                break;
-            }
-        }
-    }
-    let Some(Error::RemoteCancellationUnknown {
-        retirement: Some(note), ..
-    }) = &last
-    else {
-        panic!("{last:?}")
-    };
+    let note = unconfirmed_cancel(&sb).await;
     assert!(note.contains(&claim) && note.contains("released"), "{note}");
     // The claim is deleted (and its Sandbox and pod with it); the handle
     // refuses every op from now on.

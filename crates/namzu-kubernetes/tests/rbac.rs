@@ -239,7 +239,7 @@ async fn the_workspace_paths_stay_inside_the_full_role() {
     let ws = p.workspace("rbac", WorkspaceOptions::default()).await.unwrap();
     ws.sandbox().await.unwrap().commands().run("true").await.unwrap();
     ws.suspend(SuspendOptions::default()).await.unwrap();
-    ws.resume(None).await.unwrap();
+    ws.resume(Default::default()).await.unwrap();
     let held = WorkspaceOptions {
         epoch: Some(4),
         ..Default::default()

@@ -102,7 +102,7 @@ async fn a_file_written_before_a_suspend_is_read_back_byte_exact_from_the_resume
     assert!(sb.files().read(Path::new("blob.bin")).await.is_err());
 
     // Resume: a new pod (new uid, new token), the same disk, every byte.
-    ws.resume(None).await.unwrap();
+    ws.resume(Default::default()).await.unwrap();
     let second = ws.identity().await;
     assert_ne!(second.pod_uid, first.pod_uid, "the resumed pod is a new one");
     assert_eq!(second.sandbox_uid, first.sandbox_uid);
@@ -157,7 +157,7 @@ async fn a_second_host_adopts_a_running_workspace_and_resumes_a_suspended_one_by
     assert_eq!(read(&wc, "from-a").await, b"a");
     // The creator's stale handle sees a running workspace after its own
     // resume binds the pod that is there, sending no second wake.
-    wa.resume(None).await.unwrap();
+    wa.resume(Default::default()).await.unwrap();
     assert_eq!(wa.identity().await.pod_uid, wc.identity().await.pod_uid);
     b.delete_workspace("shared", None).await.unwrap();
     c.stop().await;
@@ -200,7 +200,7 @@ async fn a_standing_object_that_disagrees_is_refused_by_field_and_another_uid_is
     sim::until(10, || c.get(SANDBOXES, ws.sandbox_name()).is_none().then_some(())).await;
     let again = p.workspace("mixed", WorkspaceOptions::default()).await.unwrap();
     assert_eq!(again.origin(), Origin::Created);
-    match ws_error(ws.resume(None).await.unwrap_err()) {
+    match ws_error(ws.resume(Default::default()).await.unwrap_err()) {
         WorkspaceError::Replaced {
             bound_uid, found_uid, ..
         } => assert_ne!(bound_uid, found_uid),
@@ -375,5 +375,230 @@ async fn the_standalone_verbs_never_dial_or_wake_and_refuse_what_needs_the_guest
     }
     q.delete_workspace("inv-a", None).await.unwrap();
     q.delete_workspace("inv-b", None).await.unwrap();
+    c.stop().await;
+}
+
+/// Unlike a task sandbox, a workspace whose agent cannot confirm a cancel
+/// is KEPT: the error says so, nothing is deleted or suspended, the fenced
+/// agent refuses work, and a suspend and resume (a new pod on the same
+/// disk) is the cure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_cancel_keeps_the_workspace_and_a_suspend_and_resume_cures_it() {
+    use namzu::SandboxSpec;
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(false));
+    let spec = SandboxSpec {
+        limits: vec![("cancel_confirm_ms".into(), 400)],
+        ..Default::default()
+    };
+    let ws = p
+        .workspace("kept", WorkspaceOptions::for_spec(&spec).unwrap())
+        .await
+        .unwrap();
+    let sb = ws.sandbox().await.unwrap();
+    sb.files().write(Path::new("keep.txt"), "kept").await.unwrap();
+    let note = unconfirmed_cancel(&sb).await;
+    assert!(note.starts_with("workspace-kept:") && note.contains("kept"), "{note}");
+    let obj = c.get(SANDBOXES, "namzu-ws-kept").expect("the workspace was deleted");
+    assert_eq!(obj["spec"]["operatingMode"], "Running");
+    let r = sb.commands().run("true").await;
+    assert!(matches!(r, Err(Error::AgentRetiring { .. })), "{r:?}");
+    // The flush a fenced agent cannot do is reported, and the suspend goes on.
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    ws.resume(Default::default()).await.unwrap();
+    assert_eq!(read(&ws, "keep.txt").await, b"kept");
+    assert!(ws.sandbox().await.unwrap().commands().run("true").await.is_ok());
+    p.delete_workspace("kept", None).await.unwrap();
+    c.stop().await;
+}
+
+/// A workspace runs the pod template it was made with until a resume asks
+/// for the template's current one: the handle says when they differ, a
+/// plain resume keeps the stored pod, a refreshing one rewrites it on the
+/// wake (disk kept), and a template that would change the disk is refused
+/// before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_drift_is_reported_and_a_refreshing_resume_applies_it_keeping_the_disk() {
+    use namzu_k8s_sim::cluster::NAMESPACE;
+    use namzu_k8s_sim::controller::TEMPLATES;
+    use namzu_kubernetes::workspace::{ResumeOptions, DEFAULT_WORKSPACE_TEMPLATE};
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(false));
+    let ws = p.workspace("drift", WorkspaceOptions::default()).await.unwrap();
+    let made = ws.template_revision().expect("a revision recorded at creation");
+    assert!(ws.template_revision_current());
+    ws.sandbox()
+        .await
+        .unwrap()
+        .files()
+        .write(Path::new("f"), "v1")
+        .await
+        .unwrap();
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    // A new release of the template: a pod label.
+    c.sim.update(TEMPLATES, NAMESPACE, DEFAULT_WORKSPACE_TEMPLATE, |t| {
+        t["spec"]["podTemplate"]["metadata"]["labels"]["drift"] = "2".into();
+    });
+    ws.refresh().await.unwrap();
+    assert_eq!(ws.template_revision().as_deref(), Some(made.as_str()));
+    assert!(!ws.template_revision_current(), "drift not reported");
+    let label = |c: &Cluster| c.get(PODS, "namzu-ws-drift").unwrap()["metadata"]["labels"]["drift"].clone();
+    // A plain resume: the stored pod.
+    ws.resume(ResumeOptions::default()).await.unwrap();
+    assert!(label(&c).is_null(), "a plain resume applied the new template");
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    // A template that would add a disk: refused, nothing sent, still suspended.
+    let vct = c.get(TEMPLATES, DEFAULT_WORKSPACE_TEMPLATE).unwrap()["spec"]["volumeClaimTemplates"].clone();
+    c.sim.update(TEMPLATES, NAMESPACE, DEFAULT_WORKSPACE_TEMPLATE, |t| {
+        let mut second = t["spec"]["volumeClaimTemplates"][0].clone();
+        second["metadata"]["name"] = "scratch".into();
+        t["spec"]["volumeClaimTemplates"].as_array_mut().unwrap().push(second);
+    });
+    let refresh = ResumeOptions {
+        refresh_pod_template: true,
+        ..Default::default()
+    };
+    let version = c.get(SANDBOXES, "namzu-ws-drift").unwrap()["metadata"]["resourceVersion"].clone();
+    match ws_error(ws.resume(refresh).await.unwrap_err()) {
+        WorkspaceError::Disk { reason, .. } => assert!(reason.contains("scratch"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let obj = c.get(SANDBOXES, "namzu-ws-drift").unwrap();
+    assert_eq!(obj["metadata"]["resourceVersion"], version, "a refused refresh wrote");
+    assert_eq!(obj["spec"]["operatingMode"], "Suspended");
+    c.sim.update(TEMPLATES, NAMESPACE, DEFAULT_WORKSPACE_TEMPLATE, |t| {
+        t["spec"]["volumeClaimTemplates"] = vct.clone();
+    });
+    // The refreshing resume: the new pod, the same disk.
+    ws.resume(refresh).await.unwrap();
+    assert_eq!(label(&c), "2");
+    assert_ne!(ws.template_revision().as_deref(), Some(made.as_str()));
+    assert!(ws.template_revision_current());
+    assert_eq!(read(&ws, "f").await, b"v1");
+    p.delete_workspace("drift", None).await.unwrap();
+    c.stop().await;
+}
+
+/// The guest moving under a holder is said: a pod replaced under a live
+/// handle is followed, announced with both pods, and — unlike a task
+/// sandbox's — comes back with the disk; a workspace another host
+/// suspended is named as such when a call fails; one deleted is gone for
+/// good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_pod_is_followed_and_announced_and_a_foreign_suspend_or_delete_is_named() {
+    use namzu_k8s_sim::cluster::NAMESPACE;
+    use namzu_kubernetes::workspace::{GuestRestart, GuestRestartKind, NoticedBy};
+    let c = Cluster::start(None).await.unwrap();
+    // An evicted pod says nothing: the link notices by its keepalive.
+    let p = provider(&c, c.options(false)).with_client_options(namzu::ClientOptions {
+        keepalive: std::time::Duration::from_secs(1),
+        ..Default::default()
+    });
+    let told: std::sync::Arc<std::sync::Mutex<Vec<GuestRestart>>> = Default::default();
+    let seen = told.clone();
+    let w = WorkspaceOptions {
+        on_guest_restart: Some(std::sync::Arc::new(move |e: &GuestRestart| {
+            seen.lock().unwrap().push(e.clone())
+        })),
+        ..Default::default()
+    };
+    let ws = p.workspace("moved", w).await.unwrap();
+    ws.sandbox()
+        .await
+        .unwrap()
+        .files()
+        .write(Path::new("f"), "disk")
+        .await
+        .unwrap();
+    let before = ws.identity().await;
+    // The handle's own check: the same agent, nothing to say.
+    assert_eq!(ws.check_guest().await.unwrap(), before);
+    c.ctl.replace_pod(&c.sim, NAMESPACE, "namzu-ws-moved").await;
+    let sb = ws.sandbox().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while let Err(e) = sb.commands().run("true").await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the replacement: {e}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let events = told.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.kind, GuestRestartKind::PodReplaced);
+    assert_eq!(Some(e.previous.pod_uid.clone()), before.pod_uid);
+    assert_eq!(e.previous.boot_id, before.boot_id);
+    assert_eq!(e.current.boot_id, None, "the replacement had not answered");
+    let now = ws.check_guest().await.unwrap();
+    assert_eq!(now.pod_uid.as_deref(), Some(e.current.pod_uid.as_str()));
+    assert!(now.boot_id.is_some() && now.boot_id != before.boot_id);
+    assert_eq!(
+        told.lock().unwrap().len(),
+        1,
+        "a replacement's first answer is no restart"
+    );
+    assert_eq!(read(&ws, "f").await, b"disk", "the disk did not follow the pod");
+
+    // Another host suspends it: the next failing call is explained.
+    let q = provider(&c, c.options(false));
+    q.suspend_workspace("moved", skip()).await.unwrap();
+    match ws_error(ws.check_guest().await.unwrap_err()) {
+        WorkspaceError::Suspended { noticed_by, .. } => assert_eq!(noticed_by, NoticedBy::Transport),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ws_error(ws.sandbox().await.unwrap_err()),
+        WorkspaceError::Suspended {
+            noticed_by: NoticedBy::Transport,
+            ..
+        }
+    ));
+    // Resumed, then deleted by the other host: gone for good.
+    ws.resume(Default::default()).await.unwrap();
+    q.delete_workspace("moved", None).await.unwrap();
+    sim::until(30, || c.get(PODS, "namzu-ws-moved").is_none().then_some(())).await;
+    match ws_error(ws.check_guest().await.unwrap_err()) {
+        WorkspaceError::GuestGone { reason, .. } => assert!(reason.contains("no longer exists"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    c.stop().await;
+}
+
+/// A start that fails puts back only what it woke: a workspace this call
+/// created or resumed is suspended again (never deleted: the disk stays),
+/// one it found running is left to its holder, and `Leave` never patches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_suspends_only_a_workspace_it_woke_and_never_deletes() {
+    use namzu_k8s_sim::controller::PodFault;
+    use namzu_kubernetes::workspace::StartFailure;
+    let c = Cluster::start(None).await.unwrap();
+    let quick = namzu_kubernetes::KubernetesOptions {
+        ready_timeout: std::time::Duration::from_secs(2),
+        ..c.options(false)
+    };
+    let p = provider(&c, quick);
+    let mode =
+        |c: &Cluster, n: &str| c.get(SANDBOXES, &format!("namzu-ws-{n}")).unwrap()["spec"]["operatingMode"].clone();
+    c.ctl.set_pod_fault(Some(PodFault::ImagePull));
+    // Created, failed: suspended, the object and its claim kept.
+    assert!(p.workspace("born", WorkspaceOptions::default()).await.is_err());
+    assert_eq!(mode(&c, "born"), "Suspended");
+    assert!(c.get(PVCS, "workspace-namzu-ws-born").is_some());
+    // Suspended, woken, failed: suspended again.
+    assert!(p.workspace("born", WorkspaceOptions::default()).await.is_err());
+    assert_eq!(mode(&c, "born"), "Suspended");
+    // With Leave: left running.
+    let leave = WorkspaceOptions {
+        on_start_failure: StartFailure::Leave,
+        ..Default::default()
+    };
+    assert!(p.workspace("born", leave.clone()).await.is_err());
+    assert_eq!(mode(&c, "born"), "Running");
+    // Found running, failed: not this call's to suspend.
+    assert!(p.workspace("born", WorkspaceOptions::default()).await.is_err());
+    assert_eq!(mode(&c, "born"), "Running");
+    c.ctl.set_pod_fault(None);
+    p.delete_workspace("born", None).await.unwrap();
     c.stop().await;
 }

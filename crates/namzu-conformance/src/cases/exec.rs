@@ -343,7 +343,10 @@ pub(super) async fn unconfirmed_cancel_retires_the_sandbox(f: Factory) -> Outcom
             other => return Err(format!("expected RemoteCancellationUnknown, got {other:?}")),
         };
         // A tier that gives the sandbox back (a cluster's claim) says so in
-        // the error, and from then on the sandbox is gone for every op.
+        // the error, and from then on the sandbox is gone for every op. A
+        // tier that keeps it (a cluster's workspace, whose disk is what its
+        // holder came for) says that instead, and the agent's fence holds.
+        let released = released.filter(|note| !note.starts_with("workspace-kept:"));
         if let Some(note) = released {
             ensure!(
                 note.contains("released"),

@@ -58,21 +58,27 @@ pub fn start(replicas: Option<i64>, warm_pool: bool) -> Result<SimCluster, Strin
 
 impl SimCluster {
     /// Acquires a task sandbox per call, through a client to the simulator.
+    #[allow(dead_code)] // each test binary uses one of the two factories
     pub fn factory(&self) -> namzu_conformance::Factory {
         let (url, opts) = (self.url.clone(), self.opts.clone());
         Arc::new(move |spec| {
             let (url, opts) = (url.clone(), opts.clone());
+            Box::pin(async move { provider(&url, opts)?.create(spec).await })
+        })
+    }
+
+    /// Opens a new persistent workspace per call (a fresh name, so each is
+    /// created with the spec's environment) and hands out its running
+    /// guest; the guest's destroy suspends it, keeping its disk.
+    #[allow(dead_code)]
+    pub fn workspace_factory(&self) -> namzu_conformance::Factory {
+        let (url, opts) = (self.url.clone(), self.opts.clone());
+        Arc::new(move |spec| {
+            let (url, opts) = (url.clone(), opts.clone());
             Box::pin(async move {
-                let uri = url.parse().map_err(|e| namzu::Error::InvalidArgument {
-                    op: "simulator url".into(),
-                    message: format!("{e}"),
-                })?;
-                let client =
-                    kube::Client::try_from(kube::Config::new(uri)).map_err(|e| namzu::Error::InvalidArgument {
-                        op: "kube client".into(),
-                        message: e.to_string(),
-                    })?;
-                KubernetesProvider::new(client, opts)?.create(spec).await
+                let w = namzu::backend::kubernetes::WorkspaceOptions::for_spec(&spec)?;
+                let name = format!("c{:010x}", rand::random::<u64>() & 0xff_ffff_ffff);
+                provider(&url, opts)?.workspace(&name, w).await?.sandbox().await
             })
         })
     }
@@ -82,4 +88,17 @@ impl SimCluster {
         let _ = self.stop.send(());
         let _ = self.thread.join();
     }
+}
+
+/// A provider on a kube client to the simulator at `url`.
+fn provider(url: &str, opts: KubernetesOptions) -> Result<KubernetesProvider, namzu::Error> {
+    let uri = url.parse().map_err(|e| namzu::Error::InvalidArgument {
+        op: "simulator url".into(),
+        message: format!("{e}"),
+    })?;
+    let client = kube::Client::try_from(kube::Config::new(uri)).map_err(|e| namzu::Error::InvalidArgument {
+        op: "kube client".into(),
+        message: e.to_string(),
+    })?;
+    KubernetesProvider::new(client, opts)
 }

@@ -12,6 +12,9 @@ pub enum NoticedBy {
     /// A re-read of the object (`refresh`) found it suspended by someone
     /// else while this handle held it.
     Refresh,
+    /// A call to the guest failed and the re-read that followed found the
+    /// workspace suspended by someone else; the failure said nothing of it.
+    Transport,
 }
 
 impl std::fmt::Display for NoticedBy {
@@ -19,6 +22,7 @@ impl std::fmt::Display for NoticedBy {
         f.write_str(match self {
             Self::Admission => "this handle suspended it; nothing was dialed",
             Self::Refresh => "a re-read found it suspended by another process",
+            Self::Transport => "a call to the guest failed and a re-read found it suspended by another process",
         })
     }
 }
@@ -76,6 +80,15 @@ pub enum WorkspaceError {
         sandbox: String,
         /// How it was noticed.
         noticed_by: NoticedBy,
+    },
+    /// The guest is gone for good: the workspace's Sandbox no longer
+    /// exists (deleted, by this process or another).
+    #[error("workspace {workspace}: its guest is gone for good: {reason}")]
+    GuestGone {
+        /// The workspace.
+        workspace: String,
+        /// What was found.
+        reason: String,
     },
     /// The workspace was destroyed through this handle.
     #[error("workspace {workspace}: {op} refused: this handle destroyed it")]

@@ -27,6 +27,12 @@ pub const HOLDER_EPOCH_ANNOTATION: &str = "io.namzu/holder-epoch";
 /// When namzu last changed the workspace's `operatingMode` (RFC 3339):
 /// what an inventory reads to tell "never suspended" from "asleep a month".
 pub const MODE_CHANGED_AT_ANNOTATION: &str = "io.namzu/operating-mode-changed-at";
+/// The revision of the pod template a workspace's Sandbox carries: a
+/// digest of the SandboxTemplate's `spec.podTemplate` it was built (or
+/// last refreshed) from. The controller builds every replacement pod from
+/// the Sandbox's own copy, so a workspace kept for weeks runs the pod it
+/// was made with until a resume refreshes it.
+pub const POD_TEMPLATE_HASH_ANNOTATION: &str = "io.namzu/pod-template-hash";
 /// The SandboxTemplate workspaces are built from unless configured.
 pub const DEFAULT_WORKSPACE_TEMPLATE: &str = "namzu-workspace";
 /// The volumeClaimTemplate that is a workspace's disk.
@@ -144,17 +150,23 @@ pub(super) fn check_disk(workspace: &str, what: &str, spec: &Value) -> std::resu
 /// The Sandbox of workspace `name`, built from `template`: the template's
 /// pod and disk, namzu's labels and the agent's token and port (as a task
 /// Sandbox), no shutdown time (a workspace does not expire), running, and
-/// stamped with `epoch` when one is given.
+/// stamped with `epoch` when one is given; `env` is the agent's (the
+/// sandbox's environment and agent limits), fixed at creation.
 pub(super) fn build(
     opts: &KubernetesOptions,
-    template_name: &str,
-    template: &SandboxTemplate,
+    (template_name, template): (&str, &SandboxTemplate),
     name: &str,
     epoch: Option<u64>,
+    env: &[(String, String)],
 ) -> Result<Value> {
     let id = workspace_id(name);
     let full = sandbox_name(name)?;
     let mut s = crate::build::sandbox(opts, template, &full, &id, SystemTime::now());
+    crate::build::sandbox_env(&mut s, opts, env).map_err(|reason| namzu_core::Error::OptionRefused {
+        tier: namzu_core::spec::Tier::Kubernetes,
+        option: "env".into(),
+        reason,
+    })?;
     s.spec.shutdown_time = None;
     s.spec.shutdown_policy = None;
     s.spec.operating_mode = Some("Running".into());
@@ -166,10 +178,85 @@ pub(super) fn build(
     if let Some(e) = epoch {
         annotations.insert(HOLDER_EPOCH_ANNOTATION.into(), e.to_string());
     }
+    annotations.insert(POD_TEMPLATE_HASH_ANNOTATION.into(), revision(template));
     serde_json::to_value(s).map_err(|e| namzu_core::Error::InvalidArgument {
         op: "workspace create".into(),
         message: e.to_string(),
     })
+}
+
+/// The revision of `template`'s pod template: the first 16 hex digits of
+/// the SHA-256 of its JSON (what the API server serves, keys in order).
+pub fn revision(template: &SandboxTemplate) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(&template.spec.pod_template).unwrap_or_default();
+    sha2::Sha256::digest(&json)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The revision `obj` records it was built from; `None` when unknown.
+pub fn recorded_revision(obj: &Value) -> Option<String> {
+    obj["metadata"]["annotations"][POD_TEMPLATE_HASH_ANNOTATION]
+        .as_str()
+        .map(String::from)
+}
+
+/// A merge patch that makes `old` into `new` (RFC 7386): every key `new`
+/// lacks is nulled, objects recurse, anything else is replaced whole.
+pub fn merge_replacing(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in n {
+                let patched = match o.get(k) {
+                    Some(ov) => merge_replacing(ov, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), patched);
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                out.insert(k.clone(), Value::Null);
+            }
+            Value::Object(out)
+        }
+        _ => new.clone(),
+    }
+}
+
+/// Refuses a pod template refresh that would change the disk: the
+/// volumeClaimTemplates are immutable, so the template must claim exactly
+/// the disks the workspace has, and still mount [`DISK_VOLUME`].
+pub(super) fn check_refresh_disk(
+    workspace: &str,
+    template_name: &str,
+    template: &Value,
+    obj: &Value,
+) -> std::result::Result<(), WorkspaceError> {
+    check_disk(
+        workspace,
+        &format!("SandboxTemplate {template_name}"),
+        &template["spec"],
+    )?;
+    let names = |v: &Value| -> std::collections::BTreeSet<String> {
+        v["spec"]["volumeClaimTemplates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    };
+    let (want, have) = (names(template), names(obj));
+    if want != have {
+        return Err(WorkspaceError::Disk {
+            workspace: workspace.to_owned(),
+            reason: format!(
+                "SandboxTemplate {template_name} claims disks {want:?}, this workspace has {have:?}; volumeClaimTemplates cannot change, so its pod template is not refreshed (make a new workspace from the new template and move the data)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a standing object against what this configuration would build:
@@ -388,6 +475,16 @@ mod tests {
             }) => assert_eq!(a, "x7"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_replacing_merge_patch_nulls_what_the_new_value_lacks() {
+        let old = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"containers": [{"name": "x"}], "gone": true}});
+        let new = json!({"metadata": {"labels": {"a": "3"}}, "spec": {"containers": [{"name": "y"}]}});
+        let patch = merge_replacing(&old, &new);
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &patch);
+        assert_eq!(applied, new);
     }
 
     #[test]

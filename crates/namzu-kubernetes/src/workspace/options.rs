@@ -59,6 +59,21 @@ pub struct WorkspaceOptions {
     pub on_start_failure: StartFailure,
     /// Told of a flush a suspend went on without.
     pub on_flush_notice: Option<FlushNoticeCallback>,
+    /// Told when the guest behind the handle moves: a pod replaced under
+    /// it (the link follows; the disk is re-attached; every process is
+    /// gone) or an agent restarted in its pod (found by
+    /// `check_guest`). Never for this handle's own suspend and resume.
+    pub on_guest_restart: Option<super::guest::GuestRestartCallback>,
+    /// On an open that wakes a suspended workspace, write the template's
+    /// current pod template over the Sandbox's copy (see
+    /// [`ResumeOptions::refresh_pod_template`]); ignored by a create (which
+    /// builds from the template as it stands) and by an adopt of a running
+    /// workspace.
+    pub refresh_pod_template: bool,
+    /// The agent's environment (the sandbox's env and agent limits, as
+    /// [`WorkspaceOptions::for_spec`] makes it): written by the create
+    /// only; an adopted or resumed workspace keeps what it was made with.
+    pub env: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for WorkspaceOptions {
@@ -72,6 +87,19 @@ impl std::fmt::Debug for WorkspaceOptions {
 }
 
 impl WorkspaceOptions {
+    /// Options carrying `spec`'s environment and agent limits; what a
+    /// workspace cannot take from a spec (an image, binds, resources,
+    /// egress: the template's and the cluster's) is refused by name, as
+    /// for a task sandbox.
+    pub fn for_spec(spec: &namzu_core::spec::SandboxSpec) -> namzu_core::Result<Self> {
+        crate::provider::refusals(spec)?;
+        namzu_core::check::check_spec(namzu_core::spec::Tier::Kubernetes, spec)?;
+        Ok(Self {
+            env: crate::build::agent_env(spec),
+            ..Default::default()
+        })
+    }
+
     pub(super) fn template_name(&self) -> String {
         self.template
             .clone()
@@ -89,4 +117,17 @@ pub struct SuspendOptions {
     /// Stop every process in the guest first, with this grace between
     /// SIGTERM and SIGKILL.
     pub quiesce: Option<Duration>,
+}
+
+/// What a resume does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResumeOptions {
+    /// The epoch this write goes under (the handle's when `None`).
+    pub epoch: Option<u64>,
+    /// Write the SandboxTemplate's current pod template onto the workspace
+    /// as it wakes, keeping its disk (a new image, limits, env): honoured
+    /// only on the transition from `Suspended` (the controller never
+    /// rewrites a pod that exists), refused when the template would change
+    /// the disk. Off: the pod is built from the Sandbox's stored copy.
+    pub refresh_pod_template: bool,
 }

@@ -67,3 +67,38 @@ pub async fn no_objects_left(c: &Cluster) {
 pub fn k8s(sb: &namzu::Sandbox) -> &namzu_kubernetes::KubernetesSandbox {
     sb.backend().expect("a kubernetes sandbox")
 }
+
+/// Cancels a command whose group the agent cannot prove dead (a zombie
+/// kept in the group by a parent that left it) and returns the retirement
+/// note of the `RemoteCancellationUnknown` it ends with (the sandbox needs
+/// `cancel_confirm_ms` low, e.g. 400).
+pub async fn unconfirmed_cancel(sb: &namzu::Sandbox) -> String {
+    use namzu::{ExecEvent, ExecRequest};
+    use tokio_stream::StreamExt;
+    let token = tokio_util::sync::CancellationToken::new();
+    let mut s = sb
+        .commands()
+        .stream(ExecRequest::shell("(sleep 30 & exec setsid sleep 30) & echo ready; wait").cancel_token(token.clone()))
+        .await
+        .unwrap();
+    let mut last = None;
+    while let Some(ev) = s.next().await {
+        match ev {
+            Ok(ExecEvent::Stdout { data, .. }) if data.starts_with(b"ready") => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                token.cancel();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                last = Some(e);
+                break;
+            }
+        }
+    }
+    match last {
+        Some(Error::RemoteCancellationUnknown {
+            retirement: Some(note), ..
+        }) => note,
+        other => panic!("{other:?}"),
+    }
+}
