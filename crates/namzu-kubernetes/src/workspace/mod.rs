@@ -4,7 +4,7 @@
 //! the disk) and resumed later with everything on the disk.
 //!
 //! What this module promises:
-//! * **Open by name** ([`KubernetesProvider::workspace`]): the
+//! * **Open by name** ([`KubernetesProvider::workspace`](crate::KubernetesProvider::workspace)): the
 //!   deterministic name `namzu-ws-<name>` is created, adopted (checked
 //!   field by field against the configuration: [`WorkspaceError::Mismatch`])
 //!   or resumed, and the handle says which ([`Origin`]). A pod being
@@ -24,7 +24,7 @@
 //!   `resourceVersion` as a precondition and the epoch stamped in the same
 //!   write ([`object`]).
 //! * **Exactly two DELETEs**, both asked for by name: `destroy` with
-//!   `delete_disk`, and [`KubernetesProvider::delete_workspace`]. No
+//!   `delete_disk`, and [`KubernetesProvider::delete_workspace`](crate::KubernetesProvider::delete_workspace). No
 //!   failure path deletes anything.
 //! * The standalone verbs ([`standalone`]) never dial a guest.
 
