@@ -25,6 +25,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export NAMZU_TEST_REGISTRY=localhost:5000
     ./scripts/net-up.sh
     export NAMZU_REQUIRE_NET=1
+    # Root: the tests that need it (loop devices and mounts for the
+    # workspace device rule) fail instead of skipping.
+    export NAMZU_REQUIRE_ROOT=1
 fi
 
 # The kubernetes tier's simulated pods run a real distribution image

@@ -14,6 +14,8 @@
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
 //! * [`spawn`]: commands started with posix_spawn (a vfork, not a fork);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
+//! * [`disk`]: a workspace's raw block device, formatted only when it
+//!   provably carries no filesystem, and mounted before the privilege drop;
 //! * [`identity`]: the agent's own uid and its commands' user, where no
 //!   user namespace separates them (containers);
 //! * [`jail`]: confinement of every path beneath the configured roots;
@@ -35,6 +37,7 @@
 
 pub mod config;
 pub mod dial_back;
+pub mod disk;
 pub mod egress;
 pub mod exec;
 pub mod exec_log;

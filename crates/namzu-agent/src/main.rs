@@ -87,6 +87,13 @@ struct Args {
     /// that started the agent applied around it (repeatable).
     #[arg(long = "report", value_parser = parse_report)]
     reports: Vec<(String, String)>,
+    /// The workspace's raw block device (a Kubernetes block-mode claim):
+    /// probed, formatted only when it provably carries no filesystem, and
+    /// mounted at the first --root, before every privilege is dropped
+    /// (see `namzu_agent::disk`). Needs CAP_SYS_ADMIN (and CAP_CHOWN) to
+    /// start with, and --command-user to drop them.
+    #[arg(long = "workspace-device", requires_all = ["command_user", "roots"])]
+    workspace_device: Option<PathBuf>,
     /// Directories file operations are confined to (repeatable). The first
     /// is the base of relative paths. Default: the working directory.
     #[arg(long = "root")]
@@ -283,6 +290,15 @@ fn run(args: Args) -> Result<(), String> {
         Some(spec) => Some(namzu_agent::identity::resolve_user(spec, Path::new("/")).map_err(|e| e.to_string())?),
         None => None,
     };
+    // While every capability is still held: the disk before the drop.
+    if let (Some(dev), Some(at)) = (&args.workspace_device, args.roots.first()) {
+        let path = std::env::var("PATH").unwrap_or_default();
+        let tools = namzu_agent::disk::Tools::find(dev, &path).map_err(|e| e.to_string())?;
+        let owner = user.as_ref().map(|u| (u.uid, u.gid));
+        let done = namzu_agent::disk::prepare(&tools, dev, at, owner).map_err(|e| e.to_string())?;
+        let how = if done.formatted { "formatted" } else { "mounted" };
+        reports.push(("workspace-device".into(), format!("{} {how}", done.fstype)));
+    }
     if let Some(user) = &user {
         namzu_agent::identity::take_agent_ids(user).map_err(|e| e.to_string())?;
     }

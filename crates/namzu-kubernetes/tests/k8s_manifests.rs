@@ -51,11 +51,16 @@ fn the_template_and_the_pool_pass_the_crd_schemas() {
         validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &t),
         vec![]
     );
-    let w = manifest("sandboxtemplate-workspace.yaml");
-    assert_eq!(
-        validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &w),
-        vec![]
-    );
+    for file in ["sandboxtemplate-workspace.yaml", "sandboxtemplate-workspace-block.yaml"] {
+        let w = manifest(file);
+        assert_eq!(
+            validate(&schema("extensions.agents.x-k8s.io_sandboxtemplates.yaml"), &w),
+            vec![],
+            "{file}"
+        );
+        // And the workspace backend builds on its disk.
+        namzu_kubernetes::workspace::object::check_disk("w", file, &w["spec"]).unwrap();
+    }
     let p = manifest("sandboxwarmpool.yaml");
     assert_eq!(
         validate(&schema("extensions.agents.x-k8s.io_sandboxwarmpools.yaml"), &p),
@@ -155,6 +160,42 @@ fn a_stopping_workspace_pod_flushes_inside_its_grace_period() {
     );
     let suspend_wait = namzu_kubernetes::DEFAULT_READY_TIMEOUT.as_millis() as u64;
     assert!(suspend_wait > grace_ms, "a suspend gives up before the pod may stop");
+}
+
+/// The block-mode workspace: the device handed to the agent that
+/// prepares it, the only capabilities it starts with the ones it needs to
+/// mount and to drop to its own uid, and the drop asked for.
+#[test]
+fn the_block_workspace_template_grants_only_what_preparing_the_device_needs() {
+    let w = manifest("sandboxtemplate-workspace-block.yaml");
+    assert_eq!(w["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"], "Block");
+    let agent = &w["spec"]["podTemplate"]["spec"]["containers"][0];
+    let sc = &agent["securityContext"];
+    assert_ne!(sc["privileged"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let mut added: Vec<&str> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    added.sort_unstable();
+    assert_eq!(added, ["CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"]);
+    let args: Vec<&str> = agent["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let after = |flag: &str| args.iter().position(|a| *a == flag).map(|i| args[i + 1]);
+    assert_eq!(after("--workspace-device"), Some("/dev/namzu-workspace"));
+    assert!(after("--command-user").is_some(), "the agent must drop its privileges");
+    // The init container is the task template's, unprivileged.
+    assert_eq!(
+        w["spec"]["podTemplate"]["spec"]["initContainers"],
+        manifest("sandboxtemplate-workspace.yaml")["spec"]["podTemplate"]["spec"]["initContainers"]
+    );
 }
 
 #[test]

@@ -35,6 +35,19 @@ async fn read(ws: &namzu_kubernetes::KubernetesWorkspace, path: &str) -> Vec<u8>
     sb.files().read(Path::new(path)).await.unwrap().to_vec()
 }
 
+/// The (field, expected, actual) of a `Mismatch` refusal.
+fn mismatch(e: Error) -> (String, String, Option<String>) {
+    match ws_error(e) {
+        WorkspaceError::Mismatch {
+            field,
+            expected,
+            actual,
+            ..
+        } => (field, expected, actual),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Opened under holder epoch `e`.
 fn at(e: u64) -> WorkspaceOptions {
     WorkspaceOptions {
@@ -174,25 +187,67 @@ async fn a_standing_object_that_disagrees_is_refused_by_field_and_another_uid_is
             o["metadata"]["annotations"][namzu_kubernetes::workspace::TEMPLATE_ANNOTATION] = "other".into();
         });
     let before = calls(&p).len();
-    match ws_error(p.workspace("mixed", WorkspaceOptions::default()).await.unwrap_err()) {
-        WorkspaceError::Mismatch {
-            field,
-            expected,
-            actual,
-            ..
-        } => {
-            assert_eq!(field, "template");
-            assert_eq!(expected, "namzu-workspace");
-            assert_eq!(actual.as_deref(), Some("other"));
-        }
-        other => panic!("{other:?}"),
-    }
+    let (field, expected, actual) = mismatch(p.workspace("mixed", WorkspaceOptions::default()).await.unwrap_err());
+    assert_eq!((field.as_str(), expected.as_str()), ("template", "namzu-workspace"));
+    assert_eq!(actual.as_deref(), Some("other"));
     let writes: Vec<_> = calls(&p)[before..]
         .iter()
         .filter(|(_, v)| !matches!(v, Verb::Get | Verb::List))
         .cloned()
         .collect();
     assert_eq!(writes, vec![], "a mismatched object was written to");
+    // The VM boundary: the template now asks for a runtime class the
+    // standing object's pod does not carry.
+    c.sim
+        .update(SANDBOXES, namzu_k8s_sim::cluster::NAMESPACE, ws.sandbox_name(), |o| {
+            o["metadata"]["annotations"][namzu_kubernetes::workspace::TEMPLATE_ANNOTATION] = "namzu-workspace".into();
+        });
+    let template = namzu_kubernetes::workspace::DEFAULT_WORKSPACE_TEMPLATE;
+    c.sim.update(
+        namzu_k8s_sim::controller::TEMPLATES,
+        namzu_k8s_sim::cluster::NAMESPACE,
+        template,
+        |t| {
+            t["spec"]["podTemplate"]["spec"]["runtimeClassName"] = "gvisor".into();
+        },
+    );
+    let (field, expected, actual) = mismatch(p.workspace("mixed", WorkspaceOptions::default()).await.unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), actual),
+        ("runtimeClassName", "gvisor", None)
+    );
+    c.sim.update(
+        namzu_k8s_sim::controller::TEMPLATES,
+        namzu_k8s_sim::cluster::NAMESPACE,
+        template,
+        |t| {
+            t["spec"]["podTemplate"]["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("runtimeClassName");
+        },
+    );
+    // The egress profile a policy selects the pod by: configured, absent
+    // from the standing object's pod.
+    let mut egress =
+        namzu_kubernetes::policy::KubeEgressConfig::new(template, namzu_kubernetes::policy::KubeEgressPolicy::DenyAll);
+    egress.profile = Some("strict".into());
+    let profiled = provider(
+        &c,
+        namzu_kubernetes::KubernetesOptions {
+            egress: Some(egress.clone()),
+            ..c.options(false)
+        },
+    );
+    let (field, expected, actual) = mismatch(
+        profiled
+            .workspace("mixed", WorkspaceOptions::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(field, "egressProfile");
+    assert_eq!(expected, format!("{}=strict", egress.profile_label_key));
+    assert_eq!(actual, None);
     // Deleted and made again under the same name: the handle refuses to
     // follow it.
     ws.suspend(skip()).await.unwrap();
@@ -391,10 +446,15 @@ async fn an_unconfirmed_cancel_keeps_the_workspace_and_a_suspend_and_resume_cure
         limits: vec![("cancel_confirm_ms".into(), 400)],
         ..Default::default()
     };
-    let ws = p
-        .workspace("kept", WorkspaceOptions::for_spec(&spec).unwrap())
-        .await
-        .unwrap();
+    let notices: std::sync::Arc<std::sync::Mutex<Vec<FlushNotice>>> = Default::default();
+    let told = notices.clone();
+    let w = WorkspaceOptions {
+        on_flush_notice: Some(std::sync::Arc::new(move |n: &FlushNotice| {
+            told.lock().unwrap().push(n.clone())
+        })),
+        ..WorkspaceOptions::for_spec(&spec).unwrap()
+    };
+    let ws = p.workspace("kept", w).await.unwrap();
     let sb = ws.sandbox().await.unwrap();
     sb.files().write(Path::new("keep.txt"), "kept").await.unwrap();
     let note = unconfirmed_cancel(&sb).await;
@@ -405,6 +465,8 @@ async fn an_unconfirmed_cancel_keeps_the_workspace_and_a_suspend_and_resume_cure
     assert!(matches!(r, Err(Error::AgentRetiring { .. })), "{r:?}");
     // The flush a fenced agent cannot do is reported, and the suspend goes on.
     ws.suspend(SuspendOptions::default()).await.unwrap();
+    let n = notices.lock().unwrap().clone();
+    assert!(matches!(n.as_slice(), [FlushNotice::Unreachable { .. }]), "{n:?}");
     ws.resume(Default::default()).await.unwrap();
     assert_eq!(read(&ws, "keep.txt").await, b"kept");
     assert!(ws.sandbox().await.unwrap().commands().run("true").await.is_ok());
@@ -600,5 +662,57 @@ async fn a_failed_start_suspends_only_a_workspace_it_woke_and_never_deletes() {
     assert_eq!(mode(&c, "born"), "Running");
     c.ctl.set_pod_fault(None);
     p.delete_workspace("born", None).await.unwrap();
+    c.stop().await;
+}
+
+/// A suspend is a promise that nothing writes the disk any more: a pod
+/// still stopping when the budget runs out is a typed timeout naming it,
+/// the object left as the patch left it; a later resume binds the new pod
+/// once the old one is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_outlives_the_suspend_budget_is_a_typed_timeout() {
+    let c = Cluster::start(None).await.unwrap();
+    let quick = namzu_kubernetes::KubernetesOptions {
+        ready_timeout: std::time::Duration::from_secs(2),
+        ..c.options(false)
+    };
+    let p = provider(&c, c.options(false));
+    let ws = p.workspace("slow", WorkspaceOptions::default()).await.unwrap();
+    // A process that ignores SIGTERM: the stopping agent waits its
+    // shutdown grace (5 s) before the SIGKILL.
+    let out = ws
+        .sandbox()
+        .await
+        .unwrap()
+        .commands()
+        .run("setsid sh -c 'trap \"\" TERM; sleep 100' >/dev/null 2>&1 </dev/null & echo started")
+        .await
+        .unwrap();
+    assert_eq!(&out.stdout[..], b"started\n");
+    let q = provider(&c, quick);
+    let pod = c.get(PODS, "namzu-ws-slow").unwrap()["metadata"]["uid"].clone();
+    match ws_error(q.suspend_workspace("slow", skip()).await.unwrap_err()) {
+        WorkspaceError::SuspendTimeout { pod: name, timeout, .. } => {
+            assert_eq!(
+                (name.as_str(), timeout),
+                ("namzu-ws-slow", std::time::Duration::from_secs(2))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        c.get(SANDBOXES, "namzu-ws-slow").unwrap()["spec"]["operatingMode"],
+        "Suspended"
+    );
+    assert_eq!(
+        c.get(PODS, "namzu-ws-slow").unwrap()["metadata"]["uid"],
+        pod,
+        "the pod was already gone"
+    );
+    // The holder's handle finds out, and its resume waits the old pod out.
+    ws.refresh().await.unwrap();
+    ws.resume(Default::default()).await.unwrap();
+    assert_ne!(ws.identity().await.pod_uid.as_deref(), pod.as_str());
+    p.delete_workspace("slow", None).await.unwrap();
     c.stop().await;
 }

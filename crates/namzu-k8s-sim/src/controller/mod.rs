@@ -191,12 +191,38 @@ struct PodRuntime {
     sandbox: Sandbox,
     /// The pod's volumes on the host (its `emptyDir`s).
     volumes: PathBuf,
+    /// The sandbox's anchor on the host: SIGTERM to it reaches the agent,
+    /// the container's main process.
+    anchor: Option<u32>,
+}
+
+/// Whether `pid` runs: present and not a zombie (the anchor is this
+/// process's child, reaped only when its sandbox is destroyed).
+fn running(pid: nix::unistd::Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
 impl PodRuntime {
-    /// A deleted pod: its processes end first (their connections see the
-    /// close), then it leaves the network.
-    async fn stop(self) {
+    /// A deleted pod, as a kubelet stops it: SIGTERM to the container's
+    /// main process (the agent, which stops its commands and flushes the
+    /// workspace), up to `grace` for it to exit, then everything killed;
+    /// its connections see the close, then it leaves the network.
+    async fn stop(self, grace: Duration) {
+        if let Some(pid) = self.anchor.and_then(|p| i32::try_from(p).ok()) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                let deadline = tokio::time::Instant::now() + grace;
+                while running(pid) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
         let _ = self.sandbox.destroy().await;
         self.net.detach().await;
         let _ = tokio::fs::remove_dir_all(&self.volumes).await;
@@ -548,7 +574,7 @@ impl Controller {
         }
         let all: Vec<PodRuntime> = self.lock().running.drain().map(|(_, r)| r).collect();
         for rt in all {
-            rt.stop().await;
+            rt.stop(Duration::ZERO).await;
         }
         self.release_network();
     }

@@ -28,7 +28,7 @@ impl Controller {
             gone.iter().filter_map(|k| st.running.remove(k)).collect()
         };
         for rt in stale {
-            tokio::spawn(rt.stop());
+            tokio::spawn(rt.stop(Duration::ZERO));
         }
         for (k, pod) in live {
             let pending = pod["status"]["phase"] == "Pending" && pod["status"]["conditions"].is_null();
@@ -78,7 +78,7 @@ impl Controller {
                 let started = ctl.run_pod(&sim, &pod, fault == Some(PodFault::Unconfined)).await;
                 if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                     if let Ok(rt) = started {
-                        rt.stop().await;
+                        rt.stop(Duration::ZERO).await;
                     }
                 } else {
                     ctl.publish(&sim, &pod, started);
@@ -104,7 +104,7 @@ impl Controller {
             (None, Ok(rt)) if deleting => {
                 let (sim, ns, name, uid) = (sim.clone(), ns.to_owned(), name.to_owned(), meta(pod, "uid").to_owned());
                 tokio::spawn(async move {
-                    rt.stop().await;
+                    rt.stop(Duration::ZERO).await;
                     purge_if(&sim, &ns, &name, &uid);
                 });
             }
@@ -138,7 +138,7 @@ impl Controller {
             }
             // The pod went away while it started.
             (None, Ok(rt)) => {
-                tokio::spawn(rt.stop());
+                tokio::spawn(rt.stop(Duration::ZERO));
             }
             (None, Err(_)) => {}
         }
@@ -190,7 +190,12 @@ impl Controller {
                 uid.to_owned(),
             );
             tokio::spawn(async move {
-                if tokio::time::timeout(grace, rt.stop()).await.is_err() {
+                // The grace period is the SIGTERM's; what is left after it
+                // is killed, as a kubelet's SIGKILL does.
+                if tokio::time::timeout(grace + Duration::from_secs(10), rt.stop(grace))
+                    .await
+                    .is_err()
+                {
                     tracing::warn!(pod = %name, ?grace, "the pod outlived its grace period");
                 }
                 purge_if(&sim, &ns, &name, &uid);
@@ -292,11 +297,17 @@ impl Controller {
                 return Err(crash(e));
             }
         };
+        let anchor = std::fs::read(dir.join("meta.json"))
+            .ok()
+            .and_then(|m| serde_json::from_slice::<Value>(&m).ok())
+            .and_then(|m| m["pid"].as_u64())
+            .and_then(|p| u32::try_from(p).ok());
         Ok(PodRuntime {
             uid: pod["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
             net,
             sandbox,
             volumes: prepared.volumes,
+            anchor,
         })
     }
 }

@@ -121,28 +121,73 @@ pub fn operating_mode(obj: &Value) -> &str {
 }
 
 /// The template's disk, or why it has none this backend builds on: a
-/// volumeClaimTemplate named [`DISK_VOLUME`] the agent container mounts.
-pub(super) fn check_disk(workspace: &str, what: &str, spec: &Value) -> std::result::Result<(), WorkspaceError> {
+/// volumeClaimTemplate named [`DISK_VOLUME`], and a container using it
+/// as the claim's mode says — a Filesystem claim mounted
+/// (`volumeMounts`); a Block claim handed over as a device
+/// (`volumeDevices`) to an agent told to prepare it
+/// (`--workspace-device <devicePath>`: probed, formatted only when blank,
+/// mounted; see `namzu_agent::disk`). Anything between is refused: a
+/// block device nothing prepares, or a claim nothing uses, is a workspace
+/// whose writes are not kept.
+pub fn check_disk(workspace: &str, what: &str, spec: &Value) -> std::result::Result<(), WorkspaceError> {
     let disk = |reason: String| WorkspaceError::Disk {
         workspace: workspace.to_owned(),
         reason,
     };
     let vcts = spec["volumeClaimTemplates"].as_array().cloned().unwrap_or_default();
-    if !vcts.iter().any(|v| v["metadata"]["name"] == DISK_VOLUME) {
+    let Some(claim) = vcts.iter().find(|v| v["metadata"]["name"] == DISK_VOLUME) else {
         return Err(disk(format!(
             "{what} has no volumeClaimTemplate named {DISK_VOLUME:?}: a workspace's disk is a PVC kept across suspends"
         )));
-    }
-    let mounted = spec["podTemplate"]["spec"]["containers"]
+    };
+    let containers = spec["podTemplate"]["spec"]["containers"]
         .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|c| c["volumeMounts"].as_array().cloned().unwrap_or_default())
-        .any(|m| m["name"] == DISK_VOLUME);
-    if !mounted {
-        return Err(disk(format!(
-            "{what} claims {DISK_VOLUME:?} but no container mounts it: the commands would write to a disk that is not kept"
-        )));
+        .cloned()
+        .unwrap_or_default();
+    let using = |field: &str| {
+        containers.iter().find_map(|c| {
+            c[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|m| m["name"] == DISK_VOLUME)
+                .map(|m| (c.clone(), m.clone()))
+        })
+    };
+    match claim["spec"]["volumeMode"].as_str() {
+        Some("Block") => {
+            let Some((c, device)) = using("volumeDevices") else {
+                return Err(disk(format!(
+                    "{what} claims {DISK_VOLUME:?} as a block device but no container lists it in volumeDevices"
+                )));
+            };
+            let path = device["devicePath"].as_str().unwrap_or_default();
+            let args: Vec<&str> = c["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let prepared = args.windows(2).any(|w| w == ["--workspace-device", path]);
+            if !prepared {
+                return Err(disk(format!(
+                    "{what}: container {} gets the block device at {path:?} but its agent is not started with --workspace-device {path}: nothing would format or mount it",
+                    c["name"].as_str().unwrap_or_default()
+                )));
+            }
+        }
+        Some("Filesystem") | None => {
+            if using("volumeMounts").is_none() {
+                return Err(disk(format!(
+                    "{what} claims {DISK_VOLUME:?} but no container mounts it: the commands would write to a disk that is not kept"
+                )));
+            }
+        }
+        Some(other) => {
+            return Err(disk(format!(
+                "{what}: volumeMode {other:?} of {DISK_VOLUME:?} is neither Filesystem nor Block"
+            )))
+        }
     }
     Ok(())
 }
@@ -485,6 +530,32 @@ mod tests {
         let mut applied = old.clone();
         json_patch::merge(&mut applied, &patch);
         assert_eq!(applied, new);
+    }
+
+    #[test]
+    fn a_block_disk_must_be_handed_to_an_agent_that_prepares_it() {
+        let vct = json!([{"metadata": {"name": "workspace"}, "spec": {"volumeMode": "Block"}}]);
+        let agent = |args: Value| {
+            json!({"volumeClaimTemplates": vct, "podTemplate": {"spec": {"containers": [{"name": "agent", "args": args,
+                "volumeDevices": [{"name": "workspace", "devicePath": "/dev/ws"}]}]}}})
+        };
+        assert!(check_disk(
+            "w",
+            "t",
+            &agent(json!(["--root", "/workspace", "--workspace-device", "/dev/ws"]))
+        )
+        .is_ok());
+        let e = check_disk("w", "t", &agent(json!(["--root", "/workspace"]))).unwrap_err();
+        assert!(e.to_string().contains("--workspace-device /dev/ws"), "{e}");
+        let e = check_disk("w", "t", &agent(json!(["--workspace-device", "/dev/other"]))).unwrap_err();
+        assert!(e.to_string().contains("nothing would format"), "{e}");
+        // Mounted as a filesystem while claimed as a block device: refused.
+        let mounted = json!({"volumeClaimTemplates": vct, "podTemplate": {"spec": {"containers": [{"name": "agent",
+            "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"}]}]}}});
+        assert!(check_disk("w", "t", &mounted)
+            .unwrap_err()
+            .to_string()
+            .contains("volumeDevices"));
     }
 
     #[test]
