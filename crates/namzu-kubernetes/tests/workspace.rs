@@ -35,6 +35,24 @@ async fn read(ws: &namzu_kubernetes::KubernetesWorkspace, path: &str) -> Vec<u8>
     sb.files().read(Path::new(path)).await.unwrap().to_vec()
 }
 
+/// The calls `p` made after its first `before` that write (not get or list).
+fn writes_since(p: &namzu_kubernetes::KubernetesProvider, before: usize) -> Vec<(String, Verb)> {
+    calls(p)[before..]
+        .iter()
+        .filter(|(_, v)| !matches!(v, Verb::Get | Verb::List))
+        .cloned()
+        .collect()
+}
+
+/// Starts, in its own session, a process that ignores SIGTERM: a stopping
+/// agent waits its shutdown grace (5 s) for it before the SIGKILL.
+async fn start_stubborn(ws: &namzu_kubernetes::KubernetesWorkspace) {
+    let sb = ws.sandbox().await.unwrap();
+    let cmd = "setsid sh -c 'trap \"\" TERM; sleep 100' >/dev/null 2>&1 </dev/null & echo started";
+    let out = sb.commands().run(cmd).await.unwrap();
+    assert_eq!(&out.stdout[..], b"started\n");
+}
+
 /// The (field, expected, actual) of a `Mismatch` refusal.
 fn mismatch(e: Error) -> (String, String, Option<String>) {
     match ws_error(e) {
@@ -190,11 +208,7 @@ async fn a_standing_object_that_disagrees_is_refused_by_field_and_another_uid_is
     let (field, expected, actual) = mismatch(p.workspace("mixed", WorkspaceOptions::default()).await.unwrap_err());
     assert_eq!((field.as_str(), expected.as_str()), ("template", "namzu-workspace"));
     assert_eq!(actual.as_deref(), Some("other"));
-    let writes: Vec<_> = calls(&p)[before..]
-        .iter()
-        .filter(|(_, v)| !matches!(v, Verb::Get | Verb::List))
-        .cloned()
-        .collect();
+    let writes = writes_since(&p, before);
     assert_eq!(writes, vec![], "a mismatched object was written to");
     // The VM boundary: the template now asks for a runtime class the
     // standing object's pod does not carry.
@@ -520,13 +534,14 @@ async fn template_drift_is_reported_and_a_refreshing_resume_applies_it_keeping_t
         refresh_pod_template: true,
         ..Default::default()
     };
-    let version = c.get(SANDBOXES, "namzu-ws-drift").unwrap()["metadata"]["resourceVersion"].clone();
+    let before = calls(&p).len();
     match ws_error(ws.resume(refresh).await.unwrap_err()) {
         WorkspaceError::Disk { reason, .. } => assert!(reason.contains("scratch"), "{reason}"),
         other => panic!("{other:?}"),
     }
+    let writes = writes_since(&p, before);
+    assert_eq!(writes, vec![], "a refused refresh wrote");
     let obj = c.get(SANDBOXES, "namzu-ws-drift").unwrap();
-    assert_eq!(obj["metadata"]["resourceVersion"], version, "a refused refresh wrote");
     assert_eq!(obj["spec"]["operatingMode"], "Suspended");
     c.sim.update(TEMPLATES, NAMESPACE, DEFAULT_WORKSPACE_TEMPLATE, |t| {
         t["spec"]["volumeClaimTemplates"] = vct.clone();
@@ -680,15 +695,7 @@ async fn a_pod_that_outlives_the_suspend_budget_is_a_typed_timeout() {
     let ws = p.workspace("slow", WorkspaceOptions::default()).await.unwrap();
     // A process that ignores SIGTERM: the stopping agent waits its
     // shutdown grace (5 s) before the SIGKILL.
-    let out = ws
-        .sandbox()
-        .await
-        .unwrap()
-        .commands()
-        .run("setsid sh -c 'trap \"\" TERM; sleep 100' >/dev/null 2>&1 </dev/null & echo started")
-        .await
-        .unwrap();
-    assert_eq!(&out.stdout[..], b"started\n");
+    start_stubborn(&ws).await;
     let q = provider(&c, quick);
     let pod = c.get(PODS, "namzu-ws-slow").unwrap()["metadata"]["uid"].clone();
     match ws_error(q.suspend_workspace("slow", skip()).await.unwrap_err()) {
@@ -714,5 +721,64 @@ async fn a_pod_that_outlives_the_suspend_budget_is_a_typed_timeout() {
     ws.resume(Default::default()).await.unwrap();
     assert_ne!(ws.identity().await.pod_uid.as_deref(), pod.as_str());
     p.delete_workspace("slow", None).await.unwrap();
+    c.stop().await;
+}
+
+/// The handle's quiesce stops every process before the patch: a process
+/// that ignores SIGTERM, which otherwise keeps the stopping pod (and the
+/// suspend) waiting the agent's shutdown grace, is gone first, and the
+/// pod stops inside a budget the plain suspend misses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiescing_suspend_stops_every_process_before_the_patch() {
+    let c = Cluster::start(None).await.unwrap();
+    let quick = namzu_kubernetes::KubernetesOptions {
+        ready_timeout: std::time::Duration::from_secs(4),
+        ..c.options(false)
+    };
+    let p = provider(&c, quick);
+    let ws = p.workspace("hush", WorkspaceOptions::default()).await.unwrap();
+    start_stubborn(&ws).await;
+    let s = SuspendOptions {
+        quiesce: Some(std::time::Duration::from_millis(200)),
+        ..Default::default()
+    };
+    ws.suspend(s).await.unwrap();
+    assert!(c.get(PODS, "namzu-ws-hush").is_none());
+    p.delete_workspace("hush", None).await.unwrap();
+    c.stop().await;
+}
+
+/// A flush the guest answered and could not confirm stops the suspend:
+/// no patch is sent, the workspace runs on, the handle still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_flush_sends_no_patch_and_leaves_the_workspace_running() {
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(false));
+    let ws = p.workspace("dirty", WorkspaceOptions::default()).await.unwrap();
+    let sb = ws.sandbox().await.unwrap();
+    // Enough dirty pages that syncfs cannot finish in a millisecond.
+    let out = sb
+        .commands()
+        .run("head -c 268435456 /dev/zero > /workspace/big && echo written")
+        .await
+        .unwrap();
+    assert_eq!(&out.stdout[..], b"written\n");
+    let before = calls(&p).len();
+    let s = SuspendOptions {
+        flush: Flush::Within(std::time::Duration::from_millis(1)),
+        ..Default::default()
+    };
+    match ws_error(ws.suspend(s).await.unwrap_err()) {
+        WorkspaceError::FlushUnconfirmed { message, .. } => assert!(message.contains("did not finish"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(writes_since(&p, before), vec![], "a patch was sent");
+    assert_eq!(
+        c.get(SANDBOXES, "namzu-ws-dirty").unwrap()["spec"]["operatingMode"],
+        "Running"
+    );
+    assert!(sb.commands().run("true").await.is_ok(), "the handle stopped working");
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    p.delete_workspace("dirty", None).await.unwrap();
     c.stop().await;
 }
