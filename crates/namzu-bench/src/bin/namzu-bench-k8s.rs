@@ -10,6 +10,9 @@
 //! * N concurrent acquires from a pool of N: wall time, per-acquire
 //!   percentiles, and a cross-talk check (each sandbox sees only its own
 //!   marker, every pod is different).
+//! * Persistent workspaces: create, suspend and resume with data on the
+//!   disk, next to what a user does without them (a task Sandbox from the
+//!   template and the data uploaded again).
 
 use std::time::{Duration, Instant};
 
@@ -250,6 +253,70 @@ async fn concurrent(n: usize) -> Res<()> {
     Ok(())
 }
 
+/// Persistent workspaces next to what a user would do without them: a
+/// task sandbox made from the template, then the workspace's data
+/// uploaded again. Per round: create (cold, with `mib` MiB written),
+/// suspend (flushed: the pod gone), resume (a new pod on the same disk,
+/// the data checked), and the alternative — create a task Sandbox from
+/// the template and write the same `mib` MiB into it.
+async fn workspaces(iters: usize, mib: usize) -> Res<()> {
+    use namzu::backend::kubernetes::workspace::SuspendOptions;
+    use namzu::backend::kubernetes::WorkspaceOptions;
+    let c = Cluster::start(None).await?;
+    let p = KubernetesProvider::new(c.client(), c.options(false))?;
+    let data = bytes::Bytes::from(vec![0x5a_u8; mib << 20]);
+    let (mut create, mut suspend, mut resume, mut task) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..iters {
+        let name = format!("bench-{i}");
+        let t = Instant::now();
+        let ws = p.workspace(&name, WorkspaceOptions::default()).await?;
+        create.push(t.elapsed());
+        ws.sandbox().await?.files().write("data", data.clone()).await?;
+        let t = Instant::now();
+        ws.suspend(SuspendOptions::default()).await?;
+        suspend.push(t.elapsed());
+        let t = Instant::now();
+        ws.resume(Default::default()).await?;
+        let back = ws.sandbox().await?.files().stat("data").await?;
+        resume.push(t.elapsed());
+        if back.size != data.len() as u64 {
+            return Err(format!("resumed with {} bytes of {}", back.size, data.len()).into());
+        }
+        p.delete_workspace(&name, None).await?;
+        let t = Instant::now();
+        let sb = p.create_task(SandboxSpec::default()).await?;
+        sb.files().write("data", data.clone()).await?;
+        task.push(t.elapsed());
+        sb.destroy().await?;
+    }
+    println!("\npersistent workspaces, {iters} rounds, {mib} MiB on the disk (p50):");
+    println!(
+        "  {:<52} {:>10}",
+        "create (Sandbox + PVC, pod Ready, dial, probe)",
+        ms(pct(&mut create, 0.5))
+    );
+    println!(
+        "  {:<52} {:>10}",
+        "suspend (flush, patch, pod gone)",
+        ms(pct(&mut suspend, 0.5))
+    );
+    let r = pct(&mut resume, 0.5);
+    println!(
+        "  {:<52} {:>10}",
+        "resume (patch, new pod Ready, dial, probe; data there)",
+        ms(r)
+    );
+    let t = pct(&mut task, 0.5);
+    println!(
+        "  {:<52} {:>10}",
+        format!("instead: task Sandbox from the template + {mib} MiB upload"),
+        ms(t)
+    );
+    println!("  resume / instead: {:.2}x", r.as_secs_f64() / t.as_secs_f64());
+    c.stop().await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Res<()> {
     let iters = arg("--iters", 10) as usize;
@@ -262,5 +329,10 @@ async fn main() -> Res<()> {
         c.stop().await;
         r?;
     }
-    concurrent(n).await
+    concurrent(n).await?;
+    let w = arg("--workspaces", 5) as usize;
+    if w > 0 {
+        workspaces(w, arg("--workspace-mib", 64) as usize).await?;
+    }
+    Ok(())
 }
