@@ -145,16 +145,6 @@ pub enum WorkspaceError {
         /// The guest's own message.
         message: String,
     },
-    /// Another suspend or resume of this handle is in progress.
-    #[error("workspace {workspace}: {op} refused: a {busy} of this handle is in progress")]
-    Busy {
-        /// The operation refused.
-        op: String,
-        /// The workspace.
-        workspace: String,
-        /// The transition in progress.
-        busy: String,
-    },
 }
 
 /// What a suspend reports through a callback and goes on past.

@@ -87,6 +87,7 @@ impl KubernetesProvider {
             &template_json["spec"],
         )?;
         let r = sandboxes(opts);
+        let mut made_uid = None;
         let standing = match api.get(&r, &full).await {
             Ok(obj) => Some(obj),
             Err(ApiError::AlreadyGone { .. }) => {
@@ -94,7 +95,10 @@ impl KubernetesProvider {
                 let labels = crate::labels::string_map(&body["spec"]["podTemplate"]["metadata"]["labels"]);
                 self.verifier().verify(api, opts, &labels).await?;
                 match api.create(&r, &body).await {
-                    Ok(_) => None,
+                    Ok(made) => {
+                        made_uid = Some(meta(&made, "uid").to_owned());
+                        None
+                    }
                     // Made by another host in between: adopted like any.
                     Err(ApiError::Conflict { .. }) => Some(api.get(&r, &full).await?),
                     Err(e) => return Err(e.into()),
@@ -130,7 +134,10 @@ impl KubernetesProvider {
             Some(obj) if !(w.refresh_pod_template && origin == Origin::Resumed) => object::recorded_revision(obj),
             _ => Some(current.clone()),
         };
-        let started = start(self, (name, &full), None, w.on_guest_restart.clone()).await;
+        // The object checked (or made) is the one bound: one deleted and
+        // made again in between is another workspace.
+        let uid = standing.as_ref().map(|o| meta(o, "uid").to_owned()).or(made_uid);
+        let started = start(self, (name, &full), uid.as_deref(), w.on_guest_restart.clone()).await;
         let (state, sandbox_uid) = match started {
             Ok(s) => s,
             Err(e) => {
