@@ -85,8 +85,11 @@ use crate::handle::Sandbox;
 use crate::provider::Provider;
 use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 
-/// Bound on one container removal.
-const REMOVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on one container removal: long enough for gVisor to tear down a
+/// sandbox that has just had its descriptors exhausted by 80 tunnels (one
+/// such forced removal took over 30 s here), short enough to name a
+/// wedged runtime instead of hanging on it.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(90);
 /// The run directory's folder of host listeners a [`Transport::Back`] agent
 /// dials (`--dial-back`). Names there are short (`b/PID-N`, both hex): a
 /// socket's path must fit `sun_path` (108 bytes) wherever the state
