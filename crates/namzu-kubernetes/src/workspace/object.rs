@@ -371,24 +371,16 @@ pub(super) async fn fenced_patch(
         return Ok(api.merge_patch(&r, &full, &patch).await?);
     };
     patch["metadata"]["annotations"][HOLDER_EPOCH_ANNOTATION] = json!(epoch.to_string());
-    let mut last = None;
-    for _ in 0..FENCE_ATTEMPTS {
+    for attempt in 1.. {
         let obj = api.get(&r, &full).await?;
         check_epoch(op, name, &obj, epoch)?;
         patch["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"].clone();
         match api.merge_patch(&r, &full, &patch).await {
-            Err(e @ ApiError::Conflict { .. }) => last = Some(e),
+            Err(ApiError::Conflict { .. }) if attempt < FENCE_ATTEMPTS => {}
             other => return Ok(other?),
         }
     }
-    Err(last.map_or_else(|| unreachable_conflict(op), Into::into))
-}
-
-fn unreachable_conflict(op: &str) -> namzu_core::Error {
-    namzu_core::Error::InvalidArgument {
-        op: op.into(),
-        message: "no attempt was made".into(),
-    }
+    unreachable!("an unbounded range ends only by returning")
 }
 
 /// Deletes workspace `name`'s Sandbox (and with it, through the owner
@@ -411,20 +403,19 @@ pub(super) async fn fenced_delete(
             _ => Ok(()),
         };
     };
-    let mut last = None;
-    for _ in 0..FENCE_ATTEMPTS {
+    for attempt in 1.. {
         let obj = match api.get(&r, &full).await {
             Err(e) if gone(&e) => return Ok(()),
             other => other?,
         };
         check_epoch(op, name, &obj, epoch)?;
         match api.delete_at(&r, &full, meta(&obj, "resourceVersion")).await {
-            Err(e @ ApiError::Conflict { .. }) => last = Some(e),
+            Err(ApiError::Conflict { .. }) if attempt < FENCE_ATTEMPTS => {}
             Err(e) if gone(&e) => return Ok(()),
             other => return other.map(|_| ()).map_err(Into::into),
         }
     }
-    Err(last.map_or_else(|| unreachable_conflict(op), Into::into))
+    unreachable!("an unbounded range ends only by returning")
 }
 
 /// The patch that changes the operating mode, stamped with when.
