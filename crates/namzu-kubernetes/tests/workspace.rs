@@ -331,6 +331,16 @@ async fn a_host_the_workspace_moved_past_cannot_suspend_or_delete_it() {
     );
     // A's handle is still running and usable: a refusal loses nothing.
     assert!(wa.sandbox().await.unwrap().commands().run("true").await.is_ok());
+    // A delete asked to quiesce or flush a disk it deletes: refused by name,
+    // before any request.
+    let quiesce = SuspendOptions {
+        quiesce: Some(std::time::Duration::from_millis(100)),
+        ..skip()
+    };
+    match wa.destroy(true, quiesce).await.unwrap_err() {
+        Error::OptionRefused { option, .. } => assert_eq!(option, "quiesce"),
+        other => panic!("{other}"),
+    }
     // Neither destroy shape, nor the standalone verbs, at A's epoch.
     assert!(matches!(
         ws_error(wa.destroy(true, skip()).await.unwrap_err()),

@@ -613,7 +613,9 @@ impl KubernetesWorkspace {
 
     /// Ends this handle: suspends the workspace (keeping its disk), or,
     /// with `delete_disk`, deletes its Sandbox and with it the disk.
-    /// Destroying a destroyed handle is done.
+    /// Destroying a destroyed handle is done. With `delete_disk`, a
+    /// quiesce or an explicit flush in `s` is refused by name (only its
+    /// epoch is read).
     pub async fn destroy(&self, delete_disk: bool, s: SuspendOptions) -> Result<()> {
         if matches!(&*self.inner.state.lock().await, State::Destroyed) {
             return Ok(());
@@ -621,6 +623,21 @@ impl KubernetesWorkspace {
         if !delete_disk {
             self.suspend(s).await?;
         } else {
+            // The disk is about to go: a quiesce or a flush asked for by
+            // name has nothing to protect, and is refused rather than
+            // skipped (the default flush is simply not run).
+            let asked = match (s.quiesce, s.flush) {
+                (Some(_), _) => Some("quiesce"),
+                (None, Flush::Within(_)) => Some("flush"),
+                _ => None,
+            };
+            if let Some(option) = asked {
+                return Err(Error::OptionRefused {
+                    tier: namzu_core::spec::Tier::Kubernetes,
+                    option: option.into(),
+                    reason: "destroy with delete_disk deletes the disk; there is nothing to stop or flush for".into(),
+                });
+            }
             let epoch = s.epoch.or(self.inner.opts.epoch);
             object::fenced_delete(
                 self.inner.provider.api(),
