@@ -207,6 +207,19 @@ pub struct AgentConfig {
     pub dial_back: Option<std::path::PathBuf>,
 }
 
+/// The features the operator withholds: `NAMZU_DISABLED_FEATURES`, comma
+/// separated (the container's environment on a pod; a local sandbox's
+/// environment, which its agent takes as its own).
+pub fn disabled_features_from_env() -> Vec<String> {
+    std::env::var("NAMZU_DISABLED_FEATURES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 impl AgentConfig {
     pub fn feature_enabled(&self, feature: &str) -> bool {
         let egress = [

@@ -533,6 +533,7 @@ impl Execs {
                     pid,
                     execution_id: execution_id.clone(),
                     attached: false,
+                    boot_id: crate::boot_id().to_owned(),
                 };
                 let _ = out
                     .send(Ok(ExecOutput {

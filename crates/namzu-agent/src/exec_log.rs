@@ -226,6 +226,7 @@ impl ExecLog {
             pid,
             execution_id: execution_id.clone(),
             attached,
+            boot_id: crate::boot_id().to_owned(),
         };
         if tx.send(Ok(msg(exec_output::Msg::Started(started)))).await.is_err() {
             return;

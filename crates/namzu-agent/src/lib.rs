@@ -65,4 +65,15 @@ pub mod terminal;
 pub mod timeline;
 
 pub use config::{AgentConfig, Limits};
+
+/// This agent process's boot id: random, drawn at its first use and the
+/// same for the rest of the process. Health, the hello, and every result
+/// a host may need to tie to one agent process (a reservation, a started
+/// command or terminal, a cancel, a file read or written, a TCP connection)
+/// carry it: a host that finds another id learns that every execution,
+/// session and reservation of the agent it knew is gone.
+pub fn boot_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| format!("{:032x}", rand::random::<u128>()))
+}
 pub use serve::{serve, serve_listener, Listen, ServeError};

@@ -373,13 +373,7 @@ fn run(args: Args) -> Result<(), String> {
         args.roots
     };
     let default_cwd = args.cwd.unwrap_or_else(|| roots[0].clone());
-    let mut disabled_features: Vec<String> = std::env::var("NAMZU_DISABLED_FEATURES")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|f| !f.is_empty())
-        .map(String::from)
-        .collect();
+    let mut disabled_features = namzu_agent::config::disabled_features_from_env();
     // Side reads and writes run on a unix socket of the host's; a link
     // that is not one (a VM's multiplexed port, TCP) has no such socket,
     // so the features are not offered there.

@@ -28,7 +28,6 @@ pub struct AgentService {
     cfg: Arc<AgentConfig>,
     jail: Arc<Jail>,
     execs: Arc<Execs>,
-    boot_id: String,
     ops_served: std::sync::atomic::AtomicU64,
     sessions: Arc<crate::sessions::Sessions>,
     egress: Arc<crate::egress::Broker>,
@@ -39,7 +38,6 @@ impl AgentService {
         Self {
             egress,
             jail,
-            boot_id: format!("{:032x}", rand::random::<u128>()),
             ops_served: Default::default(),
             sessions: Arc::new(crate::sessions::Sessions::new(
                 cfg.limits.clone(),
@@ -148,7 +146,7 @@ impl AgentService {
         Ok(HealthResponse {
             protocol_version: namzu_proto::PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
-            boot_id: self.boot_id.clone(),
+            boot_id: crate::boot_id().to_owned(),
             features: self.cfg.features(),
             ops_served: self.ops_served.load(std::sync::atomic::Ordering::Relaxed),
             hardening: self.cfg.hardening.iter().cloned().collect(),
@@ -199,7 +197,11 @@ impl Agent for AgentService {
             .execs
             .reserve((!name.is_empty()).then_some(name.as_str()))
             .map_err(IntoStatus::into_status)?;
-        Ok(Response::new(ReserveExecResponse { execution_id, existing }))
+        Ok(Response::new(ReserveExecResponse {
+            execution_id,
+            existing,
+            boot_id: crate::boot_id().to_owned(),
+        }))
     }
 
     type ExecStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<ExecOutput, Status>> + Send>>;
@@ -264,6 +266,7 @@ impl Agent for AgentService {
             .map_err(IntoStatus::into_status)?;
         Ok(Response::new(CancelResponse {
             outcome: outcome as i32,
+            boot_id: crate::boot_id().to_owned(),
         }))
     }
 
@@ -300,7 +303,11 @@ impl Agent for AgentService {
                 }
                 Some(write_file_request::Msg::Commit(c)) => {
                     let (bytes_written, mode) = self.blocking(OP, move |_| pending.commit(c.total_bytes)).await?;
-                    return Ok(Response::new(WriteFileResponse { bytes_written, mode }));
+                    return Ok(Response::new(WriteFileResponse {
+                        bytes_written,
+                        mode,
+                        boot_id: crate::boot_id().to_owned(),
+                    }));
                 }
                 _ => return Err(agent_err(Kind::Protocol, OP, "unexpected message").into_status()),
             }
@@ -321,6 +328,7 @@ impl Agent for AgentService {
             data: data.into(),
             file_size,
             eof,
+            boot_id: crate::boot_id().to_owned(),
         }))
     }
 

@@ -302,6 +302,7 @@ impl Sessions {
                 pid: s.pid,
                 execution_id: id.into(),
                 attached: true,
+                boot_id: crate::boot_id().to_owned(),
             })))
             .await;
         let heartbeat = self.limits.heartbeat();

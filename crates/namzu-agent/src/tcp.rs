@@ -40,7 +40,11 @@ pub async fn relay(
     })?;
     let _ = sock.set_nodelay(true);
     let (tx, rx) = mpsc::channel(8);
-    let _ = tx.send(msg(tcp_output::Msg::Connected(v1::Empty {}))).await;
+    let _ = tx
+        .send(msg(tcp_output::Msg::Connected(v1::TcpConnected {
+            boot_id: crate::boot_id().to_owned(),
+        })))
+        .await;
     let (mut rd, mut wr) = sock.into_split();
     // Host -> sandbox. Ends on the host's eof, or when the call goes away.
     tokio::spawn(async move {

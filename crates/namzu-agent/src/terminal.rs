@@ -208,6 +208,7 @@ pub async fn run(
             pid,
             execution_id: String::new(),
             attached: false,
+            boot_id: crate::boot_id().to_owned(),
         })))
         .await;
     if rustix::io::ioctl_fionbio(&master, true).is_err() {

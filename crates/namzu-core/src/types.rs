@@ -266,11 +266,25 @@ impl ExitStatus {
     }
 }
 
+/// How a cancel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The whole process group was killed and is confirmed gone.
+    Killed,
+    /// Reserved but never started; it never will be.
+    NotStarted,
+    /// It had exited before the kill.
+    AlreadyExited,
+}
+
 /// The collected result of [`crate::Commands::run`].
 #[derive(Debug, Clone)]
 pub struct ExecOutput {
     /// The execution's id.
     pub execution_id: String,
+    /// The boot id of the agent that ran it (see
+    /// [`crate::AgentClient::boot_id`]).
+    pub boot_id: String,
     /// How it ended.
     pub status: ExitStatus,
     /// Standard output, up to the output limit.

@@ -142,8 +142,10 @@ fn inner_pid(launcher: u32) -> Option<u32> {
 }
 
 /// Attaches the sandbox whose state lives in `dir` (its `meta.json` names
-/// the launcher) to the pod network: a fresh /30 and a veth pair.
-pub async fn attach_veth(dir: &Path, owner: u64) -> Result<PodNet, String> {
+/// the launcher) to the pod network: a fresh /30 and a veth pair — or,
+/// with `keep`, the /30 of that pod IP (a restarted container keeps its
+/// pod's address).
+pub async fn attach_veth(dir: &Path, owner: u64, keep: Option<Ipv4Addr>) -> Result<PodNet, String> {
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("meta.json")).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
@@ -154,8 +156,12 @@ pub async fn attach_veth(dir: &Path, owner: u64) -> Result<PodNet, String> {
     let pid = inner_pid(launcher).ok_or("the pod's network namespace was not found")?;
     let netns = format!("--net=/proc/{pid}/ns/net");
     let mut last = String::new();
-    for _ in 0..64 {
-        let slot = (NEXT.fetch_add(1, Ordering::SeqCst) + std::process::id() * 7) % 16_384;
+    let kept = keep.map(|ip| {
+        let [_, _, hi, lo] = ip.octets();
+        ((u32::from(hi) << 8) | u32::from(lo)) / 4
+    });
+    for _ in 0..if kept.is_some() { 1 } else { 64 } {
+        let slot = kept.unwrap_or_else(|| (NEXT.fetch_add(1, Ordering::SeqCst) + std::process::id() * 7) % 16_384);
         let base = slot * 4;
         let octets = |n: u32| {
             Ipv4Addr::new(
@@ -209,22 +215,26 @@ pub async fn attach_veth(dir: &Path, owner: u64) -> Result<PodNet, String> {
 
 static NEXT_LOOPBACK: AtomicU32 = AtomicU32::new(0);
 
-/// A loopback pod IP whose `port` relays to the agent's unix `socket`.
+/// A loopback pod IP whose `port` relays to the agent's unix `socket`;
+/// with `keep`, that one (a restarted container keeps its pod's address).
 pub async fn attach_relay(
     socket: PathBuf,
     port: u16,
     tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+    keep: Option<Ipv4Addr>,
 ) -> Result<PodNet, String> {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut last = String::new();
-    for _ in 0..64 {
+    for _ in 0..if keep.is_some() { 1 } else { 64 } {
         let n = NEXT_LOOPBACK.fetch_add(1, Ordering::SeqCst) + std::process::id() * 7;
-        let ip = Ipv4Addr::new(
-            127,
-            0,
-            u8::try_from(1 + (n / 250) % 250).unwrap_or(1),
-            u8::try_from(1 + n % 250).unwrap_or(1),
-        );
+        let ip = keep.unwrap_or_else(|| {
+            Ipv4Addr::new(
+                127,
+                0,
+                u8::try_from(1 + (n / 250) % 250).unwrap_or(1),
+                u8::try_from(1 + n % 250).unwrap_or(1),
+            )
+        });
         match tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), port)).await {
             Ok(listener) => {
                 let task = tokio::spawn(async move {

@@ -792,3 +792,111 @@ async fn an_unconfirmed_flush_sends_no_patch_and_leaves_the_workspace_running() 
     p.delete_workspace("dirty", None).await.unwrap();
     c.stop().await;
 }
+
+/// A container the kubelet restarted in the same pod — a new agent, the
+/// same pod uid and address, the disk kept — is found at the link's next
+/// re-dial (the agent's hello names its boot id) and told once as
+/// `ContainerRestarted`, naming both boot ids; results carry the new one;
+/// what the old container wrote outside the disk is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_container_is_told_once_with_both_boot_ids_and_the_disk_kept() {
+    use namzu_k8s_sim::cluster::NAMESPACE;
+    use namzu_kubernetes::workspace::{GuestRestart, GuestRestartKind};
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(false)).with_client_options(namzu::ClientOptions {
+        keepalive: std::time::Duration::from_secs(1),
+        ..Default::default()
+    });
+    let told: std::sync::Arc<std::sync::Mutex<Vec<GuestRestart>>> = Default::default();
+    let seen = told.clone();
+    let w = WorkspaceOptions {
+        on_guest_restart: Some(std::sync::Arc::new(move |e: &GuestRestart| {
+            seen.lock().unwrap().push(e.clone())
+        })),
+        ..Default::default()
+    };
+    let ws = p.workspace("reborn", w).await.unwrap();
+    let sb = ws.sandbox().await.unwrap();
+    sb.files().write(Path::new("/workspace/kept"), "disk").await.unwrap();
+    let first = sb.commands().run("echo x > /tmp/scratch && echo ok").await.unwrap();
+    assert_eq!(&first.stdout[..], b"ok\n");
+    let before = ws.identity().await;
+    assert_eq!(Some(first.boot_id.clone()), before.boot_id, "a result names its agent");
+    c.ctl
+        .restart_container(&c.sim, NAMESPACE, "namzu-ws-reborn")
+        .await
+        .unwrap();
+    let pod = c.get(PODS, "namzu-ws-reborn").unwrap();
+    assert_eq!(
+        pod["metadata"]["uid"].as_str(),
+        before.pod_uid.as_deref(),
+        "the same pod"
+    );
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 1);
+    let probe = "cat /workspace/kept; test -e /tmp/scratch && echo ' scratch kept' || echo ' scratch gone'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let after = loop {
+        match sb.commands().run(probe).await {
+            Ok(out) => break out,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "never reached the new agent: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(&after.stdout[..], b"disk scratch gone\n", "{after:?}");
+    let events = told.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.kind, GuestRestartKind::ContainerRestarted);
+    assert_eq!(Some(e.previous.pod_uid.clone()), before.pod_uid);
+    assert_eq!(e.current.pod_uid, e.previous.pod_uid);
+    assert_eq!(e.previous.boot_id, before.boot_id);
+    assert_eq!(e.current.boot_id.as_deref(), Some(after.boot_id.as_str()));
+    assert_ne!(Some(after.boot_id.clone()), before.boot_id);
+    // The handle's own check agrees, and tells nothing twice.
+    let now = ws.check_guest().await.unwrap();
+    assert_eq!(now.boot_id.as_deref(), Some(after.boot_id.as_str()));
+    assert_eq!(told.lock().unwrap().len(), 1);
+    ws.suspend(skip()).await.unwrap();
+    p.delete_workspace("reborn", None).await.unwrap();
+    c.stop().await;
+}
+
+/// A guest that does not offer flush (an agent image that predates it,
+/// here one with the feature switched off) is told through
+/// `on_flush_notice` as `Unsupported`, and the suspend goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_without_flush_is_told_as_unsupported_and_the_suspend_goes_on() {
+    let c = Cluster::start(None).await.unwrap();
+    let p = provider(&c, c.options(false));
+    let notices: std::sync::Arc<std::sync::Mutex<Vec<FlushNotice>>> = Default::default();
+    let seen = notices.clone();
+    let w = WorkspaceOptions {
+        env: vec![("NAMZU_DISABLED_FEATURES".into(), namzu_proto::features::FLUSH.into())],
+        on_flush_notice: Some(std::sync::Arc::new(move |n: &FlushNotice| {
+            seen.lock().unwrap().push(n.clone())
+        })),
+        ..Default::default()
+    };
+    let ws = p.workspace("old", w).await.unwrap();
+    let sb = ws.sandbox().await.unwrap();
+    assert!(
+        matches!(
+            sb.agent().flush(std::time::Duration::from_secs(1)).await,
+            Err(Error::Unsupported { .. })
+        ),
+        "the guest offers flush"
+    );
+    ws.suspend(SuspendOptions::default()).await.unwrap();
+    assert_eq!(
+        *notices.lock().unwrap(),
+        vec![FlushNotice::Unsupported {
+            workspace: "old".into()
+        }]
+    );
+    assert_eq!(
+        c.get(SANDBOXES, "namzu-ws-old").unwrap()["spec"]["operatingMode"],
+        "Suspended"
+    );
+    p.delete_workspace("old", None).await.unwrap();
+    c.stop().await;
+}

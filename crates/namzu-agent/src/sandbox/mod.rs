@@ -498,7 +498,8 @@ fn init_g(spec: &LaunchSpec, link: Link, listener: UnixListener, fds: SandboxFds
         default_cwd: "/workspace".into(),
         token: link.token,
         limits,
-        disabled_features: Vec::new(),
+        // Read after `command_env` set the sandbox's environment.
+        disabled_features: crate::config::disabled_features_from_env(),
         hardening: report,
         egress: Some(egress),
         tcp,

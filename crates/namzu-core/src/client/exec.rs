@@ -34,13 +34,14 @@ impl AgentClient {
         let mut execution_id = String::new();
         let reserve_first = cancel.as_ref().is_some_and(CancellationToken::is_cancelled);
         if reserve_first {
-            execution_id = self
+            let r = self
                 .rpc()
                 .reserve_exec(v1::ReserveExecRequest::default())
                 .await
                 .map_err(|s| self.status("reserve_exec", s))?
-                .into_inner()
-                .execution_id;
+                .into_inner();
+            self.answered_by(&r.boot_id);
+            execution_id = r.execution_id;
             start.execution_id = execution_id.clone();
         }
 
@@ -74,6 +75,7 @@ impl AgentClient {
                 if execution_id.is_empty() {
                     execution_id = s.execution_id;
                 }
+                self.answered_by(&s.boot_id);
                 if canceller.is_none() {
                     canceller =
                         cancel.map(|token| tokio::spawn(cancel_on(self.clone(), execution_id.clone(), token, false)));
@@ -102,6 +104,7 @@ impl AgentClient {
         Ok(ExecStream {
             execution_id,
             pid,
+            boot_id: self.boot_id(),
             client: self.clone(),
             out: Some(out),
             driven: None,
@@ -139,12 +142,14 @@ impl AgentClient {
         start.host_heartbeats = self.inner.heartbeat.is_some();
         if cancel.is_some() {
             // Reserved by name, so a cancel racing the start is remembered.
-            self.rpc()
+            let r = self
+                .rpc()
                 .reserve_exec(v1::ReserveExecRequest {
                     execution_id: id.clone(),
                 })
                 .await
                 .map_err(|s| self.status("reserve_exec", s))?;
+            self.answered_by(&r.into_inner().boot_id);
             if cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
                 self.cancel_execution(&id).await?;
             }
@@ -204,42 +209,6 @@ impl AgentClient {
         Ok(self.driven_stream(follow, pid, out, None, None))
     }
 
-    /// Cancels a detachable execution by id, from any process: resolves
-    /// once the kill is confirmed. An unconfirmed kill is
-    /// [`Error::ExecutionCancelUnconfirmed`] and retires nothing: the
-    /// record stays and the cancel may be retried.
-    pub async fn cancel_execution(&self, execution_id: &str) -> Result<CancelOutcome> {
-        const OP: &str = "cancel_execution";
-        self.require(OP, feat::EXEC_CANCEL)?;
-        self.cancel_rpc(OP, execution_id)
-            .await?
-            .ok_or_else(|| Error::ExecutionCancelUnconfirmed {
-                execution_id: execution_id.into(),
-            })
-    }
-
-    /// One Cancel call; `None` when the agent could not confirm the kill.
-    async fn cancel_rpc(&self, op: &str, execution_id: &str) -> Result<Option<CancelOutcome>> {
-        let r = self
-            .rpc()
-            .cancel(v1::CancelRequest {
-                execution_id: execution_id.into(),
-            })
-            .await
-            .map_err(|s| self.status(op, s))?
-            .into_inner();
-        match r.outcome() {
-            Outcome::Confirmed => Ok(Some(CancelOutcome::Killed)),
-            Outcome::NotStarted => Ok(Some(CancelOutcome::NotStarted)),
-            Outcome::AlreadyExited => Ok(Some(CancelOutcome::AlreadyExited)),
-            Outcome::Unconfirmed => Ok(None),
-            Outcome::Unspecified => Err(Error::Protocol {
-                op: op.into(),
-                message: "no outcome".into(),
-            }),
-        }
-    }
-
     /// One AttachExec call, up to its `Started`.
     async fn attach_raw(&self, id: &str, from: u64, follow: bool) -> Result<Opened> {
         const OP: &str = "attach_execution";
@@ -270,7 +239,10 @@ impl AgentClient {
         match out.message().await.map_err(|s| self.status(op, s))? {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Started(s)),
-            }) => Ok(Opened::Following(s.pid, Box::new(out))),
+            }) => {
+                self.answered_by(&s.boot_id);
+                Ok(Opened::Following(s.pid, Box::new(out)))
+            }
             // Cancelled before it started.
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Exit(x)),
@@ -297,6 +269,7 @@ impl AgentClient {
         ExecStream {
             execution_id,
             pid: Some(pid),
+            boot_id: self.boot_id(),
             client: self.clone(),
             out: None,
             driven: Some((rx, driver)),
@@ -323,23 +296,16 @@ impl AgentClient {
     }
 }
 
-/// How a cancel ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelOutcome {
-    /// The whole process group was killed and is confirmed gone.
-    Killed,
-    /// Reserved but never started; it never will be.
-    NotStarted,
-    /// It had exited before the kill.
-    AlreadyExited,
-}
-
 /// A running command's output, ending with [`ExecEvent::Exit`].
 pub struct ExecStream {
     /// The execution's id.
     pub execution_id: String,
     /// Pid inside the sandbox; `None` if it never started.
     pub pid: Option<u32>,
+    /// The boot id of the agent that started (or answered for) it: a link
+    /// that later reaches another boot id reaches an agent that never
+    /// knew this command.
+    pub boot_id: String,
     client: AgentClient,
     out: Option<tonic::Streaming<v1::ExecOutput>>,
     /// A detachable execution's events, each with the log offset after it,
@@ -378,6 +344,7 @@ impl ExecStream {
         Self {
             execution_id,
             pid: None,
+            boot_id: client.boot_id(),
             client,
             out: None,
             driven: None,
@@ -553,6 +520,7 @@ async fn collect(mut stream: ExecStream, op: &str) -> Result<ExecOutput> {
             ExecEvent::Exit(x) => {
                 return Ok(ExecOutput {
                     execution_id: stream.execution_id.clone(),
+                    boot_id: stream.boot_id.clone(),
                     status: x.status,
                     stdout: stdout.into(),
                     stderr: stderr.into(),

@@ -1,4 +1,4 @@
-//! The executions an agent holds, listed.
+//! The executions an agent holds: listed, and cancelled by id.
 
 use super::exec::exit_summary;
 use super::link::*;
@@ -29,5 +29,42 @@ impl AgentClient {
                 output_bytes: e.output_bytes,
             })
             .collect())
+    }
+
+    /// Cancels a detachable execution by id, from any process: resolves
+    /// once the kill is confirmed. An unconfirmed kill is
+    /// [`Error::ExecutionCancelUnconfirmed`] and retires nothing: the
+    /// record stays and the cancel may be retried.
+    pub async fn cancel_execution(&self, execution_id: &str) -> Result<CancelOutcome> {
+        const OP: &str = "cancel_execution";
+        self.require(OP, feat::EXEC_CANCEL)?;
+        self.cancel_rpc(OP, execution_id)
+            .await?
+            .ok_or_else(|| Error::ExecutionCancelUnconfirmed {
+                execution_id: execution_id.into(),
+            })
+    }
+
+    /// One Cancel call; `None` when the agent could not confirm the kill.
+    pub(super) async fn cancel_rpc(&self, op: &str, execution_id: &str) -> Result<Option<CancelOutcome>> {
+        let r = self
+            .rpc()
+            .cancel(v1::CancelRequest {
+                execution_id: execution_id.into(),
+            })
+            .await
+            .map_err(|s| self.status(op, s))?
+            .into_inner();
+        self.answered_by(&r.boot_id);
+        match r.outcome() {
+            Outcome::Confirmed => Ok(Some(CancelOutcome::Killed)),
+            Outcome::NotStarted => Ok(Some(CancelOutcome::NotStarted)),
+            Outcome::AlreadyExited => Ok(Some(CancelOutcome::AlreadyExited)),
+            Outcome::Unconfirmed => Ok(None),
+            Outcome::Unspecified => Err(Error::Protocol {
+                op: op.into(),
+                message: "no outcome".into(),
+            }),
+        }
     }
 }

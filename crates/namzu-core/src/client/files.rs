@@ -30,8 +30,10 @@ impl AgentClient {
             .rpc()
             .write_file(futures::stream::iter(msgs))
             .await
-            .map_err(|s| self.status(OP, s))?;
-        Ok(r.into_inner().bytes_written)
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        self.answered_by(&r.boot_id);
+        Ok(r.bytes_written)
     }
 
     /// Writes everything `reader` yields to `path` atomically, streaming. A
@@ -94,7 +96,9 @@ impl AgentClient {
         if let Ok(Err(source)) = pump.await {
             return Err(Error::LocalIo { op: OP.into(), source });
         }
-        Ok(r.map_err(|s| self.status(OP, s))?.into_inner().bytes_written)
+        let r = r.map_err(|s| self.status(OP, s))?.into_inner();
+        self.answered_by(&r.boot_id);
+        Ok(r.bytes_written)
     }
 
     /// Reads a whole file, or a range of it.
@@ -112,6 +116,7 @@ impl AgentClient {
             .await
             .map_err(|s| self.status(OP, s))?
             .into_inner();
+        self.answered_by(&r.boot_id);
         Ok(FileData {
             data: r.data,
             file_size: r.file_size,

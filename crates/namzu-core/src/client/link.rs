@@ -115,6 +115,8 @@ pub(super) struct Inner {
     /// How to open a stream of its own (a cheap dial and the token), for
     /// an egress connection; `None` where dials are dear or one-shot.
     pub(super) side: Option<(SideDial, TokenSource)>,
+    /// The agent process it reaches ([`super::boot`]).
+    pub(super) boot: Arc<super::boot::Boot>,
 }
 
 /// How a link opens an egress connection's own stream.
@@ -398,20 +400,15 @@ impl AgentClient {
         })??;
         let (first, hello) = first;
         let first = Arc::new(Mutex::new(Some(first)));
+        let boot = Arc::new(super::boot::Boot::default());
+        let (redial_boot, sid, ask_hello) = (boot.clone(), sandbox_id.to_owned(), !matches!(how, Dial::Once));
         let connector = tower::service_fn(move |_: Uri| {
             let first = first.lock().ok().and_then(|mut f| f.take());
-            let dialer = dialer.clone();
-            let token = token.clone();
+            let (dialer, token, boot, sid) = (dialer.clone(), token.clone(), redial_boot.clone(), sid.clone());
             async move {
                 let s = match first {
                     Some(s) => s,
-                    None => {
-                        let mut s = dialer().await?;
-                        namzu_proto::preface::offer(&mut s, &token())
-                            .await
-                            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
-                        s
-                    }
+                    None => redial(&dialer, &token, ask_hello.then_some((&*boot, sid.as_str()))).await?,
                 };
                 Ok::<_, io::Error>(TokioIo::new(s))
             }
@@ -464,6 +461,7 @@ impl AgentClient {
             });
         }
         let info = agent_info(h);
+        boot.saw(sandbox_id, &info.boot_id);
         let agent_max = info
             .limits
             .iter()
@@ -494,6 +492,7 @@ impl AgentClient {
                 heartbeat,
                 guard: std::sync::OnceLock::new(),
                 side,
+                boot,
             }),
         })
     }
@@ -515,8 +514,10 @@ impl AgentClient {
             .rpc()
             .health(v1::HealthRequest { probe_child: false })
             .await
-            .map_err(|s| Error::from_status("health", s))?;
-        Ok(agent_info(h.into_inner()))
+            .map_err(|s| Error::from_status("health", s))?
+            .into_inner();
+        self.answered_by(&h.boot_id);
+        Ok(agent_info(h))
     }
 
     /// The underlying HTTP/2 channel, for protocol-level tests.
@@ -710,6 +711,34 @@ impl AgentClient {
         }
         e
     }
+}
+
+/// A re-dial of the link, past its preface. With `boot`, the preface asks
+/// for the agent's hello, whose boot id says whether the agent restarted
+/// since the link last reached it; an agent that predates the hello is
+/// dialed again with the plain preface.
+async fn redial(
+    dialer: &Dialer,
+    token: &TokenSource,
+    boot: Option<(&super::boot::Boot, &str)>,
+) -> io::Result<Box<dyn LinkStreamObj>> {
+    use namzu_proto::preface::{self, PrefaceError};
+    let denied = |e: PrefaceError| io::Error::new(io::ErrorKind::PermissionDenied, e);
+    let mut s = dialer().await?;
+    if let Some((boot, sandbox_id)) = boot {
+        match preface::offer_hello(&mut s, &token(), 0).await {
+            Ok(bytes) => {
+                if let Ok(h) = <v1::HealthResponse as prost::Message>::decode(&bytes[..]) {
+                    boot.saw(sandbox_id, &h.boot_id);
+                }
+                return Ok(s);
+            }
+            Err(PrefaceError::Refused) => s = dialer().await?,
+            Err(e) => return Err(denied(e)),
+        }
+    }
+    preface::offer(&mut s, &token()).await.map_err(denied)?;
+    Ok(s)
 }
 
 pub(super) fn path_bytes(p: &Path) -> Bytes {

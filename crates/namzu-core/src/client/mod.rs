@@ -16,6 +16,7 @@
 //! service makes (the egress supervisor's, through [`AgentClient::rpc_for`]).
 
 mod back;
+mod boot;
 mod exec;
 mod executions;
 mod files;
@@ -26,8 +27,10 @@ mod side_write;
 mod tcp;
 mod terminal;
 
+pub use crate::types::CancelOutcome;
 pub use back::BackListener;
-pub use exec::{CancelOutcome, ExecStream};
+pub use boot::AgentRestartObserver;
+pub use exec::ExecStream;
 pub use link::{
     AgentClient, ByteStream, ClientOptions, EgressStream, FileInfoStream, LinkGuard, LinkStream, LinkStreamObj,
     WatchStream, WRITE_CHUNK,

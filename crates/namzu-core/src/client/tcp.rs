@@ -26,8 +26,10 @@ impl AgentClient {
             .into_inner();
         match out.message().await.map_err(|s| self.status(OP, s))? {
             Some(v1::TcpOutput {
-                msg: Some(v1::tcp_output::Msg::Connected(_)),
-            }) => {}
+                msg: Some(v1::tcp_output::Msg::Connected(c)),
+            }) => {
+                self.answered_by(&c.boot_id);
+            }
             other => {
                 return Err(Error::Protocol {
                     op: OP.into(),

@@ -69,7 +69,10 @@ impl AgentClient {
         let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
             Some(v1::TerminalOutput {
                 msg: Some(v1::terminal_output::Msg::Opened(s)),
-            }) => s.pid,
+            }) => {
+                self.answered_by(&s.boot_id);
+                s.pid
+            }
             other => {
                 return Err(Error::Protocol {
                     op: OP.into(),

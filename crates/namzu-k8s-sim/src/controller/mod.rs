@@ -40,7 +40,9 @@
 //! Pod faults ([`PodFault`]) make new pods unschedulable, unable to pull
 //! their image, or run the agent with no confinement at all (the host tier:
 //! what a pod without the restricted security context amounts to); a pod
-//! can be replaced (new uid, new IP) right after it is read, or evicted.
+//! can be replaced (new uid, new IP) right after it is read, or evicted;
+//! its container can be restarted (same uid and IP, a new agent process
+//! on a fresh root filesystem, the volumes kept, `restartCount` up).
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

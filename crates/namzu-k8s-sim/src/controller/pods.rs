@@ -75,7 +75,7 @@ impl Controller {
             let ctl = self.clone();
             let sim = sim.clone();
             tokio::spawn(async move {
-                let started = ctl.run_pod(&sim, &pod, fault == Some(PodFault::Unconfined)).await;
+                let started = ctl.run_pod(&sim, &pod, fault == Some(PodFault::Unconfined), None).await;
                 if ctl.stopped.load(std::sync::atomic::Ordering::SeqCst) {
                     if let Ok(rt) = started {
                         rt.stop(Duration::ZERO).await;
@@ -206,7 +206,13 @@ impl Controller {
 
     /// Runs `pod`: a sandbox whose agent takes the token the container's
     /// environment names, and a relay on a fresh pod IP at the agent port.
-    async fn run_pod(&self, sim: &Simulator, pod: &Value, unconfined: bool) -> Result<PodRuntime, kubelet::PodError> {
+    async fn run_pod(
+        &self,
+        sim: &Simulator,
+        pod: &Value,
+        unconfined: bool,
+        keep_ip: Option<std::net::Ipv4Addr>,
+    ) -> Result<PodRuntime, kubelet::PodError> {
         let prepared = kubelet::prepare(sim, pod, &self.cfg.state_dir).await?;
         let crash = |message: String| kubelet::PodError {
             reason: "CrashLoopBackOff",
@@ -276,7 +282,7 @@ impl Controller {
         let tier = if unconfined { "host" } else { "local" };
         let dir = self.cfg.state_dir.join(tier).join(sandbox.id());
         let net = if veth {
-            podnet::attach_veth(&dir, self.id).await
+            podnet::attach_veth(&dir, self.id, keep_ip).await
         } else {
             // No pod network namespace to put the agent's TCP port on (not
             // root, or an unconfined pod on the host tier): the node's
@@ -288,7 +294,7 @@ impl Controller {
                     return Err(crash(format!("the link's TLS: {e}")));
                 }
             };
-            podnet::attach_relay(dir.join("agent.sock"), port, tls).await
+            podnet::attach_relay(dir.join("agent.sock"), port, tls, keep_ip).await
         };
         let net = match net {
             Ok(n) => n,
@@ -309,6 +315,62 @@ impl Controller {
             volumes: prepared.volumes,
             anchor,
         })
+    }
+}
+
+impl Controller {
+    /// Restarts pod `ns/name`'s container as a kubelet does after it
+    /// exited (`restartPolicy: Always`): the same pod — uid, IP, volumes
+    /// and claims — with a new container: a new agent process (a new boot
+    /// id), none of the old one's processes, a fresh root filesystem
+    /// (what was written outside the volumes is gone), `restartCount` one
+    /// up. Not Ready while it restarts; returns once it is Ready again.
+    pub async fn restart_container(self: &Arc<Self>, sim: &Arc<Simulator>, ns: &str, name: &str) -> Result<(), String> {
+        let k = key(ns, name);
+        let old = {
+            let mut st = self.lock();
+            let rt = st.running.remove(&k).ok_or_else(|| format!("pod {k} is not running"))?;
+            st.starting.insert(k.clone());
+            rt
+        };
+        let ready = |p: &mut Value, ready: bool| {
+            let s = if ready { "True" } else { "False" };
+            for c in p["status"]["conditions"].as_array_mut().into_iter().flatten() {
+                if c["type"] == "Ready" || c["type"] == "ContainersReady" {
+                    c["status"] = json!(s);
+                }
+            }
+            p["status"]["containerStatuses"][0]["ready"] = json!(ready);
+        };
+        sim.update(PODS, ns, name, |p| {
+            ready(p, false);
+            p["status"]["containerStatuses"][0]["state"] =
+                json!({"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now_rfc3339()}});
+        });
+        let ip = old.net.ip;
+        // The container's processes end; the pod's volumes stay.
+        let _ = old.sandbox.destroy().await;
+        old.net.detach().await;
+        let pod = sim
+            .object(PODS.0, PODS.1, PODS.2, ns, name)
+            .filter(|p| meta(p, "uid") == old.uid)
+            .ok_or_else(|| format!("pod {k} went away"));
+        let started = match pod {
+            Ok(pod) => self.run_pod(sim, &pod, false, Some(ip)).await.map_err(|e| e.message),
+            Err(e) => Err(e),
+        };
+        let out = started.map(|rt| {
+            sim.update(PODS, ns, name, |p| {
+                ready(p, true);
+                let c = &mut p["status"]["containerStatuses"][0];
+                c["restartCount"] = json!(c["restartCount"].as_u64().unwrap_or(0) + 1);
+                c["lastState"] = json!({"terminated": {"exitCode": 137, "reason": "Error"}});
+                c["state"] = json!({"running": {"startedAt": now_rfc3339()}});
+            });
+            self.lock().running.insert(k.clone(), rt);
+        });
+        self.lock().starting.remove(&k);
+        out
     }
 }
 

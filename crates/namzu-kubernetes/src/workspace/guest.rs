@@ -157,6 +157,25 @@ pub(super) fn answered(workspace: &str, pod_uid: &str, boot: &Boot, now: &str) -
     })
 }
 
+/// Records `now` as the boot id the guest of `pod` answered with, and
+/// tells `listener` (and the log) when it is a restart of that pod's
+/// agent.
+pub(super) fn seen(
+    workspace: &str,
+    pod: &crate::rebind::CurrentPod,
+    boot: &Boot,
+    listener: Option<&GuestRestartCallback>,
+    now: &str,
+) {
+    let pod_uid = pod.lock().unwrap_or_else(|p| p.into_inner()).uid.clone();
+    if let Some(event) = answered(workspace, &pod_uid, boot, now) {
+        tracing::warn!(workspace = %workspace, pod = %pod_uid, "the guest's agent restarted: its processes are gone");
+        if let Some(l) = listener {
+            l(&event);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -207,7 +207,7 @@ async fn start(
     listener: Option<guest::GuestRestartCallback>,
 ) -> Result<(State, String)> {
     let boot = guest::Boot::default();
-    let opts = &guest::following(p.options(), name, listener, &boot);
+    let opts = &guest::following(p.options(), name, listener.clone(), &boot);
     let api = p.api();
     let id = workspace_id(name);
     let bound = crate::acquire::bind_sandbox(api, opts, full, &id).await?;
@@ -225,6 +225,12 @@ async fn start(
     client.guard_with(std::sync::Arc::new(guest::Kept(name.to_owned())));
     namzu_core::check::privilege_probe(&id, &client).await?;
     *boot.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.info().boot_id.clone());
+    // Every boot id the link learns from here on (a re-dial's hello, a
+    // result) is checked: the same pod's agent under another id restarted.
+    let (ws, at, seen_boot) = (name.to_owned(), pod.clone(), boot.clone());
+    client.on_agent_restart(std::sync::Arc::new(move |_, now| {
+        guest::seen(&ws, &at, &seen_boot, listener.as_ref(), now);
+    }));
     let pod_name = pod.lock().unwrap_or_else(|e| e.into_inner()).name.clone();
     Ok((
         State::Running {
@@ -553,13 +559,8 @@ impl KubernetesWorkspace {
             Ok(info) => info,
             Err(e) => return Err(self.explain("check_guest", e).await),
         };
-        let pod_uid = pod.lock().unwrap_or_else(|e| e.into_inner()).uid.clone();
-        if let Some(event) = guest::answered(&self.inner.name, &pod_uid, &boot, &info.boot_id) {
-            tracing::warn!(workspace = %self.inner.name, pod = %pod_uid, "the guest's agent restarted: its processes are gone");
-            if let Some(l) = &self.inner.opts.on_guest_restart {
-                l(&event);
-            }
-        }
+        let listener = self.inner.opts.on_guest_restart.as_ref();
+        guest::seen(&self.inner.name, &pod, &boot, listener, &info.boot_id);
         Ok(self.identity().await)
     }
 

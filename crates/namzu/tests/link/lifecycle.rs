@@ -61,6 +61,51 @@ async fn boot_id_is_stable_per_agent_and_new_per_start() {
     assert_eq!(one.len(), 32);
 }
 
+/// A link whose agent restarted behind the same address learns it at
+/// its re-dial (the hello names the new boot id) and tells every observer
+/// once, with both ids, before the call that re-dialed returns; results
+/// name the agent that produced them.
+#[tokio::test]
+async fn a_redial_that_reaches_a_restarted_agent_tells_both_boot_ids_once() {
+    let a = spawn_unix(&[]).await;
+    let b = spawn_unix(&[]).await;
+    let target = std::sync::Arc::new(std::sync::Mutex::new(a.sock()));
+    let t = target.clone();
+    let c = AgentClient::connect("t", "switch", TOKEN.to_vec(), ClientOptions::default(), move || {
+        let p = t.lock().unwrap().clone();
+        tokio::net::UnixStream::connect(p)
+    })
+    .await
+    .unwrap();
+    let told: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>> = Default::default();
+    let seen = told.clone();
+    c.on_agent_restart(std::sync::Arc::new(move |was, now| {
+        seen.lock().unwrap().push((was.to_owned(), now.to_owned()))
+    }));
+    let first = c.exec(ExecRequest::shell("true")).await.unwrap();
+    assert_eq!(first.boot_id, c.info().boot_id);
+    assert_eq!(c.boot_id(), c.info().boot_id);
+    // The agent is gone; another answers where it was.
+    *target.lock().unwrap() = b.sock();
+    drop(a);
+    // A call whose result names no boot id: the re-dial's hello told it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = c.list_executions().await {
+        assert!(Instant::now() < deadline, "never reached the new agent: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b_boot = connect(&b).await.unwrap().info().boot_id.clone();
+    assert_eq!(c.boot_id(), b_boot);
+    assert_eq!(*told.lock().unwrap(), vec![(first.boot_id.clone(), b_boot.clone())]);
+    let after = c.exec(ExecRequest::shell("true")).await.unwrap();
+    assert_eq!(after.boot_id, b_boot);
+    // Later results from the same agent tell nothing more.
+    c.write_file(Path::new("f"), "x".into(), WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(told.lock().unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn an_op_the_agent_did_not_advertise_is_refused_before_sending() {
     let a = spawn_unix(&[("NAMZU_DISABLED_FEATURES", "files.walk")]).await;
