@@ -5,9 +5,15 @@
 //! written, a TCP connection). Another id is another agent process — every
 //! execution, session and reservation of the one before is gone — and is
 //! told once to every observer, from the call that found it, before that
-//! call returns.
+//! call returns. Also here: what an agent's health (or hello) says, as an
+//! [`AgentInfo`].
 
-use super::link::*;
+use std::sync::{Arc, Mutex};
+
+use namzu_proto::v1;
+
+use crate::error::bytes_path;
+use crate::types::AgentInfo;
 
 /// Told `(previous, current)` boot ids when a link finds its agent
 /// restarted. Called synchronously from the call (or re-dial) that found
@@ -46,32 +52,31 @@ impl Boot {
         id.to_owned()
     }
 
+    pub(super) fn observe(&self, observer: AgentRestartObserver) {
+        self.observers.lock().unwrap_or_else(|p| p.into_inner()).push(observer);
+    }
+
     pub(super) fn current(&self) -> String {
         self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
-impl AgentClient {
-    /// The boot id of the agent this link reached last: at connect
-    /// [`AgentInfo::boot_id`], then whatever a re-dial or a result said.
-    pub fn boot_id(&self) -> String {
-        self.inner.boot.current()
-    }
-
-    /// Adds an observer told of every agent restart this link finds (a
-    /// re-dial or a result naming another boot id).
-    pub fn on_agent_restart(&self, observer: AgentRestartObserver) {
-        self.inner
-            .boot
-            .observers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(observer);
-    }
-
-    /// Records the boot id a result carried; the id of the agent that
-    /// answered.
-    pub(super) fn answered_by(&self, id: &str) -> String {
-        self.inner.boot.saw(&self.inner.sandbox_id, id)
+pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
+    AgentInfo {
+        protocol_version: h.protocol_version,
+        agent_version: h.agent_version,
+        boot_id: h.boot_id,
+        features: h.features,
+        retiring: h.retiring,
+        pid: h.pid,
+        rss_bytes: h.rss_bytes,
+        peak_rss_bytes: h.peak_rss_bytes,
+        limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
+        ops_served: h.ops_served,
+        hardening: h.hardening.into_iter().collect(),
+        roots: h.roots.iter().map(|r| bytes_path(r)).collect(),
+        startup: h.startup.into_iter().map(|m| (m.stage, m.monotonic_ns)).collect(),
+        egress_refused_unattended: h.egress_refused_unattended,
+        child_status: h.child_status,
     }
 }

@@ -30,6 +30,8 @@ pub(super) use tonic::transport::{Channel, Endpoint, Uri};
 pub(super) use crate::error::{bytes_path, Error, Result};
 pub(super) use crate::types::*;
 
+use super::boot::{agent_info, AgentRestartObserver, Boot};
+
 /// Chunk size of uploads. Well under the message limit.
 pub const WRITE_CHUNK: usize = 1 << 20;
 
@@ -116,7 +118,7 @@ pub(super) struct Inner {
     /// an egress connection; `None` where dials are dear or one-shot.
     pub(super) side: Option<(SideDial, TokenSource)>,
     /// The agent process it reaches ([`super::boot`]).
-    pub(super) boot: Arc<super::boot::Boot>,
+    pub(super) boot: Arc<Boot>,
 }
 
 /// How a link opens an egress connection's own stream.
@@ -400,7 +402,7 @@ impl AgentClient {
         })??;
         let (first, hello) = first;
         let first = Arc::new(Mutex::new(Some(first)));
-        let boot = Arc::new(super::boot::Boot::default());
+        let boot = Arc::new(Boot::default());
         let (redial_boot, sid, ask_hello) = (boot.clone(), sandbox_id.to_owned(), !matches!(how, Dial::Once));
         let connector = tower::service_fn(move |_: Uri| {
             let first = first.lock().ok().and_then(|mut f| f.take());
@@ -720,7 +722,7 @@ impl AgentClient {
 async fn redial(
     dialer: &Dialer,
     token: &TokenSource,
-    boot: Option<(&super::boot::Boot, &str)>,
+    boot: Option<(&Boot, &str)>,
 ) -> io::Result<Box<dyn LinkStreamObj>> {
     use namzu_proto::preface::{self, PrefaceError};
     let denied = |e: PrefaceError| io::Error::new(io::ErrorKind::PermissionDenied, e);
@@ -741,28 +743,28 @@ async fn redial(
     Ok(s)
 }
 
-pub(super) fn path_bytes(p: &Path) -> Bytes {
-    Bytes::copy_from_slice(p.as_os_str().as_bytes())
+impl AgentClient {
+    /// The boot id of the agent this link reached last: at connect
+    /// [`AgentInfo::boot_id`], then whatever a re-dial or a result said.
+    pub fn boot_id(&self) -> String {
+        self.inner.boot.current()
+    }
+
+    /// Adds an observer told of every agent restart this link finds (a
+    /// re-dial or a result naming another boot id).
+    pub fn on_agent_restart(&self, observer: AgentRestartObserver) {
+        self.inner.boot.observe(observer);
+    }
+
+    /// Records the boot id a result carried; the id of the agent that
+    /// answered.
+    pub(super) fn answered_by(&self, id: &str) -> String {
+        self.inner.boot.saw(&self.inner.sandbox_id, id)
+    }
 }
 
-pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
-    AgentInfo {
-        protocol_version: h.protocol_version,
-        agent_version: h.agent_version,
-        boot_id: h.boot_id,
-        features: h.features,
-        retiring: h.retiring,
-        pid: h.pid,
-        rss_bytes: h.rss_bytes,
-        peak_rss_bytes: h.peak_rss_bytes,
-        limits: h.limits.into_iter().map(|l| (l.name, l.value)).collect(),
-        ops_served: h.ops_served,
-        hardening: h.hardening.into_iter().collect(),
-        roots: h.roots.iter().map(|r| bytes_path(r)).collect(),
-        startup: h.startup.into_iter().map(|m| (m.stage, m.monotonic_ns)).collect(),
-        egress_refused_unattended: h.egress_refused_unattended,
-        child_status: h.child_status,
-    }
+pub(super) fn path_bytes(p: &Path) -> Bytes {
+    Bytes::copy_from_slice(p.as_os_str().as_bytes())
 }
 
 /// A file streamed in chunks.

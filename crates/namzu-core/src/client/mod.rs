@@ -9,6 +9,8 @@
 //!
 //! This module dials, authenticates and keeps the link; the operations are
 //! grouped in its children: `exec` (commands and detachable executions),
+//! `executions` (listed, cancelled by id), `boot` (which agent process the
+//! link reaches, and who is told when that changes),
 //! `files`, `sessions` (with quiesce and flush), `terminal` and `tcp`.
 //!
 //! What the link does not know: who else may declare the sandbox gone (a
