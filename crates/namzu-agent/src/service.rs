@@ -581,10 +581,10 @@ impl Agent for AgentService {
         const OP: &str = "tcp_connect";
         self.admit(OP, namzu_proto::features::TCP_CONNECT)?;
         let mut input = req.into_inner();
-        let port = match input.next().await {
+        let (port, host_beats) = match input.next().await {
             Some(Ok(v1::TcpInput {
                 msg: Some(v1::tcp_input::Msg::Connect(c)),
-            })) => c.port,
+            })) => (c.port, c.host_heartbeats),
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, OP, "first message must be connect").into_status()),
         };
@@ -593,7 +593,13 @@ impl Agent for AgentService {
             e.port = port;
             e.into_status()
         })?;
-        let rx = crate::tcp::relay(port, input).await.map_err(IntoStatus::into_status)?;
+        let beats = crate::tcp::Beats {
+            every: self.limits().heartbeat(),
+            from_host: host_beats,
+        };
+        let rx = crate::tcp::relay(port, input, beats)
+            .await
+            .map_err(IntoStatus::into_status)?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

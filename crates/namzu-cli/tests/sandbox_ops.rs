@@ -160,3 +160,41 @@ fn quiesce_stops_every_process_and_flush_reports_its_time() {
     assert!(err(&o).contains("--timeout"), "{}", err(&o));
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+/// `namzu watch` prints a line per change once its watches are in place
+/// (the stderr line says when), beneath subdirectories with -r, and exits
+/// after --count events.
+#[test]
+fn watch_prints_each_change_under_a_directory() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    assert!(
+        namzu(st.path(), &["fs", "mkdir", "-p", &format!("{id}:/workspace/w/sub")])
+            .status
+            .success()
+    );
+    let mut w = Command::new(env!("CARGO_BIN_EXE_namzu"))
+        .args(["watch", "-r", "--count", "2", &id, "/workspace/w"])
+        .env("NAMZU_STATE_DIR", st.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut errs = BufReader::new(w.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("watching ") {
+        line.clear();
+        assert!(errs.read_line(&mut line).unwrap() > 0, "watch ended before watching");
+    }
+    // A directory first, then a file beneath the watched subdirectory.
+    let script = "mkdir /workspace/w/d && : > /workspace/w/sub/f";
+    let o = namzu(st.path(), &["exec", &id, "--", "sh", "-c", script]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = w.wait_with_output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(out(&o), "create d/\ncreate sub/f\n");
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

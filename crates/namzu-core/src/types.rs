@@ -401,6 +401,21 @@ pub enum WatchKind {
     Overflow,
 }
 
+impl WatchKind {
+    /// Its name on the HTTP API and in the CLI: `create`, `write`,
+    /// `remove`, `rename`, `chmod`, `overflow`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Write => "write",
+            Self::Remove => "remove",
+            Self::Rename => "rename",
+            Self::Chmod => "chmod",
+            Self::Overflow => "overflow",
+        }
+    }
+}
+
 /// One change under a watched directory; from
 /// [`crate::Files::watch`].
 #[derive(Debug, Clone, PartialEq, Eq)]

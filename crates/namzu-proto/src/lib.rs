@@ -180,6 +180,11 @@ pub mod features {
     /// WatchDir: inotify events under a directory.
     pub const FILES_WATCH: &str = "files.watch";
     pub const TCP_CONNECT: &str = "tcp.connect";
+    /// Heartbeats both ways on a `TcpConnect` call: each end notices a
+    /// peer silent for three intervals while it waits to read, and closes
+    /// the connection (silence while it waits to WRITE, held back by the
+    /// other side's backpressure, is not counted).
+    pub const TCP_HEARTBEAT: &str = "tcp.heartbeat";
     pub const TERMINAL: &str = "terminal";
     pub const QUIESCE: &str = "quiesce";
     pub const FLUSH: &str = "flush";
@@ -222,6 +227,7 @@ pub mod features {
         FILES_RENAME,
         FILES_WATCH,
         TCP_CONNECT,
+        TCP_HEARTBEAT,
         TERMINAL,
         QUIESCE,
         FLUSH,

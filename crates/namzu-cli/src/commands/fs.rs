@@ -1,5 +1,6 @@
 //! `fs ls|stat|mkdir|rm|mv ID:PATH`: files inside a sandbox, without a
-//! shell (works on images that have none).
+//! shell (works on images that have none); `watch ID PATH`: their changes
+//! as they happen.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -116,6 +117,35 @@ pub async fn run(state_dir: &Option<PathBuf>, cmd: FsCmd) -> Result<ExitCode, Fa
             let sb = connect(state_dir, id).await?;
             sb.files().rename(src, dst).await?;
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `watch ID PATH`: a line per change under `path` (`KIND NAME`, a
+/// directory's name ending in `/`), flushed as it comes; the stderr line
+/// `watching …` says the watches are in place.
+pub async fn watch(
+    state_dir: &Option<PathBuf>,
+    id: &str,
+    path: &Path,
+    recursive: bool,
+    count: Option<u64>,
+) -> Result<ExitCode, Fail> {
+    use futures::StreamExt;
+    use std::io::Write;
+    let sb = connect(state_dir, id).await?;
+    let mut events = sb.files().watch(path, recursive).await?;
+    eprintln!("watching {id}:{}", path.display());
+    let mut out = std::io::stdout();
+    let mut seen = 0u64;
+    while count.is_none_or(|c| seen < c) {
+        let Some(ev) = events.next().await else { break };
+        let ev = ev?;
+        let slash = if ev.is_dir { "/" } else { "" };
+        writeln!(out, "{} {}{slash}", ev.kind.name(), ev.name.display())
+            .and_then(|()| out.flush())
+            .map_err(|e| Fail(format!("stdout: {e}")))?;
+        seen += 1;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -113,6 +113,19 @@ pub enum Cmd {
     /// Files inside a sandbox: ls, stat, mkdir, rm, mv on ID:PATH.
     #[command(subcommand)]
     Fs(fs::FsCmd),
+    /// Print changes under a directory of a sandbox as they happen, one
+    /// line each (`KIND NAME`, a directory's name ending in `/`), until
+    /// Ctrl-C or --count events.
+    Watch {
+        id: String,
+        path: PathBuf,
+        /// Beneath it too.
+        #[arg(long, short = 'r')]
+        recursive: bool,
+        /// Exit after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Copy a file; write ID:PATH for a path inside a sandbox.
     Cp { src: String, dst: String },
     /// List sandboxes.
@@ -208,6 +221,12 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Quiesce { id, grace } => lifecycle::quiesce(state_dir, id, grace).await,
         Cmd::Flush { id, timeout } => lifecycle::flush(state_dir, id, timeout).await,
         Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
+        Cmd::Watch {
+            id,
+            path,
+            recursive,
+            count,
+        } => fs::watch(state_dir, &id, &path, recursive, count).await,
         Cmd::Cp { src, dst } => cp::run(state_dir, src, dst).await,
         Cmd::Ls => sandboxes::list(state_dir).await,
         Cmd::Kube(cmd) => crate::kube::run(state_dir, cmd).await,

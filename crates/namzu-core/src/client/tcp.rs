@@ -5,16 +5,27 @@ use super::link::*;
 impl AgentClient {
     /// A TCP connection to 127.0.0.1:`port` inside the sandbox, relayed by
     /// the agent. The returned stream is `AsyncRead + AsyncWrite`;
-    /// `shutdown()` half-closes, EOF means the sandbox side closed.
-    /// Backpressure holds end to end: every buffer on the way is bounded.
+    /// `shutdown()` half-closes, EOF means the sandbox side closed — or
+    /// that the agent said nothing for three heartbeat intervals while the
+    /// host waited to read (a vanished peer; the user's writes then fail).
+    /// Backpressure holds end to end: every buffer on the way is bounded,
+    /// and time spent held back by it is never counted as silence.
     pub async fn open_tcp_connection(&self, port: u16) -> Result<tokio::io::DuplexStream> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const OP: &str = "tcp_connect";
         self.require(OP, feat::TCP_CONNECT)?;
+        // Heartbeats both ways where the agent offers them: each end then
+        // notices the other gone (three silent intervals while it waits to
+        // read) instead of holding the connection open for ever.
+        let every = self
+            .inner
+            .heartbeat
+            .filter(|_| self.inner.features.contains(feat::TCP_HEARTBEAT));
         let (tx, rx) = mpsc::channel(8);
         let start = v1::TcpInput {
             msg: Some(v1::tcp_input::Msg::Connect(v1::TcpConnectStart {
                 port: u32::from(port),
+                host_heartbeats: every.is_some(),
             })),
         };
         let _ = tx.send(start).await;
@@ -41,7 +52,21 @@ impl AgentClient {
         let (mut from_user, mut to_user) = tokio::io::split(ours);
         let done = CancellationToken::new();
         let download_done = done.clone();
-        tokio::spawn(async move {
+        let beats = every.map(|every| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let beat = v1::TcpInput {
+                        msg: Some(v1::tcp_input::Msg::Heartbeat(v1::Empty {})),
+                    };
+                    if tx.send(beat).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        });
+        let upload = tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 let m = match from_user.read(&mut buf).await {
@@ -59,10 +84,31 @@ impl AgentClient {
                 _ = done.cancelled() => {}
             }
         });
+        let silence = every.map(|d| d * 3);
         tokio::spawn(async move {
-            while let Ok(Some(m)) = out.message().await {
-                match m.msg {
-                    Some(v1::tcp_output::Msg::Data(d)) => {
+            loop {
+                let next = match silence {
+                    Some(d) => match tokio::time::timeout(d, out.message()).await {
+                        Ok(m) => m,
+                        Err(_) => {
+                            tracing::warn!(
+                                port,
+                                "tcp: no word from the agent in three heartbeat intervals; closing"
+                            );
+                            // The user's writes fail from here on.
+                            upload.abort();
+                            break;
+                        }
+                    },
+                    None => out.message().await,
+                };
+                match next {
+                    Ok(Some(v1::TcpOutput {
+                        msg: Some(v1::tcp_output::Msg::Heartbeat(_)),
+                    })) => {}
+                    Ok(Some(v1::TcpOutput {
+                        msg: Some(v1::tcp_output::Msg::Data(d)),
+                    })) => {
                         if to_user.write_all(&d).await.is_err() {
                             break;
                         }
@@ -72,6 +118,9 @@ impl AgentClient {
             }
             let _ = to_user.shutdown().await;
             download_done.cancel();
+            if let Some(b) = beats {
+                b.abort();
+            }
         });
         Ok(user)
     }

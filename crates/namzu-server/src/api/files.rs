@@ -247,18 +247,6 @@ pub async fn walk(
     Ok(axum::Json(entries.iter().map(FileView::from).collect()))
 }
 
-/// The name of a watch event's kind on the API.
-pub fn watch_kind(k: namzu::WatchKind) -> &'static str {
-    match k {
-        namzu::WatchKind::Create => "create",
-        namzu::WatchKind::Write => "write",
-        namzu::WatchKind::Remove => "remove",
-        namzu::WatchKind::Rename => "rename",
-        namzu::WatchKind::Chmod => "chmod",
-        namzu::WatchKind::Overflow => "overflow",
-    }
-}
-
 /// Changes under a directory as they happen, one NDJSON line each (the
 /// first, `started`, once the watches are in place), until the client
 /// goes away.
@@ -287,7 +275,7 @@ pub async fn watch(
             let _hold = &slot;
             match r {
                 Ok(e) => Ok(line(&WatchEventView {
-                    kind: watch_kind(e.kind).into(),
+                    kind: e.kind.name().into(),
                     name: e.name.to_string_lossy().into_owned(),
                     is_dir: e.is_dir,
                 })),

@@ -127,3 +127,111 @@ async fn a_black_holed_link_is_noticed_by_both_ends() {
     let agent_took = t0.elapsed();
     println!("black hole noticed: host after {host_took:?}, agent cleaned up after {agent_took:?} (heartbeat 200 ms)");
 }
+
+/// A TCP connection into the sandbox whose link black-holes: the host's
+/// end reads EOF (its writes then fail) and the agent closes the
+/// sandbox-side socket, each within about three heartbeat intervals.
+#[tokio::test]
+async fn a_black_holed_tcp_connection_is_closed_by_both_ends() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "200")]).await;
+    let relay_path = a.dir.path().join("relay.sock");
+    let hole = std::sync::Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::UnixListener::bind(&relay_path).unwrap();
+    tokio::spawn(relay(listener, a.sock(), hole.clone()));
+    let c = AgentClient::connect_unix("t", &relay_path, TOKEN.to_vec(), ClientOptions::default())
+        .await
+        .unwrap();
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port();
+    let mut host = c.open_tcp_connection(port).await.unwrap();
+    let (mut inner, _) = server.accept().await.unwrap();
+    host.write_all(b"ping").await.unwrap();
+    let mut four = [0u8; 4];
+    inner.read_exact(&mut four).await.unwrap();
+    assert_eq!(&four, b"ping");
+    hole.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let host_end = async {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf)).await;
+        (n.map(|r| r.map_err(|e| e.kind())), t0.elapsed())
+    };
+    let inner_end = async {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(10), inner.read(&mut buf)).await;
+        (n.map(|r| r.map_err(|e| e.kind())), t0.elapsed())
+    };
+    let ((host_read, host_took), (inner_read, inner_took)) = tokio::join!(host_end, inner_end);
+    assert_eq!(host_read, Ok(Ok(0)), "the host's end did not end");
+    assert_eq!(inner_read, Ok(Ok(0)), "the agent kept the sandbox's socket");
+    println!("black-holed tcp: host end after {host_took:?}, sandbox end after {inner_took:?} (heartbeat 200 ms)");
+    for took in [host_took, inner_took] {
+        assert!(
+            took >= Duration::from_millis(400) && took <= Duration::from_secs(3),
+            "ended after {took:?}: not about three 200 ms intervals"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while host.write_all(b"more").await.is_ok() {
+        assert!(Instant::now() < deadline, "writes to a dead connection kept succeeding");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Silence is a dead peer only while an end waits to read: a connection
+/// idle for many heartbeat intervals stays up, and so does one held back
+/// by backpressure — the host not reading what the sandbox writes, or the
+/// sandbox not reading what the host writes — every byte arriving.
+#[tokio::test]
+async fn an_idle_or_backpressured_tcp_connection_is_not_a_dead_peer() {
+    use tokio::io::AsyncWriteExt;
+    const BIG: usize = 8 << 20;
+    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "100")]).await;
+    let c = connect(&a).await.unwrap();
+    assert!(c
+        .info()
+        .features
+        .iter()
+        .any(|f| f == namzu_proto::features::TCP_HEARTBEAT));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port();
+    let mut host = c.open_tcp_connection(port).await.unwrap();
+    let (mut inner, _) = server.accept().await.unwrap();
+    // Idle for fifteen intervals.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    host.write_all(b"still").await.unwrap();
+    let mut five = [0u8; 5];
+    inner.read_exact(&mut five).await.unwrap();
+    inner.write_all(b"there").await.unwrap();
+    host.read_exact(&mut five).await.unwrap();
+    assert_eq!(&five, b"there");
+    // The sandbox writes; the host does not read for fifteen intervals.
+    let (mut inner_rd, mut inner_wr) = inner.into_split();
+    let writer = tokio::spawn(async move {
+        inner_wr.write_all(&vec![7u8; BIG]).await.unwrap();
+        inner_wr
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut got = vec![0u8; BIG];
+    host.read_exact(&mut got).await.unwrap();
+    assert!(got.iter().all(|b| *b == 7));
+    let inner_wr = writer.await.unwrap();
+    // The host writes; the sandbox does not read for fifteen intervals.
+    let (mut host_rd, mut host_wr) = tokio::io::split(host);
+    let writer = tokio::spawn(async move {
+        host_wr.write_all(&vec![9u8; BIG]).await.unwrap();
+        host_wr.shutdown().await.unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut got = Vec::new();
+    inner_rd.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got.len(), BIG);
+    assert!(got.iter().all(|b| *b == 9));
+    writer.await.unwrap();
+    drop(inner_wr);
+    let mut rest = Vec::new();
+    host_rd.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+}
