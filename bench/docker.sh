@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The docker tier next to the docker CLI, in one run, on the same image and
 # runtime: create + first exec (+ destroy) vs `docker run --rm IMG true`,
-# exec round trip vs `docker exec`, a 1 GiB copy in vs `docker cp`. Both
+# exec round trip vs `docker exec`, pause + resume vs `docker pause` +
+# `docker unpause`, a 1 GiB copy in vs `docker cp`. Both
 # sides are whole CLI invocations, so both pay process start and connect.
 # Not a test: nothing here gates anything.
 set -euo pipefail
@@ -62,6 +63,15 @@ for rt in runc runsc; do
     f=$(docker exec "$c" sh -c 'time sh -c "i=0; while [ \$i -lt 200 ]; do /bin/true; i=\$((i+1)); done"' 2>&1 |
         awk '/^real/ { m = $2; sub(/m$/, "", m); t = $3; sub(/s$/, "", t); printf "%d", (m * 60 + t) * 1e6 / 200 }')
     printf '%-8s %-34s %12s %12s %8s\n' "$rt" "floor: fork+exec of true inside" "$f" "$b" "$(ratio "$f" "$b")"
+
+    # Pause + resume: namzu's (every process but the agent stopped in
+    # place; the link stays up) next to docker's cgroup freezer.
+    R=10
+    t0=$(now); for _ in $(seq $R); do $N pause "$id" >/dev/null 2>&1; $N resume "$id" >/dev/null 2>&1; done; t1=$(now)
+    a=$(per "$t0" "$t1" $R)
+    t0=$(now); for _ in $(seq $R); do docker pause "$c" >/dev/null; docker unpause "$c" >/dev/null; done; t1=$(now)
+    b=$(per "$t0" "$t1" $R)
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "pause+resume (CLI) / docker pause+unpause" "$a" "$b" "$(ratio "$a" "$b")"
 
     t0=$(now); $N cp "$big" "$id:/workspace/big"; t1=$(now)
     a=$(per "$t0" "$t1" 1)

@@ -375,6 +375,25 @@ def test_quiesce_and_flush(alice, sandbox):
     err(alice.post(f"{p}/flush", json={"timeout": 1}), 400, "invalid_argument", "timeout")
 
 
+def test_pause_and_resume(alice, sandbox):
+    p = f"/v1/sandboxes/{sandbox['id']}"
+    alice.post(f"{p}/commands", json={"argv": ["sleep", "100"], "detached": True})
+    paused = alice.post(f"{p}/pause")
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["stopped"] and paused.json()["rounds"] >= 1, paused.json()
+    assert alice.get(p).json()["state"] == "paused"
+    err(alice.post(f"{p}/commands/run", json={"script": "echo no"}), 409, "sandbox_paused")
+    # Files go on while paused.
+    assert alice.put(f"{p}/files/content", params={"path": "p.txt"}, content=b"kept").status_code in (200, 201, 204)
+    again = alice.post(f"{p}/pause").json()
+    assert again["rounds"] == 0 and again["stopped"] == paused.json()["stopped"], again
+    resumed = alice.post(f"{p}/resume").json()
+    assert set(resumed["continued"]) == set(paused.json()["stopped"]) and resumed["paused_ms"] >= 0, resumed
+    assert alice.get(p).json()["state"] == "running"
+    r = alice.post(f"{p}/commands/run", json={"script": "cat p.txt"})
+    assert r.json()["stdout"] == "kept", r.text
+
+
 # ---- lifetime
 
 

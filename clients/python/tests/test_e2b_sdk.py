@@ -444,3 +444,21 @@ def test_options_namzu_cannot_honour_are_refused_by_name(server, e2b_env):
     with pytest.raises(e2b.SandboxException) as e:
         Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
     assert "autoPause" in str(e.value) or "autoResume" in str(e.value), str(e.value)
+
+
+def test_pause_then_connect_resumes_where_it_was(e2b_env):
+    sbx = Sandbox.create()
+    try:
+        h = sbx.commands.run("for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.3; done", background=True)
+        sbx.files.write("/workspace/before.txt", "disk")
+        assert sbx.pause() is True
+        assert sbx.pause() is False, "a second pause is E2B's 409"
+        paused = [s.sandbox_id for s in Sandbox.list(query=e2b.SandboxQuery(state=[e2b.SandboxState.PAUSED])).next_items()]
+        assert sbx.sandbox_id in paused
+        running = [s.sandbox_id for s in Sandbox.list(query=e2b.SandboxQuery(state=[e2b.SandboxState.RUNNING])).next_items()]
+        assert sbx.sandbox_id not in running
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("cat /workspace/before.txt").stdout == "disk"
+        assert again.commands.connect(h.pid).wait().stdout == "".join(f"tick{i}\n" for i in range(1, 7))
+    finally:
+        sbx.kill()

@@ -579,7 +579,8 @@ impl Execs {
         };
         tokio::pin!(host_gone);
 
-        let deadline = tokio::time::sleep(Duration::from_millis(timeout_ms));
+        // Time the sandbox spends paused does not count.
+        let deadline = crate::pause::sleep_running(Duration::from_millis(timeout_ms));
         tokio::pin!(deadline);
         let mut exit: Option<ExitInfo> = None;
         let mut timed_out = false;

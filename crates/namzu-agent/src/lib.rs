@@ -25,6 +25,7 @@
 //! * [`tcp`]: TCP connections into the sandbox, relayed;
 //! * [`egress`]: the loopback proxy and resolver, every decision the host's;
 //! * [`quiesce`]: stopping every process but the agent; flush;
+//! * [`pause`]: every process but the agent stopped, and continued;
 //! * [`sandbox`]: `--launch`, building a `local` sandbox around the agent;
 //! * [`guest`]: the agent as a microVM's init (disks, overlay, switch root);
 //! * [`port`]: a virtio-serial port as a byte stream (the microVM link);
@@ -49,6 +50,7 @@ pub mod guest;
 pub mod identity;
 pub mod jail;
 pub mod op_error;
+pub mod pause;
 pub mod port;
 pub mod quiesce;
 pub mod reaper;

@@ -45,7 +45,7 @@ impl IntoStatus for OpError {
             Kind::Survivor => Code::Aborted,
             Kind::Timeout => Code::DeadlineExceeded,
             Kind::AttachReplaced => Code::Aborted,
-            Kind::NotAttachable => Code::FailedPrecondition,
+            Kind::NotAttachable | Kind::Paused => Code::FailedPrecondition,
         };
         namzu_proto::status_with_error(code, self)
     }

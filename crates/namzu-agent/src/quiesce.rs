@@ -22,10 +22,21 @@ const MAX_ROUNDS: u32 = 32;
 /// How long a SIGKILLed process may take to vanish.
 const KILL_DEADLINE: Duration = Duration::from_secs(2);
 
-/// (pid, comm) of every live descendant of this process.
-pub fn descendants() -> Vec<(i32, String)> {
+/// A live (not zombie) descendant of this process.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub pid: i32,
+    pub comm: String,
+    /// `/proc/PID/stat`'s state: `T` stopped, `S` sleeping, `D` …
+    pub state: char,
+    /// Generations below the agent: 1 for its children.
+    pub depth: u32,
+}
+
+/// Every live descendant of this process, by pid.
+pub fn tree() -> Vec<Proc> {
     let me = i32::try_from(std::process::id()).unwrap_or(0);
-    let mut parent: HashMap<i32, (i32, String)> = HashMap::new();
+    let mut parent: HashMap<i32, (i32, String, char)> = HashMap::new();
     if let Ok(rd) = std::fs::read_dir("/proc") {
         for e in rd.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
@@ -39,31 +50,46 @@ pub fn descendants() -> Vec<(i32, String)> {
             };
             let comm = head.get(open + 1..).unwrap_or_default().to_owned();
             let mut f = rest.split_whitespace();
-            let (state, ppid) = (f.next(), f.next().and_then(|p| p.parse::<i32>().ok()));
+            let (state, ppid) = (
+                f.next().and_then(|s| s.chars().next()),
+                f.next().and_then(|p| p.parse::<i32>().ok()),
+            );
             if let (Some(st), Some(ppid)) = (state, ppid) {
-                if st != "Z" {
-                    parent.insert(pid, (ppid, comm));
+                if st != 'Z' {
+                    parent.insert(pid, (ppid, comm, st));
                 }
             }
         }
     }
-    let descends = |mut pid: i32| {
-        for _ in 0..4096 {
+    let depth = |mut pid: i32| {
+        for d in 1..4096 {
             match parent.get(&pid) {
-                Some((ppid, _)) if *ppid == me => return true,
-                Some((ppid, _)) if *ppid > 1 => pid = *ppid,
-                _ => return false,
+                Some((ppid, ..)) if *ppid == me => return Some(d),
+                Some((ppid, ..)) if *ppid > 1 => pid = *ppid,
+                _ => return None,
             }
         }
-        false
+        None
     };
-    let mut out: Vec<(i32, String)> = parent
+    let mut out: Vec<Proc> = parent
         .iter()
-        .filter(|(pid, _)| **pid != me && descends(**pid))
-        .map(|(pid, (_, c))| (*pid, c.clone()))
+        .filter(|(pid, _)| **pid != me)
+        .filter_map(|(pid, (_, comm, state))| {
+            depth(*pid).map(|depth| Proc {
+                pid: *pid,
+                comm: comm.clone(),
+                state: *state,
+                depth,
+            })
+        })
         .collect();
-    out.sort();
+    out.sort_by_key(|p| p.pid);
     out
+}
+
+/// (pid, comm) of every live descendant of this process.
+pub fn descendants() -> Vec<(i32, String)> {
+    tree().into_iter().map(|p| (p.pid, p.comm)).collect()
 }
 
 fn alive(pid: i32) -> bool {
@@ -102,6 +128,9 @@ pub async fn quiesce(grace: Duration) -> Result<(Vec<StoppedProcess>, u32), OpEr
         }
         for (pid, comm) in &procs {
             let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
+            // A stopped process (paused, or by job control) acts on the
+            // TERM only once continued.
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
             stopped.entry(*pid).or_insert(StoppedProcess {
                 pid: u32::try_from(*pid).unwrap_or(0),
                 comm: comm.clone(),

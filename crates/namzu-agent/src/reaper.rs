@@ -63,7 +63,8 @@ impl Reaper {
         start: impl FnOnce() -> std::io::Result<(u32, T)>,
     ) -> std::io::Result<(T, oneshot::Receiver<ExitInfo>)> {
         let mut waiters = self.lock();
-        let (pid, child) = start()?;
+        // Nothing starts in a paused sandbox.
+        let (pid, child) = crate::pause::gate(start)?;
         let (tx, rx) = oneshot::channel();
         waiters.insert(i32::try_from(pid).unwrap_or(i32::MAX), tx);
         Ok((child, rx))

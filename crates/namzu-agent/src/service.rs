@@ -157,6 +157,7 @@ impl AgentService {
                 .map(|r| bytes::Bytes::copy_from_slice(r.as_os_str().as_encoded_bytes()))
                 .collect(),
             retiring: self.execs.retiring(),
+            paused: crate::pause::is_paused(),
             pid: std::process::id(),
             egress_refused_unattended: self.egress.refused_unattended(),
             startup: crate::timeline::marks()
@@ -208,6 +209,7 @@ impl Agent for AgentService {
 
     async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
         self.admit("exec", namzu_proto::features::EXEC)?;
+        crate::pause::refuse("exec").map_err(IntoStatus::into_status)?;
         let mut input = req.into_inner();
         let mut start = match input.next().await {
             Some(Ok(ExecInput {
@@ -439,6 +441,7 @@ impl Agent for AgentService {
 
     async fn start_session(&self, req: Request<v1::StartSessionRequest>) -> Result<Response<v1::SessionInfo>, Status> {
         self.admit("start_session", namzu_proto::features::SESSIONS)?;
+        crate::pause::refuse("start_session").map_err(IntoStatus::into_status)?;
         let info = self
             .sessions
             .start_session(req.into_inner())
@@ -510,6 +513,21 @@ impl Agent for AgentService {
         }))
     }
 
+    async fn pause(&self, _req: Request<Empty>) -> Result<Response<v1::PauseResponse>, Status> {
+        self.admit("pause", namzu_proto::features::PAUSE)?;
+        let (stopped, rounds) = crate::pause::pause().await.map_err(IntoStatus::into_status)?;
+        Ok(Response::new(v1::PauseResponse { stopped, rounds }))
+    }
+
+    async fn resume(&self, _req: Request<Empty>) -> Result<Response<v1::ResumeResponse>, Status> {
+        self.admit("resume", namzu_proto::features::PAUSE)?;
+        let (continued, paused_for) = crate::pause::resume().await;
+        Ok(Response::new(v1::ResumeResponse {
+            continued,
+            paused_ms: u64::try_from(paused_for.as_millis()).unwrap_or(u64::MAX),
+        }))
+    }
+
     type TerminalStream = ReceiverStream<Result<v1::TerminalOutput, Status>>;
 
     async fn terminal(
@@ -524,6 +542,9 @@ impl Agent for AgentService {
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, OP, "first message must be open or attach").into_status()),
         };
+        if matches!(first, v1::terminal_input::Msg::Open(_)) {
+            crate::pause::refuse(OP).map_err(IntoStatus::into_status)?;
+        }
         let (tx, rx) = mpsc::channel(16);
         match first {
             v1::terminal_input::Msg::Open(open) if open.persistent => {
@@ -580,6 +601,8 @@ impl Agent for AgentService {
     ) -> Result<Response<Self::TcpConnectStream>, Status> {
         const OP: &str = "tcp_connect";
         self.admit(OP, namzu_proto::features::TCP_CONNECT)?;
+        // Nothing in the sandbox would accept it.
+        crate::pause::refuse(OP).map_err(IntoStatus::into_status)?;
         let mut input = req.into_inner();
         let (port, host_beats) = match input.next().await {
             Some(Ok(v1::TcpInput {

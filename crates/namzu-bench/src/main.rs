@@ -15,7 +15,9 @@
 //! Local tier (namespaces):
 //! * create + first `exec true` vs `bwrap … true` and `unshare … true`;
 //! * exec round trip of `true` vs fork+exec on the host;
-//! * host memory (PSS) of 100 idle sandboxes.
+//! * host memory (PSS) of 100 idle sandboxes;
+//! * pause + resume of a sandbox running 22 processes vs SIGSTOP, wait
+//!   and SIGCONT of the same processes from the host.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
 mod cold;
+mod pause;
 mod pool;
 mod raw;
 mod stages;
@@ -385,6 +388,10 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         cold::cli_cold_start(state.path(), iters.min(300));
         return Ok(());
     }
+    // `NAMZU_BENCH_ONLY=pause`: pause and resume on the local tier only.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("pause") {
+        return pause::bench(20, iters.min(50)).await;
+    }
     // `NAMZU_BENCH_ONLY=host`: the host tier's exec and file figures only.
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("host") {
         return host_tier(iters).await;
@@ -402,6 +409,7 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         pool::bench(n, 100, 8).await.map_err(|e| e.to_string())?;
     }
     local_tier(iters).await?;
+    pause::bench(20, 50).await?;
     host_tier(iters).await?;
     Ok(())
 }

@@ -198,3 +198,33 @@ fn watch_prints_each_change_under_a_directory() {
     assert_eq!(out(&o), "create d/\ncreate sub/f\n");
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+/// `namzu pause` stops a sandbox's processes in place (the pids on
+/// stdout), an exec is then refused naming the pause, and `namzu resume`
+/// continues the same processes.
+#[test]
+fn pause_refuses_new_commands_until_resume() {
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    let o = namzu(
+        st.path(),
+        &["exec", "--detach", "--id", "nap", &id, "--", "sleep", "300"],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let o = namzu(st.path(), &["pause", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    let stopped: Vec<u32> = out(&o).lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert!(!stopped.is_empty(), "{}", err(&o));
+    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("paused"), "{}", err(&o));
+    let o = namzu(st.path(), &["resume", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    let mut continued: Vec<u32> = out(&o).lines().map(|l| l.trim().parse().unwrap()).collect();
+    continued.sort_unstable();
+    let mut want = stopped;
+    want.sort_unstable();
+    assert_eq!(continued, want);
+    assert!(namzu(st.path(), &["exec", &id, "--", "true"]).status.success());
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

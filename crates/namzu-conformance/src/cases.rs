@@ -10,6 +10,7 @@ mod exec;
 mod files;
 mod limits;
 mod net;
+mod pause;
 mod quiesce;
 mod sessions;
 mod terminal;
@@ -19,6 +20,7 @@ use exec::*;
 use files::*;
 use limits::*;
 use net::*;
+use pause::*;
 use quiesce::*;
 use sessions::*;
 use terminal::*;
@@ -64,6 +66,7 @@ pub fn all() -> Vec<Case> {
         terminal_login_shell_exit_code[feat::TERMINAL],
         quiesce_stops_everything_but_the_agent[feat::QUIESCE, feat::EXEC, feat::FILES_READ],
         flush_makes_the_workspace_durable[feat::FLUSH, feat::FILES_WRITE],
+        pause_stops_every_process_and_resume_continues_them[feat::PAUSE, feat::EXEC, feat::EXEC_ATTACH, feat::FILES_WRITE, feat::FILES_READ],
         detached_session_output_is_read_by_offset[feat::SESSIONS],
         session_ring_eviction_is_reported_as_dropped_bytes[feat::SESSIONS],
         kill_session_kills_the_whole_session[feat::SESSIONS, feat::EXEC, feat::FILES_READ],

@@ -220,6 +220,24 @@ pub enum Error {
         offset: u64,
     },
 
+    // ---- pause
+    /// The sandbox is paused: nothing starts in it (commands, terminals,
+    /// sessions, TCP connections) until it is resumed.
+    #[error("{op}: the sandbox is paused; nothing starts in it until it is resumed")]
+    SandboxPaused {
+        /// The operation refused.
+        op: String,
+    },
+    /// A pause could not stop every process (one would not stop, or the
+    /// tree kept forking); what it had stopped runs again.
+    #[error("pause: process {pid}: {message}; nothing was left paused")]
+    PauseIncomplete {
+        /// The process it could not stop, inside the sandbox.
+        pid: u32,
+        /// What went wrong.
+        message: String,
+    },
+
     // ---- quiesce and flush
     /// A process survived SIGKILL during quiesce.
     #[error("process {pid} survived SIGKILL during quiesce")]
@@ -559,7 +577,12 @@ impl Error {
                 message: e.message,
             },
             Kind::FeatureDisabled => Error::Unsupported { op, feature: e.feature },
+            Kind::Survivor if op == "pause" => Error::PauseIncomplete {
+                pid: e.pid,
+                message: e.message,
+            },
             Kind::Survivor => Error::QuiesceSurvivor { pid: e.pid },
+            Kind::Paused => Error::SandboxPaused { op },
             Kind::AttachReplaced => Error::AttachmentReplaced {
                 session_id: e.execution_id,
                 offset: e.limit,

@@ -473,6 +473,8 @@ pub struct AgentInfo {
     pub features: Vec<String>,
     /// The agent fenced itself after an unconfirmed kill.
     pub retiring: bool,
+    /// The sandbox is paused ([`crate::Sandbox::pause`]).
+    pub paused: bool,
     /// Its process id inside the sandbox.
     pub pid: u32,
     /// The agent's resident memory now.
@@ -531,6 +533,25 @@ pub enum TerminalEvent {
     },
     /// Always the last event.
     Exit(ExitStatus),
+}
+
+/// What a pause did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PauseReport {
+    /// The processes it stopped (inside the sandbox); one stopped already
+    /// (job control) is left as it is and not listed.
+    pub stopped: Vec<u32>,
+    /// Scans it took (0: the sandbox was paused already).
+    pub rounds: u32,
+}
+
+/// What a resume did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResumeReport {
+    /// The processes it continued: those the pause stopped still there.
+    pub continued: Vec<u32>,
+    /// How long the sandbox was paused (zero: it was not).
+    pub paused_for: Duration,
 }
 
 /// A process quiesce stopped.

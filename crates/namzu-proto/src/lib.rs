@@ -188,6 +188,9 @@ pub mod features {
     pub const TERMINAL: &str = "terminal";
     pub const QUIESCE: &str = "quiesce";
     pub const FLUSH: &str = "flush";
+    /// `Pause` and `Resume`: every process but the agent stopped, and
+    /// continued.
+    pub const PAUSE: &str = "pause";
     pub const SESSIONS: &str = "sessions";
     /// The loopback proxy and resolver, decided by the host (`Egress`).
     pub const EGRESS: &str = "egress";
@@ -231,6 +234,7 @@ pub mod features {
         TERMINAL,
         QUIESCE,
         FLUSH,
+        PAUSE,
         SESSIONS,
     ];
 }

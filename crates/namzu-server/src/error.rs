@@ -154,6 +154,8 @@ pub fn library_error(e: &namzu::Error) -> ApiError {
             (S::NOT_FOUND, "sandbox_not_found", None)
         }
         E::SandboxDead { .. } => (S::GONE, "sandbox_dead", None),
+        E::SandboxPaused { .. } => (S::CONFLICT, "sandbox_paused", None),
+        E::PauseIncomplete { .. } => (S::CONFLICT, "pause_incomplete", None),
         _ => (S::BAD_GATEWAY, "sandbox_error", None),
     };
     let err = ApiError::new(status, code, message);

@@ -40,7 +40,8 @@ pub struct Record {
     pub created_at_ms: u64,
     /// Unix ms; the reaper destroys it after.
     pub expires_at_ms: u64,
-    /// `running` or `dead`.
+    /// `running`, `paused` (through this server; it does not expire while
+    /// paused, and still counts against its owner's limit) or `dead`.
     #[serde(default = "running")]
     pub state: String,
     /// E2B-compatible API: the template it was made from, when made there.
@@ -354,7 +355,8 @@ impl Registry {
         }
     }
 
-    fn set_state(&self, id: &str, state: &str) {
+    /// Records `id`'s state (`running`, `paused`, `dead`).
+    pub fn set_state(&self, id: &str, state: &str) {
         let Ok(mut recs) = self.records.lock() else { return };
         if let Some(r) = recs.get_mut(id) {
             if r.state != state {

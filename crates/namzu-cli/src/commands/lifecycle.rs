@@ -1,4 +1,5 @@
-//! `quiesce` and `flush`: stopping a sandbox's processes and making its
+//! `quiesce`, `flush`, `pause` and `resume`: stopping a sandbox's
+//! processes (for good, or in place until resumed) and making its
 //! workspace durable, e.g. before a snapshot.
 
 use std::path::PathBuf;
@@ -41,5 +42,38 @@ pub async fn flush(state_dir: &Option<PathBuf>, id: String, timeout: f64) -> Res
     let sb = connect(state_dir, &id).await?;
     let took = sb.flush(timeout).await?;
     println!("flushed in {} ms", took.as_millis());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Stops every process but the agent in place; prints the pids stopped.
+pub async fn pause(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
+    let sb = connect(state_dir, &id).await?;
+    let report = sb.pause().await?;
+    for pid in &report.stopped {
+        println!("{pid}");
+    }
+    if report.rounds == 0 {
+        eprintln!("namzu: {id} was paused already");
+    } else {
+        eprintln!(
+            "namzu: {} process(es) stopped; `namzu resume {id}` continues them",
+            report.stopped.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Continues what `pause` stopped; prints the pids continued.
+pub async fn resume(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
+    let sb = connect(state_dir, &id).await?;
+    let report = sb.resume().await?;
+    for pid in &report.continued {
+        println!("{pid}");
+    }
+    eprintln!(
+        "namzu: {} process(es) continued after {} ms paused",
+        report.continued.len(),
+        report.paused_for.as_millis()
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -103,6 +103,11 @@ pub enum Cmd {
         #[arg(long, default_value_t = 5.0)]
         grace: f64,
     },
+    /// Stop every process in a sandbox but its agent, in place, until
+    /// `namzu resume`; nothing new starts in it meanwhile.
+    Pause { id: String },
+    /// Continue what `namzu pause` stopped.
+    Resume { id: String },
     /// Make a sandbox's workspace durable (sync it to disk).
     Flush {
         id: String,
@@ -220,6 +225,8 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Kill { id, session, signal } => sessions::kill(state_dir, id, session, signal).await,
         Cmd::Quiesce { id, grace } => lifecycle::quiesce(state_dir, id, grace).await,
         Cmd::Flush { id, timeout } => lifecycle::flush(state_dir, id, timeout).await,
+        Cmd::Pause { id } => lifecycle::pause(state_dir, id).await,
+        Cmd::Resume { id } => lifecycle::resume(state_dir, id).await,
         Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
         Cmd::Watch {
             id,

@@ -68,6 +68,7 @@ pub(super) fn agent_info(h: v1::HealthResponse) -> AgentInfo {
         boot_id: h.boot_id,
         features: h.features,
         retiring: h.retiring,
+        paused: h.paused,
         pid: h.pid,
         rss_bytes: h.rss_bytes,
         peak_rss_bytes: h.peak_rss_bytes,

@@ -108,6 +108,41 @@ impl AgentClient {
         })
     }
 
+    /// Stops every process in the sandbox but the agent until
+    /// [`Self::resume`]; nothing new starts meanwhile
+    /// ([`Error::SandboxPaused`]). Pausing a paused sandbox is done.
+    pub async fn pause(&self) -> Result<PauseReport> {
+        const OP: &str = "pause";
+        self.require(OP, feat::PAUSE)?;
+        let r = self
+            .rpc()
+            .pause(v1::Empty {})
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        Ok(PauseReport {
+            stopped: r.stopped,
+            rounds: r.rounds,
+        })
+    }
+
+    /// Continues what [`Self::pause`] stopped; resuming a running sandbox
+    /// is done.
+    pub async fn resume(&self) -> Result<ResumeReport> {
+        const OP: &str = "resume";
+        self.require(OP, feat::PAUSE)?;
+        let r = self
+            .rpc()
+            .resume(v1::Empty {})
+            .await
+            .map_err(|s| self.status(OP, s))?
+            .into_inner();
+        Ok(ResumeReport {
+            continued: r.continued,
+            paused_for: Duration::from_millis(r.paused_ms),
+        })
+    }
+
     /// Makes everything written to the workspace durable (syncfs) within
     /// `timeout`; returns how long it took.
     pub async fn flush(&self, timeout: Duration) -> Result<Duration> {

@@ -167,6 +167,27 @@ impl Sandbox {
         self.agent().quiesce(grace).await
     }
 
+    /// Pauses the sandbox: every process in it but the agent stopped, in
+    /// place, until [`Self::resume`]. Meanwhile nothing starts in it
+    /// (commands, terminals, sessions and TCP connections are refused with
+    /// [`Error::SandboxPaused`](crate::Error::SandboxPaused)); files, reads
+    /// of running commands' output, cancels and kills go on, and a
+    /// command's timeout does not run. Pausing a paused sandbox is done.
+    pub async fn pause(&self) -> Result<crate::types::PauseReport> {
+        self.agent().pause().await
+    }
+
+    /// Resumes a paused sandbox: what the pause stopped runs on where it
+    /// was. Resuming a running sandbox is done.
+    pub async fn resume(&self) -> Result<crate::types::ResumeReport> {
+        self.agent().resume().await
+    }
+
+    /// Whether the sandbox is paused (asks its agent).
+    pub async fn is_paused(&self) -> Result<bool> {
+        Ok(self.agent().health().await?.paused)
+    }
+
     /// Makes the workspace durable (sync to disk); returns how long it took.
     pub async fn flush(&self, timeout: Duration) -> Result<Duration> {
         self.agent().flush(timeout).await

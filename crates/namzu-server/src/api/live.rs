@@ -1,6 +1,6 @@
 //! Live connections into a sandbox over WebSocket — a terminal, and a TCP
 //! port-forward to any port inside — and the sandbox-wide operations:
-//! network policy, quiesce, flush.
+//! network policy, quiesce, flush, pause and resume.
 //!
 //! Both WebSockets carry data in binary frames both ways. The terminal
 //! takes `{"type":"resize","cols":C,"rows":R}` as a text frame and ends
@@ -17,8 +17,8 @@ use namzu::TerminalEvent;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::model::{
-    ExitView, FlushBody, FlushView, NetworkBody, NetworkView, QuiesceBody, QuiesceView, StoppedView, TerminalControl,
-    TerminalQuery,
+    ExitView, FlushBody, FlushView, NetworkBody, NetworkView, PauseView, QuiesceBody, QuiesceView, ResumeView,
+    StoppedView, TerminalControl, TerminalQuery,
 };
 use super::sandboxes::{body_of, policy_of};
 use crate::error::{ApiResult, ErrorBody};
@@ -236,5 +236,45 @@ pub async fn flush(
     let took = sb.flush(Duration::from_millis(b.timeout_ms.unwrap_or(30_000))).await?;
     Ok(axum::Json(FlushView {
         took_ms: took.as_millis() as u64,
+    }))
+}
+
+/// Pause the sandbox: every process in it but its agent stopped in place.
+/// Until it is resumed nothing starts in it (commands, terminals, TCP:
+/// 409 `sandbox_paused`); files and running commands' output can still
+/// be read, and a command's timeout does not run.
+#[utoipa::path(post, operation_id = "pause", path = "/v1/sandboxes/{id}/pause", tag = "live", params(("id" = String, Path)),
+    responses((status = 200, body = PauseView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn pause(
+    State(st): State<AppState>,
+    Owner(owner): Owner,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<PauseView>> {
+    check_id("id", &id)?;
+    let (_, sb) = st.registry.sandbox(&owner, &id).await?;
+    let r = sb.pause().await?;
+    st.registry.set_state(&id, "paused");
+    Ok(axum::Json(PauseView {
+        stopped: r.stopped,
+        rounds: r.rounds,
+    }))
+}
+
+/// Resume a paused sandbox where it was (a running one: nothing to do).
+/// A paused sandbox does not expire; its timeout runs again from here.
+#[utoipa::path(post, operation_id = "resume", path = "/v1/sandboxes/{id}/resume", tag = "live", params(("id" = String, Path)),
+    responses((status = 200, body = ResumeView), (status = 404, body = ErrorBody)))]
+pub async fn resume(
+    State(st): State<AppState>,
+    Owner(owner): Owner,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<ResumeView>> {
+    check_id("id", &id)?;
+    let (_, sb) = st.registry.sandbox(&owner, &id).await?;
+    let r = sb.resume().await?;
+    st.registry.set_state(&id, "running");
+    Ok(axum::Json(ResumeView {
+        continued: r.continued,
+        paused_ms: u64::try_from(r.paused_for.as_millis()).unwrap_or(u64::MAX),
     }))
 }

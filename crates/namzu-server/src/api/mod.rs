@@ -31,7 +31,7 @@ use crate::state::AppState;
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::extend, sandboxes::destroy,
         commands::start, commands::run, commands::attach, commands::list, commands::cancel,
         files::download, files::upload, files::list, files::walk, files::watch, files::stat, files::mkdir, files::remove, files::rename,
-        live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush,
+        live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush, live::pause, live::resume,
     ),
     components(schemas(ErrorBody, model::TerminalControl)),
     modifiers(&Security),
@@ -40,7 +40,7 @@ use crate::state::AppState;
         (name = "sandboxes", description = "Make, find, extend and destroy sandboxes"),
         (name = "commands", description = "Run commands; streams carry offsets to re-attach from"),
         (name = "files", description = "Files inside a sandbox"),
-        (name = "live", description = "Terminals, TCP, egress policy, quiesce and flush"),
+        (name = "live", description = "Terminals, TCP, egress policy, quiesce, flush, pause and resume"),
         (name = "server", description = "The server itself"),
     )
 )]
@@ -234,6 +234,8 @@ pub fn router(st: AppState) -> Router {
         .route(&format!("{sb}/network"), get(live::network).put(live::set_network))
         .route(&format!("{sb}/quiesce"), post(live::quiesce))
         .route(&format!("{sb}/flush"), post(live::flush))
+        .route(&format!("{sb}/pause"), post(live::pause))
+        .route(&format!("{sb}/resume"), post(live::resume))
         .merge(crate::e2b::control_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(method_not_allowed))

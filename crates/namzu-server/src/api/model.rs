@@ -505,6 +505,24 @@ pub struct FlushView {
     pub took_ms: u64,
 }
 
+/// `POST …/pause` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PauseView {
+    /// Pids the pause stopped.
+    pub stopped: Vec<u32>,
+    /// Scans it took (0: it was paused already).
+    pub rounds: u32,
+}
+
+/// `POST …/resume` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ResumeView {
+    /// Pids continued.
+    pub continued: Vec<u32>,
+    /// Milliseconds it was paused (0: it was not).
+    pub paused_ms: u64,
+}
+
 /// `GET /v1/health`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {

@@ -286,7 +286,8 @@ fn count_destroy(st: &AppState, rec: &Record, reason: &str) {
         .inc();
 }
 
-/// Destroys every sandbox past its expiry, once a second, until shutdown.
+/// Destroys every sandbox past its expiry, once a second, until shutdown;
+/// a paused one does not expire (as on E2B), until it is resumed.
 pub async fn reap(st: AppState) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -295,7 +296,12 @@ pub async fn reap(st: AppState) {
             _ = tick.tick() => {}
         }
         let now = now_ms();
-        for rec in st.registry.all().into_iter().filter(|r| r.expires_at_ms <= now) {
+        let due = st
+            .registry
+            .all()
+            .into_iter()
+            .filter(|r| r.expires_at_ms <= now && r.state != "paused");
+        for rec in due {
             match st.registry.destroy(&rec).await {
                 Ok(()) => {
                     count_destroy(&st, &rec, "timeout");

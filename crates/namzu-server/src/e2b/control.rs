@@ -120,7 +120,7 @@ fn detail_json(r: &Record) -> serde_json::Value {
         "cpuCount": 1,
         "memoryMB": 512,
         "diskSizeMB": 1024,
-        "state": "running",
+        "state": if r.state == "paused" { "paused" } else { "running" },
         "metadata": r.metadata,
     });
     if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
@@ -277,8 +277,8 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /v2/sandboxes/{id}/connect` (200 + Sandbox): the sandbox, its
-/// timeout moved to `timeout` from now.
+/// `POST /v2/sandboxes/{id}/connect` (200 + Sandbox): the sandbox —
+/// resumed if it was paused — its timeout moved to `timeout` from now.
 pub async fn connect(
     State(st): State<AppState>,
     o: Result<Owner, ApiError>,
@@ -291,8 +291,23 @@ pub async fn connect(
     } else {
         serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?
     };
+    // A sandbox this server paused is resumed first, as E2B's connect does.
+    wake(&st, &owner, &id).await?;
     let r = extend(&st, &owner, &id, t.timeout)?;
     Ok(axum::Json(sandbox_json(&r)).into_response())
+}
+
+/// Resumes `owner`'s sandbox `id` if this server paused it; its record.
+async fn wake(st: &AppState, owner: &str, id: &str) -> E2bResult<Record> {
+    check_id("id", id)?;
+    let rec = st.registry.get(owner, id)?;
+    if rec.state != "paused" {
+        return Ok(rec);
+    }
+    let (_, sb) = st.registry.sandbox(owner, id).await?;
+    sb.resume().await.map_err(ApiError::from)?;
+    st.registry.set_state(id, "running");
+    Ok(st.registry.get(owner, id)?)
 }
 
 /// `GET /v2/sandboxes` query.
@@ -312,11 +327,7 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> E2bResult<Response> {
     let owner = owner(o)?;
-    if let Some(s) = &q.state {
-        if s.split(',').any(|s| s == "paused") && !s.split(',').any(|s| s == "running") {
-            return Ok((axum::Json(Vec::<serde_json::Value>::new())).into_response());
-        }
-    }
+    let states: Option<Vec<&str>> = q.state.as_deref().map(|s| s.split(',').collect());
     let labels = match &q.metadata {
         None => Vec::new(),
         Some(m) => crate::urlenc::pairs(m)
@@ -324,7 +335,11 @@ pub async fn list(
     };
     let max = st.config.limits.max_page_size;
     let limit = q.limit.unwrap_or(100).clamp(1, max);
-    let (page, more) = st.registry.list(&owner, &labels, q.next_token.as_deref(), limit)?;
+    let (mut page, more) = st.registry.list(&owner, &labels, q.next_token.as_deref(), limit)?;
+    if let Some(states) = &states {
+        let shown = |r: &Record| states.contains(&if r.state == "paused" { "paused" } else { "running" });
+        page.retain(shown);
+    }
     let mut headers = HeaderMap::new();
     if more {
         if let Some(last) = page.last().and_then(|r| HeaderValue::from_str(&r.id).ok()) {
@@ -335,14 +350,47 @@ pub async fn list(
     Ok((headers, axum::Json(body)).into_response())
 }
 
-/// `POST /sandboxes/{id}/pause` and `…/resume`: not built yet, said
-/// plainly (501).
-pub async fn pause(o: Result<Owner, ApiError>) -> E2bResult<StatusCode> {
-    owner(o)?;
-    Err(E2bError(
-        StatusCode::NOT_IMPLEMENTED,
-        "pause and resume are not built in namzu yet".into(),
-    ))
+/// `POST /sandboxes/{id}/pause` (204; 409 when paused already): every
+/// process in the sandbox stopped in place, its timeout stopped with it.
+pub async fn pause(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+) -> E2bResult<StatusCode> {
+    let owner = owner(o)?;
+    check_id("id", &id)?;
+    let (rec, sb) = st.registry.sandbox(&owner, &id).await?;
+    if rec.state == "paused" {
+        return Err(E2bError(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    sb.pause().await.map_err(ApiError::from)?;
+    st.registry.set_state(&id, "paused");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/resume` (older SDKs; 201 + Sandbox; 409 when it
+/// is not paused): resumed where it was, its timeout set from now.
+pub async fn resume(
+    State(st): State<AppState>,
+    o: Result<Owner, ApiError>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let owner = owner(o)?;
+    let t: Timeout = if body.is_empty() {
+        Timeout { timeout: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?
+    };
+    if st.registry.get(&owner, &id)?.state != "paused" {
+        return Err(E2bError(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
+    }
+    wake(&st, &owner, &id).await?;
+    let r = extend(&st, &owner, &id, t.timeout)?;
+    Ok((StatusCode::CREATED, axum::Json(sandbox_json(&r))).into_response())
 }
 
 #[cfg(test)]

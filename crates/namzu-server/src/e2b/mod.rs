@@ -213,5 +213,5 @@ pub fn control_routes() -> Router<AppState> {
         .route("/v2/sandboxes/:id/connect", post(control::connect))
         .route("/sandboxes/:id/connect", post(control::connect))
         .route("/sandboxes/:id/pause", post(control::pause))
-        .route("/sandboxes/:id/resume", post(control::pause))
+        .route("/sandboxes/:id/resume", post(control::resume))
 }
