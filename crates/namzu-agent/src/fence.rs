@@ -110,7 +110,7 @@ mod tests {
     async fn every_rpc_but_health_and_cancel_is_fenced() {
         use tower::ServiceExt;
         let rpcs = rpcs();
-        assert_eq!(rpcs.len(), 26, "{rpcs:?}");
+        assert_eq!(rpcs.len(), 28, "{rpcs:?}");
         let flag = Arc::new(AtomicBool::new(false));
         let reached = Arc::new(AtomicUsize::new(0));
         let f = flag.clone();
