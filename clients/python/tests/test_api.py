@@ -397,6 +397,26 @@ def test_pause_and_resume(alice, sandbox):
 # ---- lifetime
 
 
+def test_on_timeout_pause_pauses_instead_of_destroying(alice):
+    err(alice.post("/v1/sandboxes", json={"on_timeout": "sleep"}), 400, "invalid_argument", "on_timeout")
+    sb = alice.post("/v1/sandboxes", json={"timeout_s": 1, "on_timeout": "pause"}).json()
+    p = f"/v1/sandboxes/{sb['id']}"
+    assert sb["pause_on_timeout"] is True and sb["state"] == "running"
+    alice.put(f"{p}/files/content", params={"path": "kept.txt"}, content=b"kept")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and alice.get(p).json()["state"] != "paused":
+        time.sleep(0.2)
+    assert alice.get(p).json()["state"] == "paused"
+    err(alice.post(f"{p}/commands/run", json={"script": "echo no"}), 409, "sandbox_paused")
+    time.sleep(2)
+    assert alice.get(p).json()["state"] == "paused", "a paused sandbox does not expire"
+    assert alice.post(f"{p}/resume").status_code == 200
+    view = alice.get(p).json()
+    assert view["state"] == "running" and view["expires_at_ms"] > time.time() * 1000, view
+    assert alice.post(f"{p}/commands/run", json={"script": "cat kept.txt"}).json()["stdout"] == "kept"
+    alice.delete(p)
+
+
 def test_timeout_destroys_and_extend_keeps(alice):
     short = alice.post("/v1/sandboxes", json={"timeout_s": 1, "metadata": {"t": "short"}}).json()
     kept = alice.post("/v1/sandboxes", json={"timeout_s": 1, "metadata": {"t": "kept"}}).json()

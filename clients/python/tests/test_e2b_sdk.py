@@ -433,8 +433,8 @@ def test_large_bytes_go_through_multipart(sbx):
 def test_options_namzu_cannot_honour_are_refused_by_name(server, e2b_env):
     base = {"templateID": "base"}
     for extra, name in (
-        ({"autoPause": True}, "autoPause"),
-        ({"autoResume": {"enabled": True}}, "autoResume"),
+        ({"autoResume": {"enabled": True}}, "autoPause"),
+        ({"autoPause": True, "autoPauseMemory": False}, "autoPauseMemory"),
         ({"iam": {"roles": ["x"]}}, "iam"),
         ({"volumeMounts": [{"name": "v", "path": "/data"}]}, "volumeMounts"),
         ({"mcp": {"x": {}}}, "mcp"),
@@ -442,8 +442,8 @@ def test_options_namzu_cannot_honour_are_refused_by_name(server, e2b_env):
         r = httpx.post(f"{server.url}/v2/sandboxes", json={**base, **extra}, headers={"X-API-KEY": server.keys["alice"]})
         assert r.status_code == 400 and name in r.json()["message"], (name, r.status_code, r.text)
     with pytest.raises(e2b.SandboxException) as e:
-        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
-    assert "autoPause" in str(e.value) or "autoResume" in str(e.value), str(e.value)
+        Sandbox.create(lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    assert "autoPauseMemory" in str(e.value), str(e.value)
 
 
 def test_pause_then_connect_resumes_where_it_was(e2b_env):
@@ -460,5 +460,35 @@ def test_pause_then_connect_resumes_where_it_was(e2b_env):
         again = Sandbox.connect(sbx.sandbox_id)
         assert again.commands.run("cat /workspace/before.txt").stdout == "disk"
         assert again.commands.connect(h.pid).wait().stdout == "".join(f"tick{i}\n" for i in range(1, 7))
+    finally:
+        sbx.kill()
+
+
+def _wait_state(sbx, state):
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and sbx.get_info().state.value != state:
+        time.sleep(0.2)
+    return sbx.get_info().state.value
+
+
+def test_a_timeout_pauses_and_the_next_request_resumes_with_auto_resume(e2b_env):
+    sbx = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.files.write("/workspace/kept.txt", "kept")
+        assert _wait_state(sbx, "paused") == "paused"
+        assert sbx.commands.run("cat /workspace/kept.txt").stdout == "kept", "the request resumed it"
+        assert sbx.get_info().state.value == "running"
+    finally:
+        sbx.kill()
+
+
+def test_a_timeout_pause_without_auto_resume_waits_for_connect(e2b_env):
+    sbx = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"})
+    try:
+        h = sbx.commands.run("sleep 2; echo woke", background=True)
+        assert _wait_state(sbx, "paused") == "paused"
+        assert not sbx.is_running(), "a paused sandbox's envd answers as not running"
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.commands.connect(h.pid).wait().stdout == "woke\n"
     finally:
         sbx.kill()

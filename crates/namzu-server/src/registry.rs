@@ -38,8 +38,20 @@ pub struct Record {
     pub metadata: BTreeMap<String, String>,
     /// Unix ms.
     pub created_at_ms: u64,
-    /// Unix ms; the reaper destroys it after.
+    /// Unix ms; the reaper destroys it after (or pauses it, with
+    /// `pause_on_timeout`).
     pub expires_at_ms: u64,
+    /// Reaching its timeout pauses it instead of destroying it (E2B's
+    /// `autoPause`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pause_on_timeout: bool,
+    /// A paused sandbox is resumed by the next envd request to it (E2B's
+    /// `autoResume`), its timeout set again to `timeout_ms` from then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
+    /// The timeout it was made with, in ms (what an auto-resume sets again).
+    #[serde(default)]
+    pub timeout_ms: u64,
     /// `running`, `paused` (through this server; it does not expire while
     /// paused, and still counts against its owner's limit) or `dead`.
     #[serde(default = "running")]

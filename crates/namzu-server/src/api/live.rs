@@ -273,6 +273,12 @@ pub async fn resume(
     let (_, sb) = st.registry.sandbox(&owner, &id).await?;
     let r = sb.resume().await?;
     st.registry.set_state(&id, "running");
+    let rec = st.registry.get(&owner, &id)?;
+    let timeout = match rec.timeout_ms {
+        0 => st.config.limits.default_timeout,
+        ms => Duration::from_millis(ms),
+    };
+    st.registry.extend(&owner, &id, timeout)?;
     Ok(axum::Json(ResumeView {
         continued: r.continued,
         paused_ms: u64::try_from(r.paused_for.as_millis()).unwrap_or(u64::MAX),

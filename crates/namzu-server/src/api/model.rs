@@ -74,6 +74,10 @@ pub struct CreateSandbox {
     /// Seconds until the server destroys the sandbox unless extended
     /// (default: the server's `default_timeout`).
     pub timeout_s: Option<u64>,
+    /// What reaching the timeout does: `destroy` (the default) or `pause`
+    /// (every process stopped in place; a paused sandbox does not expire
+    /// until resumed).
+    pub on_timeout: Option<String>,
 }
 
 /// A sandbox as the API shows it.
@@ -95,8 +99,11 @@ pub struct SandboxView {
     pub created_at_ms: u64,
     /// Destroyed at, Unix milliseconds, unless extended.
     pub expires_at_ms: u64,
-    /// `running`, or `dead` once an operation found its agent gone.
+    /// `running`, `paused`, or `dead` once an operation found its agent
+    /// gone.
     pub state: String,
+    /// Reaching the timeout pauses it instead of destroying it.
+    pub pause_on_timeout: bool,
 }
 
 /// One page of `GET /v1/sandboxes`.

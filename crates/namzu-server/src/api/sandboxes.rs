@@ -25,6 +25,7 @@ impl From<&Record> for SandboxView {
             created_at_ms: r.created_at_ms,
             expires_at_ms: r.expires_at_ms,
             state: r.state.clone(),
+            pause_on_timeout: r.pause_on_timeout,
         }
     }
 }
@@ -159,6 +160,16 @@ pub async fn create(
         .field("runtime"));
     }
     let timeout = timeout_of(&st, req.timeout_s)?;
+    let pause_on_timeout = match req.on_timeout.as_deref() {
+        None | Some("destroy") => false,
+        Some("pause") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "on_timeout",
+                format!("on_timeout must be \"destroy\" or \"pause\", not {other:?}"),
+            ))
+        }
+    };
     let mut egress = EgressConfig::default();
     if let Some(n) = &req.network {
         egress.policy = policy_of(n)?;
@@ -185,6 +196,9 @@ pub async fn create(
         metadata: req.metadata.clone(),
         created_at_ms: now,
         expires_at_ms: now + timeout.as_millis() as u64,
+        pause_on_timeout,
+        auto_resume: false,
+        timeout_ms: timeout.as_millis() as u64,
         state: "running".into(),
         template: None,
         envd_token: None,
@@ -286,8 +300,9 @@ fn count_destroy(st: &AppState, rec: &Record, reason: &str) {
         .inc();
 }
 
-/// Destroys every sandbox past its expiry, once a second, until shutdown;
-/// a paused one does not expire (as on E2B), until it is resumed.
+/// Destroys every sandbox past its expiry — or pauses it, when it was made
+/// to pause on timeout — once a second, until shutdown; a paused one does
+/// not expire (as on E2B), until it is resumed.
 pub async fn reap(st: AppState) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -302,6 +317,9 @@ pub async fn reap(st: AppState) {
             .into_iter()
             .filter(|r| r.expires_at_ms <= now && r.state != "paused");
         for rec in due {
+            if rec.pause_on_timeout && pause_at_timeout(&st, &rec).await {
+                continue;
+            }
             match st.registry.destroy(&rec).await {
                 Ok(()) => {
                     count_destroy(&st, &rec, "timeout");
@@ -309,6 +327,27 @@ pub async fn reap(st: AppState) {
                 }
                 Err(e) => tracing::warn!(id = %rec.id, "destroy at timeout failed: {e}"),
             }
+        }
+    }
+}
+
+/// Pauses `rec`'s sandbox at its timeout; false (after saying why) when it
+/// could not be paused, and the reaper destroys it instead: a timeout is a
+/// bound on what a sandbox holds either way.
+async fn pause_at_timeout(st: &AppState, rec: &Record) -> bool {
+    let paused = match st.registry.sandbox(&rec.owner, &rec.id).await {
+        Ok((_, sb)) => sb.pause().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.message),
+    };
+    match paused {
+        Ok(_) => {
+            st.registry.set_state(&rec.id, "paused");
+            tracing::info!(id = %rec.id, owner = %rec.owner, "sandbox reached its timeout; paused");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(id = %rec.id, "pause at timeout failed, destroying instead: {e}");
+            false
         }
     }
 }

@@ -64,6 +64,7 @@ pub struct NewSandbox {
     env_vars: BTreeMap<String, String>,
     #[serde(default)]
     auto_pause: bool,
+    auto_pause_memory: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(default)]
@@ -144,23 +145,29 @@ pub async fn create(
             format!("{what} is not supported by namzu: {why}"),
         )
     };
-    if req.auto_pause {
-        return Err(refuse("autoPause", "pause is not built yet"));
-    }
     if !req.volume_mounts.is_empty() {
         return Err(refuse("volumeMounts", "volumes are not built yet"));
     }
     if req.mcp.is_some() {
         return Err(refuse("mcp", "no MCP gateway"));
     }
-    if req
+    if req.auto_pause_memory == Some(false) {
+        return Err(refuse(
+            "autoPauseMemory: false",
+            "a pause keeps every process in memory; there is no filesystem-only pause",
+        ));
+    }
+    let auto_resume = req
         .auto_resume
         .as_ref()
         .and_then(|v| v.get("enabled"))
         .and_then(|e| e.as_bool())
-        == Some(true)
-    {
-        return Err(refuse("autoResume", "pause and resume are not built yet"));
+        == Some(true);
+    if auto_resume && !req.auto_pause {
+        return Err(E2bError(
+            StatusCode::BAD_REQUEST,
+            "autoResume resumes a sandbox its timeout paused: it needs autoPause".into(),
+        ));
     }
     if req.iam.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(refuse("iam", "namzu issues no cloud identities"));
@@ -214,6 +221,9 @@ pub async fn create(
         metadata: req.metadata.clone(),
         created_at_ms: now,
         expires_at_ms: now + timeout.as_millis() as u64,
+        pause_on_timeout: req.auto_pause,
+        auto_resume,
+        timeout_ms: timeout.as_millis() as u64,
         state: "running".into(),
         template: Some(req.template_id.clone()),
         envd_token: Some(new_token()),
@@ -295,6 +305,18 @@ pub async fn connect(
     wake(&st, &owner, &id).await?;
     let r = extend(&st, &owner, &id, t.timeout)?;
     Ok(axum::Json(sandbox_json(&r)).into_response())
+}
+
+/// Resumes the paused sandbox of `rec` for a request that reached it
+/// (autoResume), its timeout set again to the one it was made with.
+pub(super) async fn auto_resume(st: &AppState, rec: &Record) -> E2bResult<Record> {
+    wake(st, &rec.owner, &rec.id).await?;
+    let timeout = match rec.timeout_ms {
+        0 => Duration::from_secs(300),
+        ms => Duration::from_millis(ms),
+    };
+    tracing::info!(id = %rec.id, "a request resumed the paused sandbox (autoResume)");
+    Ok(st.registry.extend(&rec.owner, &rec.id, timeout)?)
 }
 
 /// Resumes `owner`'s sandbox `id` if this server paused it; its record.

@@ -124,6 +124,23 @@ pub async fn dispatch(
             ConnectError::new("unauthenticated", "missing or wrong X-Access-Token for this sandbox").into_response();
         return after_body(&st, req, refused).await;
     }
+    // A paused sandbox is resumed by this request when it was made to be
+    // (E2B's autoResume); otherwise it answers as E2B's edge does for a
+    // sandbox that is not running.
+    let rec = match rec.state.as_str() {
+        "paused" if rec.auto_resume => match control::auto_resume(&st, &rec).await {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        },
+        "paused" => {
+            return control::E2bError(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {id} is paused; connect to resume it"),
+            )
+            .into_response()
+        }
+        _ => rec,
+    };
     if port != ENVD_PORT {
         return match port.parse::<u16>() {
             Ok(p) if p > 0 => proxy::forward(st, rec, p, req).await,
