@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod sim;
+pub mod workspace;
 
 use std::time::{Duration, Instant};
 
