@@ -304,18 +304,7 @@ fn msg(m: exec_output::Msg) -> ExecOutput {
 
 /// Sends a heartbeat on `tx` every `every` until the call is gone.
 pub fn spawn_heartbeats(tx: OutputTx, every: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            if tx
-                .send(Ok(msg(exec_output::Msg::Heartbeat(v1::Empty {}))))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    })
+    crate::heartbeat::spawn(tx, every, || Ok(msg(exec_output::Msg::Heartbeat(v1::Empty {}))))
 }
 
 #[cfg(test)]

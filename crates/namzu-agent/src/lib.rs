@@ -23,6 +23,7 @@
 //! * [`sessions`]: named sessions outliving any link (detached commands,
 //!   persistent terminals), output in offset-addressed rings;
 //! * [`tcp`]: TCP connections into the sandbox, relayed;
+//! * [`heartbeat`]: the beats a streaming call sends;
 //! * [`egress`]: the loopback proxy and resolver, every decision the host's;
 //! * [`quiesce`]: stopping every process but the agent; flush;
 //! * [`pause`]: every process but the agent stopped, and continued;
@@ -47,6 +48,7 @@ pub mod fence;
 pub mod files;
 pub mod files_watch;
 pub mod guest;
+pub mod heartbeat;
 pub mod identity;
 pub mod jail;
 pub mod op_error;

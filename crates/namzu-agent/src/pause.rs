@@ -35,6 +35,9 @@ const MAX_ROUNDS: u32 = 32;
 /// How long a SIGSTOPped process may take to settle ([`settled`]).
 const STOP_DEADLINE: Duration = Duration::from_secs(5);
 
+/// Why something was refused while paused.
+const PAUSED: &str = "the sandbox is paused: nothing starts until it is resumed";
+
 /// Closed (true) while paused: every spawn passes it.
 static GATE: RwLock<bool> = RwLock::new(false);
 
@@ -85,10 +88,7 @@ pub fn is_paused() -> bool {
 pub(crate) fn gate<T>(spawn: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
     let closed = GATE.read().unwrap_or_else(|p| p.into_inner());
     if *closed {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::ResourceBusy,
-            "the sandbox is paused: nothing starts until it is resumed",
-        ));
+        return Err(std::io::Error::new(std::io::ErrorKind::ResourceBusy, PAUSED));
     }
     spawn()
 }
@@ -96,11 +96,7 @@ pub(crate) fn gate<T>(spawn: impl FnOnce() -> std::io::Result<T>) -> std::io::Re
 /// The typed refusal of `op` while paused.
 pub fn refuse(op: &str) -> Result<(), OpError> {
     if is_paused() {
-        return Err(agent_err(
-            Kind::Paused,
-            op,
-            "the sandbox is paused: nothing starts until it is resumed",
-        ));
+        return Err(agent_err(Kind::Paused, op, PAUSED));
     }
     Ok(())
 }

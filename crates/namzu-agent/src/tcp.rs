@@ -67,17 +67,9 @@ pub async fn relay(
         })))
         .await;
     let (mut rd, mut wr) = sock.into_split();
-    let beating = beats.every.map(|every| {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if tx.send(msg(tcp_output::Msg::Heartbeat(v1::Empty {}))).await.is_err() {
-                    return;
-                }
-            }
-        })
-    });
+    let beating = beats
+        .every
+        .map(|every| crate::heartbeat::spawn(tx.clone(), every, || msg(tcp_output::Msg::Heartbeat(v1::Empty {}))));
     let silence = beats.every.filter(|_| beats.from_host).map(|d| d * 3);
     // Set when the host fell silent: the whole connection is dropped.
     let gone = CancellationToken::new();

@@ -327,18 +327,7 @@ pub(crate) fn spawn_heartbeats(
     tx: mpsc::Sender<Result<TerminalOutput, Status>>,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            if tx
-                .send(out(terminal_output::Msg::Heartbeat(v1::Empty {})))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    })
+    crate::heartbeat::spawn(tx, every, || out(terminal_output::Msg::Heartbeat(v1::Empty {})))
 }
 
 pub(crate) async fn write_all(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {

@@ -65,6 +65,17 @@ pub struct Record {
     pub envd_token: Option<String>,
 }
 
+impl Record {
+    /// The timeout it was made with; `default` for a record older than
+    /// `timeout_ms`.
+    pub fn timeout(&self, default: Duration) -> Duration {
+        match self.timeout_ms {
+            0 => default,
+            ms => Duration::from_millis(ms),
+        }
+    }
+}
+
 fn running() -> String {
     "running".into()
 }

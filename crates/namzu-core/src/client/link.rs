@@ -763,6 +763,23 @@ impl AgentClient {
     }
 }
 
+/// Sends `beat()` on `tx` every `every` until its receiver is gone: the
+/// host's heartbeats on one streaming call.
+pub(super) fn beat_every<T: Send + 'static>(
+    tx: mpsc::Sender<T>,
+    every: Duration,
+    beat: fn() -> T,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if tx.send(beat()).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
 pub(super) fn path_bytes(p: &Path) -> Bytes {
     Bytes::copy_from_slice(p.as_os_str().as_bytes())
 }

@@ -53,17 +53,8 @@ impl AgentClient {
         let done = CancellationToken::new();
         let download_done = done.clone();
         let beats = every.map(|every| {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let beat = v1::TcpInput {
-                        msg: Some(v1::tcp_input::Msg::Heartbeat(v1::Empty {})),
-                    };
-                    if tx.send(beat).await.is_err() {
-                        return;
-                    }
-                }
+            beat_every(tx.clone(), every, || v1::TcpInput {
+                msg: Some(v1::tcp_input::Msg::Heartbeat(v1::Empty {})),
             })
         });
         let upload = tokio::spawn(async move {

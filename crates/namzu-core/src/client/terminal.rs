@@ -81,17 +81,8 @@ impl AgentClient {
             }
         };
         let beats = self.inner.heartbeat.map(|every| {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let beat = v1::TerminalInput {
-                        msg: Some(v1::terminal_input::Msg::Heartbeat(v1::Empty {})),
-                    };
-                    if tx.send(beat).await.is_err() {
-                        return;
-                    }
-                }
+            beat_every(tx.clone(), every, || v1::TerminalInput {
+                msg: Some(v1::terminal_input::Msg::Heartbeat(v1::Empty {})),
             })
         });
         let silence = self.inner.heartbeat.map(|d| d * 3);

@@ -273,11 +273,7 @@ pub async fn resume(
     let (_, sb) = st.registry.sandbox(&owner, &id).await?;
     let r = sb.resume().await?;
     st.registry.set_state(&id, "running");
-    let rec = st.registry.get(&owner, &id)?;
-    let timeout = match rec.timeout_ms {
-        0 => st.config.limits.default_timeout,
-        ms => Duration::from_millis(ms),
-    };
+    let timeout = st.registry.get(&owner, &id)?.timeout(st.config.limits.default_timeout);
     st.registry.extend(&owner, &id, timeout)?;
     Ok(axum::Json(ResumeView {
         continued: r.continued,

@@ -262,6 +262,16 @@ pub struct Timeout {
     timeout: Option<u64>,
 }
 
+impl Timeout {
+    /// A body that may be empty (no timeout named).
+    fn optional(body: &[u8]) -> E2bResult<Self> {
+        if body.is_empty() {
+            return Ok(Self { timeout: None });
+        }
+        serde_json::from_slice(body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))
+    }
+}
+
 fn extend(st: &AppState, owner: &str, id: &str, secs: Option<u64>) -> E2bResult<Record> {
     check_id("id", id)?;
     let secs = secs.unwrap_or(300);
@@ -296,11 +306,7 @@ pub async fn connect(
     body: axum::body::Bytes,
 ) -> E2bResult<Response> {
     let owner = owner(o)?;
-    let t: Timeout = if body.is_empty() {
-        Timeout { timeout: None }
-    } else {
-        serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?
-    };
+    let t = Timeout::optional(&body)?;
     // A sandbox this server paused is resumed first, as E2B's connect does.
     wake(&st, &owner, &id).await?;
     let r = extend(&st, &owner, &id, t.timeout)?;
@@ -311,10 +317,7 @@ pub async fn connect(
 /// (autoResume), its timeout set again to the one it was made with.
 pub(super) async fn auto_resume(st: &AppState, rec: &Record) -> E2bResult<Record> {
     wake(st, &rec.owner, &rec.id).await?;
-    let timeout = match rec.timeout_ms {
-        0 => Duration::from_secs(300),
-        ms => Duration::from_millis(ms),
-    };
+    let timeout = rec.timeout(st.config.limits.default_timeout);
     tracing::info!(id = %rec.id, "a request resumed the paused sandbox (autoResume)");
     Ok(st.registry.extend(&rec.owner, &rec.id, timeout)?)
 }
@@ -402,11 +405,7 @@ pub async fn resume(
     body: axum::body::Bytes,
 ) -> E2bResult<Response> {
     let owner = owner(o)?;
-    let t: Timeout = if body.is_empty() {
-        Timeout { timeout: None }
-    } else {
-        serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?
-    };
+    let t = Timeout::optional(&body)?;
     if st.registry.get(&owner, &id)?.state != "paused" {
         return Err(E2bError(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
     }

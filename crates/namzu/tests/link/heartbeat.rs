@@ -83,17 +83,24 @@ async fn relay(
     std::future::pending::<()>().await;
 }
 
-#[tokio::test]
-async fn a_black_holed_link_is_noticed_by_both_ends() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// An agent beating every 200 ms, linked through [`relay`]; setting the
+/// flag black-holes the link.
+async fn behind_a_relay() -> (Agent, AgentClient, std::sync::Arc<std::sync::atomic::AtomicBool>) {
     let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "200")]).await;
     let relay_path = a.dir.path().join("relay.sock");
-    let hole = std::sync::Arc::new(AtomicBool::new(false));
+    let hole = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let listener = tokio::net::UnixListener::bind(&relay_path).unwrap();
     tokio::spawn(relay(listener, a.sock(), hole.clone()));
     let c = AgentClient::connect_unix("t", &relay_path, TOKEN.to_vec(), ClientOptions::default())
         .await
         .unwrap();
+    (a, c, hole)
+}
+
+#[tokio::test]
+async fn a_black_holed_link_is_noticed_by_both_ends() {
+    use std::sync::atomic::Ordering;
+    let (_a, c, hole) = behind_a_relay().await;
     let (mut t, bg) = terminal_with_background_job(&c).await;
     hole.store(true, Ordering::SeqCst);
     let t0 = Instant::now();
@@ -133,16 +140,8 @@ async fn a_black_holed_link_is_noticed_by_both_ends() {
 /// sandbox-side socket, each within about three heartbeat intervals.
 #[tokio::test]
 async fn a_black_holed_tcp_connection_is_closed_by_both_ends() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use tokio::io::AsyncWriteExt;
-    let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "200")]).await;
-    let relay_path = a.dir.path().join("relay.sock");
-    let hole = std::sync::Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::UnixListener::bind(&relay_path).unwrap();
-    tokio::spawn(relay(listener, a.sock(), hole.clone()));
-    let c = AgentClient::connect_unix("t", &relay_path, TOKEN.to_vec(), ClientOptions::default())
-        .await
-        .unwrap();
+    use std::sync::atomic::Ordering;
+    let (_a, c, hole) = behind_a_relay().await;
     let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = server.local_addr().unwrap().port();
     let mut host = c.open_tcp_connection(port).await.unwrap();
@@ -186,7 +185,6 @@ async fn a_black_holed_tcp_connection_is_closed_by_both_ends() {
 /// sandbox not reading what the host writes — every byte arriving.
 #[tokio::test]
 async fn an_idle_or_backpressured_tcp_connection_is_not_a_dead_peer() {
-    use tokio::io::AsyncWriteExt;
     const BIG: usize = 8 << 20;
     let a = spawn_unix(&[("NAMZU_HEARTBEAT_INTERVAL_MS", "100")]).await;
     let c = connect(&a).await.unwrap();
