@@ -55,7 +55,7 @@ fn mnt(source: &str, target: &str, fstype: &str, flags: MsFlags, data: &str) -> 
 }
 
 /// Boots the guest as described in the module docs; returns the agent's
-/// arguments (argv[0] first) and leaves the token in `NAMZU_AGENT_TOKEN`.
+/// arguments (`argv[0]` first) and leaves the token in `NAMZU_AGENT_TOKEN`.
 pub fn boot() -> Result<Vec<String>, BootError> {
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
     mnt(
