@@ -441,6 +441,16 @@ def test_options_namzu_cannot_honour_are_refused_by_name(server, e2b_env):
     ):
         r = httpx.post(f"{server.url}/v2/sandboxes", json={**base, **extra}, headers={"X-API-KEY": server.keys["alice"]})
         assert r.status_code == 400 and name in r.json()["message"], (name, r.status_code, r.text)
+    sid = Sandbox.create().sandbox_id
+    try:
+        for route, body, name in (
+            ("v2/sandboxes/{}/connect", {"timeout": 60, "memory": False}, "memory"),
+            ("sandboxes/{}/resume", {"timeout": 60, "autoPause": True}, "autoPause"),
+        ):
+            r = httpx.post(f"{server.url}/{route.format(sid)}", json=body, headers={"X-API-KEY": server.keys["alice"]})
+            assert r.status_code == 400 and name in r.json()["message"], (name, r.status_code, r.text)
+    finally:
+        Sandbox.kill(sid)
     with pytest.raises(e2b.SandboxException) as e:
         Sandbox.create(lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
     assert "autoPauseMemory" in str(e.value), str(e.value)

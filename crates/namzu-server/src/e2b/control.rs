@@ -256,19 +256,50 @@ pub async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `{"timeout": seconds}`.
+/// `{"timeout": seconds}`; a resume's and a connect's may also name
+/// `autoPause` and `memory`.
 #[derive(Debug, Deserialize)]
 pub struct Timeout {
     timeout: Option<u64>,
+    #[serde(rename = "autoPause")]
+    auto_pause: Option<bool>,
+    memory: Option<bool>,
 }
 
 impl Timeout {
-    /// A body that may be empty (no timeout named).
+    /// A resume's or a connect's body, which may be empty (no timeout
+    /// named).
     fn optional(body: &[u8]) -> E2bResult<Self> {
         if body.is_empty() {
-            return Ok(Self { timeout: None });
+            return Ok(Self {
+                timeout: None,
+                auto_pause: None,
+                memory: None,
+            });
         }
-        serde_json::from_slice(body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))
+        Self::parse(body)
+    }
+
+    /// The body; what namzu cannot honour is refused by name: `autoPause`
+    /// (set at create), `memory: false` (a filesystem-only snapshot).
+    fn parse(body: &[u8]) -> E2bResult<Self> {
+        let t: Self = serde_json::from_slice(body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let refuse = |what: &str, why: &str| {
+            E2bError(
+                StatusCode::BAD_REQUEST,
+                format!("{what} is not supported by namzu: {why}"),
+            )
+        };
+        if t.auto_pause.is_some() {
+            return Err(refuse("autoPause on resume", "it is set when the sandbox is created"));
+        }
+        if t.memory == Some(false) {
+            return Err(refuse(
+                "memory: false",
+                "a pause keeps every process in memory; there is no filesystem-only snapshot",
+            ));
+        }
+        Ok(t)
     }
 }
 
@@ -292,7 +323,7 @@ pub async fn set_timeout(
     body: axum::body::Bytes,
 ) -> E2bResult<StatusCode> {
     let owner = owner(o)?;
-    let t: Timeout = serde_json::from_slice(&body).map_err(|e| E2bError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let t = Timeout::parse(&body)?;
     extend(&st, &owner, &id, t.timeout)?;
     Ok(StatusCode::NO_CONTENT)
 }
