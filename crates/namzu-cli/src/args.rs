@@ -47,6 +47,10 @@ pub struct ResourceArgs {
     /// Process limit.
     #[arg(long)]
     pub pids: Option<u64>,
+    /// Disk limit, e.g. 1g: what /workspace may hold (local and docker: a
+    /// size-limited filesystem image, needs root; microvm: the writable disk).
+    #[arg(long, value_parser = parse_size)]
+    pub disk: Option<u64>,
     /// microvm: the guest kernel (a vmlinuz, or an unpacked kernel package;
     /// default NAMZU_MICROVM_KERNEL, else <state>/microvm/kernel).
     #[arg(long)]
@@ -281,6 +285,7 @@ impl ResourceArgs {
                 memory_bytes: self.memory,
                 cpus: self.cpus,
                 pids: self.pids,
+                disk_bytes: self.disk,
             },
             ..Default::default()
         })

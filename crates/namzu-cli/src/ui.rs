@@ -21,6 +21,15 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// A spinner on stderr for a step of unknown length (drawn only where
+/// stderr is a terminal).
+pub fn spinner(what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner().with_message(what.to_owned());
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
 /// A command's exit as ours: its code, or 128 + signal, clamped to a byte.
 pub fn exit_code(status: &namzu::ExitStatus) -> ExitCode {
     ExitCode::from(u8::try_from(status.shell_code().clamp(0, 255)).unwrap_or(255))

@@ -2,7 +2,7 @@
 
 use namzu::features as feat;
 
-use crate::Case;
+use crate::{Case, DISK_LIMIT, SUSPEND};
 
 mod common;
 mod detach;
@@ -13,6 +13,7 @@ mod net;
 mod pause;
 mod quiesce;
 mod sessions;
+mod suspend;
 mod terminal;
 mod watch;
 use detach::*;
@@ -23,6 +24,7 @@ use net::*;
 use pause::*;
 use quiesce::*;
 use sessions::*;
+use suspend::*;
 use terminal::*;
 use watch::*;
 
@@ -67,6 +69,8 @@ pub fn all() -> Vec<Case> {
         quiesce_stops_everything_but_the_agent[feat::QUIESCE, feat::EXEC, feat::FILES_READ],
         flush_makes_the_workspace_durable[feat::FLUSH, feat::FILES_WRITE],
         pause_stops_every_process_and_resume_continues_them[feat::PAUSE, feat::EXEC, feat::EXEC_ATTACH, feat::FILES_WRITE, feat::FILES_READ],
+        suspend_keeps_the_disk_and_resume_starts_it_again[SUSPEND, feat::EXEC, feat::FILES_WRITE, feat::FILES_READ],
+        disk_limit_fills_with_enospc[DISK_LIMIT, feat::EXEC, feat::FILES_WRITE, feat::FILES_READ],
         detached_session_output_is_read_by_offset[feat::SESSIONS],
         session_ring_eviction_is_reported_as_dropped_bytes[feat::SESSIONS],
         kill_session_kills_the_whole_session[feat::SESSIONS, feat::EXEC, feat::FILES_READ],

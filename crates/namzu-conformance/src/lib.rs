@@ -44,6 +44,33 @@ pub struct Case {
     pub run: fn(Factory) -> BoxFut<Outcome>,
 }
 
+/// Starts a suspended sandbox again by its id: a tier's
+/// [`Provider::resume`](namzu::Provider::resume).
+pub type Resumer = Arc<dyn Fn(String) -> BoxFut<Result<Sandbox>> + Send + Sync>;
+
+/// What a tier offers beyond its agent's features, for the cases that
+/// need the tier itself: suspend and resume, a disk limit. A case that
+/// needs one the tier does not offer is reported ignored, named.
+#[derive(Clone, Default)]
+pub struct TierHooks {
+    /// Resumes a suspended sandbox; `None`: the tier cannot suspend.
+    pub resume: Option<Resumer>,
+    /// The tier honours `resources.disk_bytes`.
+    pub disk_limit: bool,
+}
+
+/// The pseudo-feature of cases that suspend and resume ([`TierHooks::resume`]).
+pub const SUSPEND: &str = "tier:suspend";
+/// The pseudo-feature of cases that set a disk limit ([`TierHooks::disk_limit`]).
+pub const DISK_LIMIT: &str = "tier:disk-limit";
+
+static HOOKS: std::sync::OnceLock<TierHooks> = std::sync::OnceLock::new();
+
+/// The hooks the running suite was given (none: the default).
+pub fn hooks() -> TierHooks {
+    HOOKS.get().cloned().unwrap_or_default()
+}
+
 /// Every case, in a stable order.
 pub fn cases() -> Vec<Case> {
     cases::all()
@@ -59,6 +86,22 @@ pub fn run_main(backend: &str, factory: Factory) -> std::process::ExitCode {
 /// [`run_main`], with cases this backend cannot meet reported ignored,
 /// each with its reason: `(case name, reason)`.
 pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)]) -> std::process::ExitCode {
+    run_main_with(backend, factory, cannot, TierHooks::default())
+}
+
+/// [`run_main_except`], with what the tier offers beyond its agent.
+pub fn run_main_with(
+    backend: &str,
+    factory: Factory,
+    cannot: &[(&str, &str)],
+    tier: TierHooks,
+) -> std::process::ExitCode {
+    let offered: Vec<String> = [(tier.resume.is_some(), SUSPEND), (tier.disk_limit, DISK_LIMIT)]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| name.to_owned())
+        .collect();
+    let _ = HOOKS.set(tier);
     let args = libtest_mimic::Arguments::from_args();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -111,7 +154,7 @@ pub fn run_main_except(backend: &str, factory: Factory, cannot: &[(&str, &str)])
                 .needs
                 .iter()
                 .copied()
-                .filter(|f| !features.iter().any(|g| g == f))
+                .filter(|f| !features.iter().chain(&offered).any(|g| g == f))
                 .collect();
             let factory = factory.clone();
             let run = case.run;
@@ -182,7 +225,9 @@ pub fn ignore_all(backend: &str, reason: &str) -> std::process::ExitCode {
 }
 
 /// Expands to a `main` running the whole suite against a provider factory
-/// `|spec: SandboxSpec| async { ... -> namzu::Result<Sandbox> }`.
+/// `|spec: SandboxSpec| async { ... -> namzu::Result<Sandbox> }`; with
+/// `resume = |id: String| async { ... }` and `disk_limit = true`, the
+/// tier's [`TierHooks`] too.
 #[macro_export]
 macro_rules! conformance_main {
     ($backend:expr, $factory:expr) => {
@@ -190,6 +235,19 @@ macro_rules! conformance_main {
             let f = $factory;
             let factory: $crate::Factory = ::std::sync::Arc::new(move |spec| Box::pin(f(spec)));
             $crate::run_main($backend, factory)
+        }
+    };
+    ($backend:expr, $factory:expr, resume = $resume:expr, disk_limit = $disk:expr) => {
+        fn main() -> ::std::process::ExitCode {
+            let f = $factory;
+            let factory: $crate::Factory = ::std::sync::Arc::new(move |spec| Box::pin(f(spec)));
+            let r = $resume;
+            let resume: $crate::Resumer = ::std::sync::Arc::new(move |id| Box::pin(r(id)));
+            let hooks = $crate::TierHooks {
+                resume: Some(resume),
+                disk_limit: $disk,
+            };
+            $crate::run_main_with($backend, factory, &[], hooks)
         }
     };
 }

@@ -64,6 +64,7 @@ async fn every_container_is_hardened_as_documented() {
         memory_bytes: Some(256 << 20),
         cpus: Some(0.5),
         pids: Some(100),
+        ..Default::default()
     };
     let sb = p.create(s).await.unwrap();
     let c = p

@@ -17,7 +17,13 @@ fn main() -> std::process::ExitCode {
         let p = provider.clone();
         Box::pin(async move { namzu::Provider::create(&p, spec).await })
     });
-    let code = namzu_conformance::run_main_except("microvm", factory, microvm::CANNOT);
+    // The writable disk is the disk limit; suspend to disk is not the
+    // tier's yet.
+    let hooks = namzu_conformance::TierHooks {
+        resume: None,
+        disk_limit: true,
+    };
+    let code = namzu_conformance::run_main_with("microvm", factory, microvm::CANNOT, hooks);
     microvm::cleanup("conformance");
     code
 }

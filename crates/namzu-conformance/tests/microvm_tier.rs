@@ -185,7 +185,7 @@ async fn the_guest_has_only_the_configured_devices() -> R {
 
 async fn resources_reach_the_guest() -> R {
     let _serial = serial().await;
-    let Some(p) = provider(|o| o.disk_bytes = 96 << 20) else {
+    let Some(p) = provider(|_| {}) else {
         return Ok(());
     };
     let spec = SandboxSpec {
@@ -193,6 +193,8 @@ async fn resources_reach_the_guest() -> R {
             memory_bytes: Some(256 << 20),
             cpus: Some(2.0),
             pids: Some(300),
+            // The spec's disk limit, not the tier's 2 GiB default.
+            disk_bytes: Some(96 << 20),
         },
         ..Default::default()
     };

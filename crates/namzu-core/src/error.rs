@@ -358,6 +358,19 @@ pub enum Error {
         /// The sandbox's id.
         id: String,
     },
+    /// The sandbox is suspended: nothing runs in it and nothing reaches it
+    /// until [`Provider::resume`](crate::Provider::resume) starts it again.
+    #[error("sandbox {id} is suspended; resume it first")]
+    SandboxSuspended {
+        /// The sandbox's id.
+        id: String,
+    },
+    /// The sandbox is not suspended, so there is nothing to resume from disk.
+    #[error("sandbox {id} is not suspended")]
+    NotSuspended {
+        /// The sandbox's id.
+        id: String,
+    },
     /// A tier's own failure, typed by that tier: match it with
     /// [`Error::tier_error`] (e.g. `namzu::kubernetes::KubernetesError`,
     /// `namzu::backend::docker::DockerError`).

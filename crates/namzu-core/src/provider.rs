@@ -24,10 +24,31 @@ pub trait Provider: Send + Sync {
     async fn agent_link(&self, id: &str) -> Result<AgentClient> {
         Ok(self.connect(id).await?.agent().clone())
     }
-    /// Every sandbox of this tier the provider knows, alive or not.
+    /// Every sandbox of this tier the provider knows, alive, dead or suspended.
     async fn list(&self) -> Result<Vec<SandboxInfo>>;
     /// Destroys a sandbox by id, whether or not it is still alive.
     async fn destroy(&self, id: &str) -> Result<()>;
+
+    /// Suspends sandbox `id`: every process in it ends, and what it wrote
+    /// (`/workspace` and the tier's writable layer) is kept on disk, with
+    /// its id, until [`Provider::resume`] starts it again — from any later
+    /// process, a host restart included. A suspended sandbox lists with
+    /// `suspended` set; [`Provider::connect`] refuses it
+    /// ([`Error::SandboxSuspended`](crate::Error::SandboxSuspended)).
+    /// Default: refused, naming the tier.
+    async fn suspend(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Err(cannot_suspend(self.tier(), "suspend"))
+    }
+
+    /// Starts suspended sandbox `id` again on its kept disk, with the same
+    /// id and spec; its processes start afresh (as after a reboot).
+    /// [`Error::NotSuspended`](crate::Error::NotSuspended) if it is not
+    /// suspended. Default: refused, naming the tier.
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        let _ = id;
+        Err(cannot_suspend(self.tier(), "resume"))
+    }
 
     /// Removes every sandbox whose agent is gone, with its leftovers.
     /// Returns the ids removed.
@@ -35,15 +56,26 @@ pub trait Provider: Send + Sync {
         self.remove_dead().await
     }
 
-    /// Destroys every listed sandbox that is not alive; returns their ids.
+    /// Destroys every listed sandbox that is neither alive nor suspended;
+    /// returns their ids.
     async fn remove_dead(&self) -> Result<Vec<String>> {
         let mut removed = Vec::new();
         for s in self.list().await? {
-            if !s.alive {
+            if !s.alive && !s.suspended {
                 self.destroy(&s.id).await?;
                 removed.push(s.id);
             }
         }
         Ok(removed)
+    }
+}
+
+/// The refusal of `op` (suspend or resume) by a tier that cannot keep a
+/// sandbox's disk without its processes.
+pub fn cannot_suspend(tier: Tier, op: &str) -> crate::Error {
+    crate::Error::OptionRefused {
+        tier,
+        option: op.into(),
+        reason: "this tier cannot keep a sandbox's disk without its processes".into(),
     }
 }

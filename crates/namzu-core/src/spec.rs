@@ -55,9 +55,10 @@ impl std::str::FromStr for Tier {
     }
 }
 
-/// Resource limits of a sandbox, applied through cgroups. `None`: not
-/// limited that way. A tier that cannot apply one refuses it by name.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Resource limits of a sandbox (memory, CPU and processes through
+/// cgroups; disk through a size-limited filesystem). `None`: not limited
+/// that way. A tier that cannot apply one refuses it by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Resources {
     /// Memory limit in bytes.
     pub memory_bytes: Option<u64>,
@@ -65,18 +66,23 @@ pub struct Resources {
     pub cpus: Option<f64>,
     /// Most processes at once.
     pub pids: Option<u64>,
+    /// Size of the sandbox's disk — what `/workspace` (and, on tiers whose
+    /// whole writable layer is one disk, everything written) may hold;
+    /// filling it answers ENOSPC inside and touches nothing outside.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
 impl Resources {
     /// Nothing is limited.
     pub fn is_empty(&self) -> bool {
-        self.memory_bytes.is_none() && self.cpus.is_none() && self.pids.is_none()
+        self.memory_bytes.is_none() && self.cpus.is_none() && self.pids.is_none() && self.disk_bytes.is_none()
     }
 }
 
 /// A host path shown inside the sandbox (nosuid, nodev; read-only unless
 /// `writable`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Bind {
     /// The underlying failure.
     pub source: std::path::PathBuf,
@@ -87,7 +93,8 @@ pub struct Bind {
 }
 
 /// What to create. Options a tier cannot honour are refused by name.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Serializable, so a tier can keep it to start a suspended sandbox again.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxSpec {
     /// Root filesystem: an imported image (name or `sha256:` id) or a rootfs
     /// directory. `None`: the host view (read-only host /usr and friends).
@@ -117,4 +124,7 @@ pub struct SandboxInfo {
     pub alive: bool,
     /// When it was made, in Unix seconds.
     pub created_unix: u64,
+    /// Suspended: no process runs, its disk is kept, and
+    /// [`Provider::resume`](crate::Provider::resume) starts it again.
+    pub suspended: bool,
 }

@@ -217,6 +217,8 @@ fn info(o: &Value) -> Option<SandboxInfo> {
         tier: Tier::Kubernetes,
         alive,
         created_unix,
+        // A task sandbox is never suspended; a workspace is (`namzu workspace`).
+        suspended: false,
     })
 }
 /// A task sandbox on a cluster: the backend of its [`Sandbox`] handle,
@@ -336,6 +338,7 @@ pub(crate) fn refusals(spec: &SandboxSpec) -> Result<()> {
             ),
             (spec.resources.cpus.is_some(), "resources.cpus", template),
             (spec.resources.pids.is_some(), "resources.pids", template),
+            (spec.resources.disk_bytes.is_some(), "resources.disk_bytes", template),
             (
                 spec.egress != namzu_core::egress::EgressConfig::default(),
                 "egress",

@@ -92,7 +92,18 @@ pub struct LaunchSpec {
     /// launcher); `None`: each sandbox copies its own.
     #[serde(default)]
     pub etc_cache: Option<String>,
+    /// A tar archive of what a suspend saved of the sandbox's writable
+    /// tmpfs's (`tmp/`, `home/`, `root/`, owners as the sandbox sees
+    /// them), put back before anything is served; `None`: they start empty.
+    #[serde(default)]
+    pub restore: Option<String>,
 }
+
+/// The sandbox's writable tmpfs's that a suspend saves and a resume puts
+/// back ([`LaunchSpec::restore`]), as paths beneath its root. `/run` and
+/// `/dev/shm` are not among them: runtime state starts empty, as after a
+/// reboot.
+pub const SAVED_DIRS: &[&str] = &["tmp", "home", "root"];
 
 /// What a microVM's agent, booting as the guest's init, is told by the
 /// host: written as `namzu/guest.json` on the sandbox's writable disk (not

@@ -156,6 +156,8 @@ pub fn library_error(e: &namzu::Error) -> ApiError {
         E::SandboxDead { .. } => (S::GONE, "sandbox_dead", None),
         E::SandboxPaused { .. } => (S::CONFLICT, "sandbox_paused", None),
         E::PauseIncomplete { .. } => (S::CONFLICT, "pause_incomplete", None),
+        E::SandboxSuspended { .. } => (S::CONFLICT, "sandbox_suspended", None),
+        E::NotSuspended { .. } => (S::CONFLICT, "not_suspended", None),
         _ => (S::BAD_GATEWAY, "sandbox_error", None),
     };
     let err = ApiError::new(status, code, message);

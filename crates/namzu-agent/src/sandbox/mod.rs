@@ -25,6 +25,7 @@
 pub mod etc;
 pub mod harden;
 pub mod once;
+mod restore;
 pub mod rootfs;
 pub mod weaken;
 
@@ -293,6 +294,8 @@ pub(crate) struct SandboxFds {
     image: Option<OwnedFd>,
     etc: Option<OwnedFd>,
     binds: Vec<OwnedFd>,
+    /// What a suspend saved, to put back ([`LaunchSpec::restore`]).
+    restore: Option<OwnedFd>,
 }
 
 /// C's whole life: [`child_c`], then its exit (125 for a failed setup,
@@ -367,6 +370,21 @@ where
         })?;
         binds.push(fd);
     }
+    let restore = spec
+        .restore
+        .as_ref()
+        .map(|path| {
+            rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| LaunchError::Os {
+                step: "open what the suspend saved",
+                source: e.into(),
+            })
+        })
+        .transpose()?;
     to_l.write_all(&[1]).map_err(io("signal unshare"))?;
     let mut b = [0u8; 1];
     from_l.read_exact(&mut b).map_err(io("wait for id maps"))?;
@@ -394,6 +412,7 @@ where
         image: rootfs,
         etc,
         binds,
+        restore,
     };
     match fork_g {
         ForkResult::Child => {
@@ -432,8 +451,14 @@ fn enter(spec: &LaunchSpec, fds: SandboxFds) -> Result<(), LaunchError> {
         &bind_fds,
     )?;
     drop(bind_fds);
-    drop(fds);
     mark("launch.rootfs-pivoted");
+    if let Some(saved) = fds.restore {
+        // Inside the new root, as its root: whatever the archive holds
+        // lands in the sandbox's own tmpfs's and nowhere else.
+        restore::unpack(std::fs::File::from(saved)).map_err(io("put back what the suspend saved"))?;
+        mark("launch.restored");
+    }
+    drop((fds.workspace, fds.image, fds.etc, fds.binds));
     nix::unistd::sethostname(&spec.hostname).map_err(os("sethostname"))?;
     harden::loopback_up().map_err(io("bring up loopback"))?;
     Ok(())

@@ -1,13 +1,13 @@
-//! `quiesce`, `flush`, `pause` and `resume`: stopping a sandbox's
-//! processes (for good, or in place until resumed) and making its
-//! workspace durable, e.g. before a snapshot.
+//! `quiesce`, `flush`, `pause`, `suspend` and `resume`: stopping a
+//! sandbox's processes (for good, in place until resumed, or ended with
+//! the disk kept) and making its workspace durable, e.g. before a snapshot.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::fail::Fail;
-use crate::providers::connect;
+use crate::providers::{connect, provider_of};
 
 fn seconds(flag: &str, s: f64) -> Result<Duration, Fail> {
     if s.is_finite() && s >= 0.0 {
@@ -63,9 +63,32 @@ pub async fn pause(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, 
     Ok(ExitCode::SUCCESS)
 }
 
-/// Continues what `pause` stopped; prints the pids continued.
+/// Ends every process, keeping the disk for `resume`.
+pub async fn suspend(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
+    let (_, p) = provider_of(state_dir, &id).await?;
+    let bar = crate::ui::spinner(&format!("suspending {id}"));
+    let done = p.suspend(&id).await;
+    bar.finish_and_clear();
+    done?;
+    eprintln!("namzu: {id} suspended; `namzu resume {id}` starts it again");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Continues what `pause` stopped (prints the pids continued), or starts
+/// a suspended sandbox again.
 pub async fn resume(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
-    let sb = connect(state_dir, &id).await?;
+    let (_, p) = provider_of(state_dir, &id).await?;
+    let sb = match p.connect(&id).await {
+        Err(namzu::Error::SandboxSuspended { .. }) => {
+            let bar = crate::ui::spinner(&format!("resuming {id} from disk"));
+            let resumed = p.resume(&id).await;
+            bar.finish_and_clear();
+            resumed?;
+            eprintln!("namzu: {id} resumed from disk");
+            return Ok(ExitCode::SUCCESS);
+        }
+        other => other?,
+    };
     let report = sb.resume().await?;
     for pid in &report.continued {
         println!("{pid}");

@@ -106,8 +106,13 @@ pub enum Cmd {
     /// Stop every process in a sandbox but its agent, in place, until
     /// `namzu resume`; nothing new starts in it meanwhile.
     Pause { id: String },
-    /// Continue what `namzu pause` stopped.
+    /// Continue what `namzu pause` stopped, or start a suspended sandbox
+    /// again on its kept disk (same id).
     Resume { id: String },
+    /// End every process of a sandbox but keep its disk (/workspace, /tmp,
+    /// /home, /root) under its id, until `namzu resume` — from any later
+    /// process, after a host restart too.
+    Suspend { id: String },
     /// Make a sandbox's workspace durable (sync it to disk).
     Flush {
         id: String,
@@ -227,6 +232,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Flush { id, timeout } => lifecycle::flush(state_dir, id, timeout).await,
         Cmd::Pause { id } => lifecycle::pause(state_dir, id).await,
         Cmd::Resume { id } => lifecycle::resume(state_dir, id).await,
+        Cmd::Suspend { id } => lifecycle::suspend(state_dir, id).await,
         Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
         Cmd::Watch {
             id,

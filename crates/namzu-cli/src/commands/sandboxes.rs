@@ -9,11 +9,15 @@ use crate::fail::Fail;
 use crate::providers::{provider, provider_of, used_tiers};
 
 pub async fn list(state_dir: &Option<PathBuf>) -> Result<ExitCode, Fail> {
-    println!("{:<18} {:<8} {:<6} CREATED", "ID", "TIER", "STATE");
+    println!("{:<18} {:<8} {:<9} CREATED", "ID", "TIER", "STATE");
     for tier in used_tiers(state_dir) {
         for s in provider(state_dir, tier, None).await?.list().await? {
-            let state = if s.alive { "up" } else { "dead" };
-            println!("{:<18} {:<8} {:<6} {}", s.id, s.tier, state, s.created_unix);
+            let state = match (s.alive, s.suspended) {
+                (true, _) => "up",
+                (false, true) => "suspended",
+                (false, false) => "dead",
+            };
+            println!("{:<18} {:<8} {:<9} {}", s.id, s.tier, state, s.created_unix);
         }
     }
     // Kubernetes sandboxes this state directory made, asked of their
@@ -45,7 +49,7 @@ pub async fn list(state_dir: &Option<PathBuf>) -> Result<ExitCode, Fail> {
                 Some(s) => (if s.alive { "up" } else { "down" }, s.created_unix),
                 None => ("?", 0),
             };
-            println!("{:<18} {:<8} {:<6} {}", id, Tier::Kubernetes, state, created);
+            println!("{:<18} {:<8} {:<9} {}", id, Tier::Kubernetes, state, created);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -26,6 +26,12 @@ pub trait SandboxBackend: Any + Send + Sync {
     /// removed. Idempotent.
     async fn destroy(&self) -> Result<()>;
 
+    /// Ends every process, keeping the sandbox's disk for a resume; see
+    /// [`Sandbox::suspend`](super::Sandbox::suspend). Default: refused.
+    async fn suspend(&self) -> Result<()> {
+        Err(crate::provider::cannot_suspend(self.tier(), "suspend"))
+    }
+
     /// Whether the sandbox is still there, by a check cheaper than a call
     /// to its agent (its processes, say); `None`: the tier has none.
     fn alive(&self) -> Option<bool> {

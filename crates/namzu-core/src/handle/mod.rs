@@ -204,4 +204,12 @@ impl Sandbox {
     pub async fn destroy(&self) -> Result<()> {
         self.backend.destroy().await
     }
+
+    /// Suspends the sandbox to disk: its processes end, what it wrote is
+    /// kept under its id, and [`Provider::resume`](crate::Provider::resume)
+    /// starts it again, from this process or any later one. The handle is
+    /// spent. Refused by name on a tier that cannot.
+    pub async fn suspend(self) -> Result<()> {
+        self.backend.suspend().await
+    }
 }

@@ -18,6 +18,9 @@ pub struct ResourcesBody {
     pub cpus: Option<f64>,
     /// Most processes at once.
     pub pids: Option<u64>,
+    /// Disk limit in bytes: what `/workspace` may hold (ENOSPC inside
+    /// when full).
+    pub disk_bytes: Option<u64>,
 }
 
 /// One allowlist entry.

@@ -180,6 +180,7 @@ pub async fn create(
             memory_bytes: req.resources.memory_bytes,
             cpus: req.resources.cpus,
             pids: req.resources.pids,
+            disk_bytes: req.resources.disk_bytes,
         },
         env: req.env.clone().into_iter().collect(),
         egress,

@@ -133,7 +133,8 @@ fn place(controller: &str, id: &str, mounts: &[Mount]) -> Option<(PathBuf, bool)
 /// Creates the groups for `res` and writes the limits. Returns `None` when
 /// nothing is asked for.
 pub fn create(id: &str, res: &Resources) -> Result<Option<Cgroups>> {
-    if res.is_empty() {
+    // The disk is not a cgroup's: only memory, pids and cpu are made here.
+    if res.memory_bytes.is_none() && res.pids.is_none() && res.cpus.is_none() {
         return Ok(None);
     }
     if let Some(c) = res.cpus {

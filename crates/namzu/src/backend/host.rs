@@ -82,6 +82,7 @@ impl HostProvider {
             agent_bin: self.agent_bin.clone(),
             record: serde_json::Value::Null,
             procs: Vec::new(),
+            suspended_unix: None,
         };
         self.state.write_meta(&dir, &meta)?;
         let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;
@@ -161,6 +162,7 @@ pub(crate) fn refusals(spec: &SandboxSpec) -> Result<()> {
             (spec.resources.memory_bytes.is_some(), "resources.memory_bytes", plain),
             (spec.resources.cpus.is_some(), "resources.cpus", plain),
             (spec.resources.pids.is_some(), "resources.pids", plain),
+            (spec.resources.disk_bytes.is_some(), "resources.disk_bytes", plain),
         ],
     )
 }

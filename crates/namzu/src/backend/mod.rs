@@ -2,6 +2,7 @@
 //! agent binary, the state directory, and validating a spec.
 
 pub mod cgroup;
+pub mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
 pub mod host;

@@ -42,6 +42,10 @@ pub(crate) struct Meta {
     /// what a dead anchor's leftovers are killed by (never by name).
     #[serde(default)]
     pub procs: Vec<crate::backend::procid::ProcId>,
+    /// Set while the sandbox is suspended (when it was, Unix seconds): no
+    /// process of it runs, and its directory is kept for a resume.
+    #[serde(default)]
+    pub suspended_unix: Option<u64>,
 }
 
 impl Meta {
@@ -224,6 +228,9 @@ impl StateDir {
     /// Connects to a live sandbox made earlier.
     pub async fn reattach(&self, id: &str, opts: &ClientOptions) -> Result<(Meta, AgentClient)> {
         let (dir, meta) = self.read_meta(id)?;
+        if meta.suspended_unix.is_some() {
+            return Err(Error::SandboxSuspended { id: id.into() });
+        }
         if !alive(meta.pid, &dir) {
             return Err(Error::SandboxDead { id: id.into() });
         }
@@ -254,6 +261,7 @@ impl StateDir {
                     tier: self.tier,
                     alive: alive(meta.pid, &dir),
                     created_unix: meta.created_unix,
+                    suspended: meta.suspended_unix.is_some(),
                 });
             }
         }
@@ -269,6 +277,24 @@ impl StateDir {
     /// tier whose sandbox lives in a pid namespace of its own, which dies
     /// with its init, and whose disk goes with it).
     pub async fn stop(&self, id: &str, how: Stop) -> Result<Option<Meta>> {
+        let Some((dir, meta)) = self.halt(id, how).await? else {
+            return Ok(None);
+        };
+        crate::backend::disk::unmount(&dir);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(Some(meta)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(meta)),
+            Err(source) => Err(Error::LocalIo {
+                op: "destroy".into(),
+                source,
+            }),
+        }
+    }
+
+    /// Ends every process of sandbox `id` (its egress supervisor, its
+    /// anchor, and whatever was recorded for it) as [`StateDir::stop`]
+    /// does, keeping its directory. `None`: there is no such sandbox.
+    pub async fn halt(&self, id: &str, how: Stop) -> Result<Option<(PathBuf, Meta)>> {
         let (dir, meta) = match self.read_meta(id) {
             Ok(x) => x,
             Err(Error::SandboxNotFound { .. }) => return Ok(None),
@@ -302,14 +328,7 @@ impl StateDir {
         if found > 0 {
             tracing::warn!(%id, found, "killed processes left behind by a dead anchor");
         }
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(Some(meta)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(meta)),
-            Err(source) => Err(Error::LocalIo {
-                op: "destroy".into(),
-                source,
-            }),
-        }
+        Ok(Some((dir, meta)))
     }
 }
 
@@ -323,12 +342,12 @@ pub(crate) enum Stop {
 }
 
 /// `gc` of the single-host tiers that claim host id ranges: destroys every
-/// sandbox of `p` whose anchor is dead, then releases the claims whose
+/// sandbox of `p` whose anchor is dead (a suspended one is not dead), then releases the claims whose
 /// sandbox directory is gone (a host that died mid-create).
 pub(crate) async fn gc_dead(p: &dyn Provider, state: &StateDir) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for s in state.list()? {
-        if !s.alive {
+        if !s.alive && !s.suspended {
             p.destroy(&s.id).await?;
             removed.push(s.id);
         }
@@ -427,6 +446,7 @@ impl Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Some(d) = self.0.take() {
+            crate::backend::disk::unmount(&d);
             let _ = std::fs::remove_dir_all(d);
         }
     }
@@ -471,6 +491,11 @@ impl SandboxBackend for StateSandbox {
     async fn destroy(&self) -> Result<()> {
         self.client.close();
         self.provider.destroy(&self.id).await
+    }
+    async fn suspend(&self) -> Result<()> {
+        self.provider.suspend(&self.id).await?;
+        self.client.close();
+        Ok(())
     }
     fn alive(&self) -> Option<bool> {
         self.anchor.map(|p| p.is_live())

@@ -510,6 +510,7 @@ impl DockerProvider {
                 agent_bin: self.agent_bin.clone(),
                 record: serde_json::to_value(&meta).unwrap_or_default(),
                 procs: Vec::new(),
+                suspended_unix: None,
             },
         )?;
         self.docker

@@ -33,6 +33,7 @@ use crate::spec::{SandboxInfo, SandboxSpec, Tier};
 use crate::backend::uid_slots::{UidSlots, UID_SLOTS};
 
 mod once;
+mod suspend;
 pub use crate::backend::uid_slots::{UID_BASE, UID_RANGE};
 pub use once::{OnceCleanup, OnceIo, OnceOutcome, OnceRequest};
 
@@ -45,8 +46,19 @@ pub const ETC_CACHE: &str = ".etc";
 struct LocalRecord {
     /// The host uid range slot this sandbox holds, if any.
     uid_slot: Option<u32>,
-    /// The cgroups made for it, removed with it.
+    /// The cgroups made for it, removed with it (and at suspend).
     cgroups: Option<crate::backend::cgroup::Cgroups>,
+    /// What it was made of, to start it again after a suspend.
+    #[serde(default)]
+    spec: Option<SandboxSpec>,
+}
+
+/// Where a start comes from: a create, or a resume of a suspended sandbox.
+struct Origin {
+    /// What a suspend saved, to put back.
+    restore: Option<PathBuf>,
+    /// When the sandbox was first made (Unix seconds).
+    begun: u64,
 }
 
 /// Tunables of the `local` tier, each with a safe default.
@@ -165,9 +177,17 @@ impl LocalProvider {
         spec: &SandboxSpec,
         slot: Option<u32>,
         tcp_listen: Option<String>,
+        origin: Origin,
     ) -> Result<StateSandbox> {
-        let (launch, cgroups) = self.launch_spec(id, dir, spec, slot, tcp_listen)?;
-        let started = self.launch(id, dir, &launch, slot, cgroups.clone()).await;
+        let Origin { restore, begun } = origin;
+        let (mut launch, cgroups) = self.launch_spec(id, dir, spec, slot, tcp_listen)?;
+        launch.restore = restore.as_deref().map(path_string);
+        let record = LocalRecord {
+            uid_slot: slot,
+            cgroups: cgroups.clone(),
+            spec: Some(spec.clone()),
+        };
+        let started = self.launch(id, dir, &launch, record, begun).await;
         if started.is_err() {
             if let Some(cg) = &cgroups {
                 cg.remove();
@@ -254,6 +274,7 @@ impl LocalProvider {
             tcp_tls: tcp_listen.as_ref().and(self.tcp_tls.clone()),
             tcp_listen,
             etc_cache: Some(path_string(&self.state.root().join(ETC_CACHE))),
+            restore: None,
         };
         let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
         crate::timeline::mark("create.cgroups");
@@ -270,8 +291,8 @@ impl LocalProvider {
         id: &str,
         dir: &Path,
         launch: &LaunchSpec,
-        slot: Option<u32>,
-        cgroups: Option<crate::backend::cgroup::Cgroups>,
+        record: LocalRecord,
+        begun: u64,
     ) -> Result<StateSandbox> {
         const OP: &str = "create";
         let json = serde_json::to_vec_pretty(launch).map_err(|e| Error::State {
@@ -291,15 +312,13 @@ impl LocalProvider {
             id: id.into(),
             tier: Tier::Local,
             pid: child.id().unwrap_or(0),
-            created_unix: now_unix(),
+            created_unix: begun,
             agent_bin: self.agent_bin.clone(),
             record: serde_json::Value::Null,
             procs: Vec::new(),
+            suspended_unix: None,
         }
-        .with_record(&LocalRecord {
-            uid_slot: slot,
-            cgroups,
-        });
+        .with_record(&record);
         self.state.write_meta(dir, &meta)?;
         // The privilege probe rides the connect's Health.
         let opts = ClientOptions {
@@ -385,6 +404,12 @@ impl LocalProvider {
         if self.tcp_tls.is_some() {
             return Err(refuse("tcp_tls", "a one-command sandbox listens on nothing"));
         }
+        if spec.resources.disk_bytes.is_some() {
+            return Err(refuse(
+                "resources.disk_bytes",
+                "a one-command sandbox's workspace goes with it; create a sandbox for a disk of its own",
+            ));
+        }
         if req.command.is_empty() {
             return Err(Error::InvalidArgument {
                 op: OP.into(),
@@ -448,39 +473,67 @@ impl LocalProvider {
                 reason: "TLS is served on the agent's TCP port, and none was asked for".into(),
             });
         }
+        if let Some(bytes) = spec.resources.disk_bytes {
+            crate::backend::disk::check(Tier::Local, bytes)?;
+        }
         let (id, dir, _token, made) = self.state.create(token)?;
         crate::timeline::mark("create.state-dir");
         let euid = nix::unistd::geteuid().as_raw();
         let slot = if euid == 0 { Some(self.claim_slot(&id)?) } else { None };
         crate::timeline::mark("create.uid-slot");
-        let sandbox = match self.start(&id, &dir, &spec, slot, tcp_listen).await {
-            Ok(sb) => sb,
-            Err(e) => {
-                if let Some(s) = slot {
-                    self.release_slot(s, &id);
-                }
-                return Err(e);
+        let release = |e: Error| {
+            if let Some(s) = slot {
+                self.release_slot(s, &id);
             }
+            e
         };
+        if let Some(bytes) = spec.resources.disk_bytes {
+            // `check` saw to root, so there is a slot: the disk is its root's.
+            let owner = slot.map_or(euid, UidSlots::base);
+            crate::backend::disk::make(&dir, bytes, owner).map_err(release)?;
+            crate::timeline::mark("create.disk");
+        }
+        let sandbox = self
+            .start(
+                &id,
+                &dir,
+                &spec,
+                slot,
+                tcp_listen,
+                Origin {
+                    restore: None,
+                    begun: now_unix(),
+                },
+            )
+            .await
+            .map_err(release)?;
         made.keep();
-        // A sandbox whose commands hold any privilege is never handed out.
-        if let Err(e) = privilege_probe(&id, &sandbox.client).await {
+        if let Err(e) = self.arm(&id, &dir, &sandbox, &spec.egress).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
-        crate::timeline::mark("create.privilege-probe");
-        // Nor one whose egress nobody decides: the policy is in force
-        // before the caller gets the handle.
-        let supervisor = self
-            .state
-            .supervisor(&id, &dir, &self.agent_bin)
-            .with_binary(self.egress_bin.clone());
-        if let Err(e) = supervisor.start(&spec.egress).await {
-            let _ = sandbox.destroy().await;
-            return Err(e);
-        }
-        crate::timeline::mark("create.egress-supervisor");
         Ok(Sandbox::new(sandbox))
+    }
+
+    /// What stands between a started sandbox and its handle: the
+    /// privilege probe (a sandbox whose commands hold any privilege is
+    /// never handed out) and its egress policy put in force.
+    async fn arm(
+        &self,
+        id: &str,
+        dir: &Path,
+        sandbox: &StateSandbox,
+        egress: &crate::egress::EgressConfig,
+    ) -> Result<()> {
+        privilege_probe(id, &sandbox.client).await?;
+        crate::timeline::mark("create.privilege-probe");
+        self.state
+            .supervisor(id, dir, &self.agent_bin)
+            .with_binary(self.egress_bin.clone())
+            .start(egress)
+            .await?;
+        crate::timeline::mark("create.egress-supervisor");
+        Ok(())
     }
 }
 
@@ -518,6 +571,14 @@ impl Provider for LocalProvider {
             prune_etc_copies(&self.state.root().join(ETC_CACHE));
         }
         Ok(removed)
+    }
+
+    async fn suspend(&self, id: &str) -> Result<()> {
+        self.suspend_sandbox(id).await
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.resume_sandbox(id).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

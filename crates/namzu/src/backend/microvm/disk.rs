@@ -16,17 +16,7 @@ use super::MicroVmError;
 
 /// Finds `mkfs.ext4` (sbin directories are often off an ordinary PATH).
 pub fn mkfs() -> Result<PathBuf, MicroVmError> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/sbin"].map(PathBuf::from));
-    let mut searched = Vec::new();
-    for d in dirs {
-        let p = d.join("mkfs.ext4");
-        if p.is_file() {
-            return Ok(p);
-        }
-        searched.push(p);
-    }
-    Err(MicroVmError::ToolNotFound {
+    crate::backend::disk::find_tool("mkfs.ext4").map_err(|searched| MicroVmError::ToolNotFound {
         tool: "mkfs.ext4 (e2fsprogs)",
         searched,
     })

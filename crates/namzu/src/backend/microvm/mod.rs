@@ -209,6 +209,22 @@ impl MicroVmProvider {
         )
     }
 
+    /// The writable disk's size for `spec`: its disk limit, else the
+    /// tier's default.
+    fn disk_size(&self, spec: &SandboxSpec) -> Result<u64> {
+        match spec.resources.disk_bytes {
+            Some(b) if b < crate::backend::disk::MIN_DISK_BYTES => Err(refuse(
+                "resources.disk_bytes",
+                format!(
+                    "{b} bytes is below the smallest disk, {} bytes",
+                    crate::backend::disk::MIN_DISK_BYTES
+                ),
+            )),
+            Some(b) => Ok(b),
+            None => Ok(self.opts.disk_bytes),
+        }
+    }
+
     /// The VMM's configuration for `spec`, or the option it cannot honour.
     fn sizes(&self, spec: &SandboxSpec) -> Result<(u64, u32)> {
         let memory_mib = match spec.resources.memory_bytes {
@@ -246,6 +262,7 @@ impl MicroVmProvider {
             return Err(refuse("binds", "a VM shares no host path (no virtiofs here)"));
         }
         let (memory_mib, vcpus) = self.sizes(&spec)?;
+        let disk_bytes = self.disk_size(&spec)?;
         let image = spec
             .image
             .clone()
@@ -311,10 +328,7 @@ impl MicroVmProvider {
             ],
             reports: vec![
                 format!("boundary=microvm ({}, accel {accel})", self.opts.vmm.name()),
-                format!(
-                    "vm=memory {memory_mib} MiB, {vcpus} vCPU, disk {} bytes, no NIC",
-                    self.opts.disk_bytes
-                ),
+                format!("vm=memory {memory_mib} MiB, {vcpus} vCPU, disk {disk_bytes} bytes, no NIC"),
             ],
         };
         let seed = dir.join("seed");
@@ -328,7 +342,7 @@ impl MicroVmProvider {
         )
         .map_err(io(OP))?;
         let rw = vm_dir.join("rw.ext4");
-        let made_disk = disk::writable(&rw, self.opts.disk_bytes, &seed);
+        let made_disk = disk::writable(&rw, disk_bytes, &seed);
         let _ = std::fs::remove_dir_all(&seed);
         made_disk.map_err(tier_err)?;
 
@@ -481,6 +495,7 @@ impl MicroVmProvider {
             agent_bin: self.agent_bin.clone(),
             record: serde_json::Value::Null,
             procs: Vec::new(),
+            suspended_unix: None,
         }
         .with_record(&VmRecord {
             uid_slot: slot,
