@@ -37,6 +37,7 @@
 // costs nothing that boxing would save.
 #![allow(clippy::result_large_err)]
 
+pub mod archive;
 pub mod config;
 pub mod dial_back;
 pub mod disk;

@@ -168,3 +168,26 @@ async fn the_archive_takes_neither_a_bind_nor_what_a_symlink_points_at() {
     );
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_suspend_that_cannot_archive_leaves_the_sandbox_running_where_it_was() {
+    let state = tempfile::tempdir().unwrap();
+    let p = provider(state.path());
+    let sb = p.create(SandboxSpec::default()).await.unwrap();
+    // A sparse file claims 10 GiB the tmpfs never held: archiving it
+    // would fill the host's disk, so the suspend is refused, typed.
+    sh(&sb, "truncate -s 10G /tmp/sparse && echo kept > /tmp/k").await;
+    let id = sb.id().to_owned();
+    let failed = p.suspend(&id).await;
+    assert!(
+        matches!(&failed, Err(Error::LimitExceeded { limit, .. }) if limit == "suspend_archive_bytes"),
+        "{failed:?}"
+    );
+    let dir = state.path().join("local").join(&id);
+    assert!(!dir.join("saved.tar").exists() && !dir.join("saved.tar.tmp").exists());
+    assert!(!sb.is_paused().await.unwrap(), "left paused");
+    assert_eq!(sh(&sb, "cat /tmp/k").await, "kept\n");
+    let me = p.list().await.unwrap().into_iter().find(|s| s.id == id).unwrap();
+    assert!(me.alive && !me.suspended, "{me:?}");
+    sb.destroy().await.unwrap();
+}

@@ -21,12 +21,12 @@
 //! A failed suspend resumes the sandbox where it was; a failed resume
 //! leaves it suspended, its disk and archive untouched.
 
-use std::io::{BufWriter, Read};
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::io::BufWriter;
+use std::path::Path;
 
+use namzu_agent::archive::{self, Saved};
 use namzu_proto::launch::SAVED_DIRS;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 
 use super::{LocalProvider, LocalRecord};
 use crate::backend::state::{now_unix, Meta, Stop};
@@ -35,17 +35,6 @@ use crate::handle::Sandbox;
 
 /// The archive of the writable tmpfs's, in the sandbox's directory.
 pub(super) const SAVED: &str = "saved.tar";
-
-/// What a suspend archived.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Saved {
-    /// Entries archived.
-    pub entries: u64,
-    /// Bytes of file content archived.
-    pub bytes: u64,
-    /// Entries left out: sockets, devices, other mounts.
-    pub skipped: u64,
-}
 
 fn io(op: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |source| Error::LocalIo { op: op.into(), source }
@@ -91,18 +80,30 @@ impl LocalProvider {
         }
         let (_, client) = self.state.reattach(id, &self.client).await?;
         let init = init_of(&meta).ok_or_else(|| state_err(id, "its init process is not among those recorded"))?;
+        // What the tmpfs's can hold; only a sparse file claims more.
+        let limit = self.opts.tmpfs_bytes.saturating_mul(SAVED_DIRS.len() as u64);
         // Nothing may change under the copy.
         client.pause().await?;
         let saved = tokio::task::spawn_blocking({
             let dir = dir.clone();
             move || {
                 sync_workspace(&dir)?;
-                save(init, &dir.join(SAVED))
+                save(init, &dir.join(SAVED), limit)
             }
         })
         .await
         .map_err(|e| io(OP)(std::io::Error::other(e)))
-        .and_then(|r| r.map_err(io(OP)));
+        .and_then(|r| {
+            r.map_err(|e| match e.kind() {
+                std::io::ErrorKind::StorageFull => Error::LimitExceeded {
+                    op: OP.into(),
+                    limit: "suspend_archive_bytes".into(),
+                    value: limit,
+                    path: None,
+                },
+                _ => io(OP)(e),
+            })
+        });
         let saved = match saved {
             Ok(s) => s,
             Err(e) => {
@@ -228,184 +229,36 @@ fn sync_workspace(dir: &Path) -> std::io::Result<()> {
     rustix::fs::syncfs(&ws).map_err(Into::into)
 }
 
-/// One line of a `uid_map`/`gid_map`: (inside, outside, count).
-type IdRange = (u32, u32, u32);
-
-fn read_map(path: &str) -> std::io::Result<Vec<IdRange>> {
-    Ok(std::fs::read_to_string(path)?
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace().map(|x| x.parse::<u32>().ok());
-            Some((f.next()??, f.next()??, f.next()??))
-        })
-        .collect())
-}
-
-/// A host id as the sandbox sees it (65534, the overflow id, if unmapped).
-fn inside(map: &[IdRange], host: u32) -> u32 {
-    map.iter()
-        .find(|(_, out, n)| host >= *out && host - out < *n)
-        .map_or(65534, |(ins, out, _)| ins + (host - out))
-}
-
 /// Archives [`SAVED_DIRS`] of the sandbox whose init is host pid `init`
-/// into `out` (through a temporary file, synced and renamed into place).
-pub(super) fn save(init: u32, out: &Path) -> std::io::Result<Saved> {
-    let uids = read_map(&format!("/proc/{init}/uid_map"))?;
-    let gids = read_map(&format!("/proc/{init}/gid_map"))?;
+/// into `out` (through a temporary file, synced and renamed into place),
+/// at most `limit` bytes of content.
+pub(super) fn save(init: u32, out: &Path, limit: u64) -> std::io::Result<Saved> {
+    let maps = archive::Maps {
+        uids: archive::read_map(Path::new(&format!("/proc/{init}/uid_map")))?,
+        gids: archive::read_map(Path::new(&format!("/proc/{init}/gid_map")))?,
+    };
     let root = rustix::fs::open(
         format!("/proc/{init}/root"),
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     let tmp = out.with_extension("tar.tmp");
-    let file = std::fs::File::create(&tmp)?;
-    let mut walker = Walker {
-        tar: tar::Builder::new(BufWriter::new(file)),
-        uids,
-        gids,
-        saved: Saved::default(),
-    };
-    let mut saved = Saved::default();
-    let result = (|| {
-        for top in SAVED_DIRS {
-            let fd = match openat(&root, top, OFlags::DIRECTORY) {
-                Ok(fd) => fd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            let dev = rustix::fs::fstat(&fd)?.st_dev;
-            walker.dir(&fd, PathBuf::from(top), dev)?;
-        }
-        saved = walker.saved;
-        let file = walker.tar.into_inner()?.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
+    let written = (|| {
+        let file = BufWriter::new(std::fs::File::create(&tmp)?);
+        let (file, saved) = archive::write(&root, SAVED_DIRS, &maps, file, limit)?;
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        Ok(saved)
     })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    let saved = match written {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
     std::fs::rename(&tmp, out)?;
     if let Some(parent) = out.parent() {
         std::fs::File::open(parent)?.sync_all()?;
     }
     Ok(saved)
-}
-
-fn openat(dir: &impl AsFd, name: &str, extra: OFlags) -> std::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | extra,
-        Mode::empty(),
-    )
-    .map_err(Into::into)
-}
-
-struct Walker {
-    tar: tar::Builder<BufWriter<std::fs::File>>,
-    uids: Vec<IdRange>,
-    gids: Vec<IdRange>,
-    saved: Saved,
-}
-
-impl Walker {
-    /// A header for `st`, owners as the sandbox sees them.
-    fn header(&self, st: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(st.st_mode & 0o7777);
-        h.set_uid(u64::from(inside(&self.uids, st.st_uid)));
-        h.set_gid(u64::from(inside(&self.gids, st.st_gid)));
-        // The stat's time type differs by architecture (unsigned on x86_64).
-        #[allow(clippy::useless_conversion)]
-        h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
-        h.set_size(size);
-        h
-    }
-
-    /// Archives directory `fd` (at `path`) and everything beneath it on
-    /// the same device `dev`.
-    fn dir(&mut self, fd: &OwnedFd, path: PathBuf, dev: u64) -> std::io::Result<()> {
-        let st = rustix::fs::fstat(fd)?;
-        let mut h = self.header(&st, tar::EntryType::Directory, 0);
-        self.tar.append_data(&mut h, &path, std::io::empty())?;
-        self.saved.entries += 1;
-        let mut names = Vec::new();
-        for entry in rustix::fs::Dir::read_from(fd)? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name != "." && name != ".." {
-                names.push(name);
-            }
-        }
-        names.sort();
-        for name in names {
-            let st = rustix::fs::statat(fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
-            let child = path.join(&name);
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory if st.st_dev == dev => {
-                    let sub = openat(fd, &name, OFlags::DIRECTORY)?;
-                    self.dir(&sub, child, dev)?;
-                }
-                FileType::RegularFile => {
-                    let f = std::fs::File::from(openat(fd, &name, OFlags::empty())?);
-                    let size = u64::try_from(st.st_size).unwrap_or(0);
-                    let mut h = self.header(&st, tar::EntryType::Regular, size);
-                    // Every process is stopped, so the size cannot move;
-                    // a short read would still fail the archive, not pad it.
-                    self.tar.append_data(&mut h, &child, Exact(f.take(size), size))?;
-                    self.saved.entries += 1;
-                    self.saved.bytes += size;
-                }
-                FileType::Symlink => {
-                    let target = rustix::fs::readlinkat(fd, name.as_str(), Vec::new())?;
-                    let target = PathBuf::from(target.to_string_lossy().into_owned());
-                    let mut h = self.header(&st, tar::EntryType::Symlink, 0);
-                    self.tar.append_link(&mut h, &child, &target)?;
-                    self.saved.entries += 1;
-                }
-                FileType::Fifo => {
-                    let mut h = self.header(&st, tar::EntryType::Fifo, 0);
-                    self.tar.append_data(&mut h, &child, std::io::empty())?;
-                    self.saved.entries += 1;
-                }
-                // Sockets and devices mean nothing without their
-                // processes; another mount is not the sandbox's tmpfs.
-                _ => self.saved.skipped += 1,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A reader that fails unless it yields exactly `size` bytes.
-struct Exact<R>(R, u64);
-
-impl<R: Read> Read for Exact<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.0.read(buf)?;
-        if n == 0 && self.1 > 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "a file shrank while it was archived",
-            ));
-        }
-        self.1 -= n as u64;
-        Ok(n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_ids_are_written_as_the_sandbox_sees_them() {
-        let map = [(0, 100_000, 65_536)];
-        assert_eq!(inside(&map, 100_000), 0);
-        assert_eq!(inside(&map, 101_000), 1000);
-        assert_eq!(inside(&map, 99_999), 65534);
-        assert_eq!(inside(&map, 165_536), 65534);
-    }
 }
