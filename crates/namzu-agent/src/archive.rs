@@ -16,10 +16,11 @@
 //! (`limit`): a sparse file whose apparent size exceeds what a tmpfs can
 //! hold fails the archive instead of filling the host's disk.
 //!
-//! [`unpack`] takes only entries beneath the given tops, and refuses an
-//! entry whose parent, as found on disk, is not a plain directory (a
-//! symlink planted where the walk saw a directory): nothing lands outside
-//! the tops, whatever the archive says.
+//! [`unpack`] takes only plain relative entries (no `..`) beneath the
+//! given tops, and refuses an entry whose parent, as found on disk, is not
+//! a plain directory (a symlink planted where the walk saw a directory):
+//! nothing lands outside the tops, whatever the archive says. Its root may
+//! be a path into another mount namespace (`/proc/<pid>/root`).
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -256,7 +257,11 @@ pub fn unpack(archive: impl Read, root: &Path, tops: &[&str]) -> std::io::Result
         if entry.header().entry_type() == tar::EntryType::Fifo {
             fifo(&target, entry.header())?;
             restored += 1;
-        } else if entry.unpack_in(root)? {
+        } else {
+            // Not `unpack_in`: its check canonicalizes the root, which a
+            // `/proc/<pid>/root` of another mount namespace is not; the
+            // parents were checked above and the path holds no `..`.
+            entry.unpack(&target)?;
             restored += 1;
         }
     }

@@ -16,8 +16,21 @@ struct Args {
     #[arg(long, conflicts_with = "listen")]
     launch: Option<PathBuf>,
     /// unix:PATH, tcp:ADDR:PORT, or fd:N (an inherited connected socket).
-    #[arg(long, required_unless_present_any = ["launch", "relay", "install"])]
+    #[arg(long, required_unless_present_any = ["launch", "relay", "install", "archive", "unarchive"])]
     listen: Option<Listen>,
+    /// Write a tar archive of these directories (repeatable; absolute
+    /// paths) to stdout and exit: how the docker tier keeps a suspended
+    /// container's tmpfs's (see `namzu_agent::archive`). Run as root with
+    /// every process of the sandbox stopped.
+    #[arg(long, conflicts_with_all = ["launch", "listen", "relay", "install"])]
+    archive: Vec<PathBuf>,
+    /// With --archive: the most bytes of file content to write.
+    #[arg(long, default_value_t = 1 << 30)]
+    archive_limit: u64,
+    /// Unpack a tar archive from stdin beneath / and exit, taking only
+    /// entries beneath these directories (repeatable).
+    #[arg(long, conflicts_with_all = ["launch", "listen", "relay", "install", "archive"])]
+    unarchive: Vec<PathBuf>,
     /// Copy this (static) agent to PATH and exit: how a pod's init
     /// container puts the agent into an `emptyDir` the workload container
     /// (any image, no shell needed) then runs it from.
@@ -101,6 +114,54 @@ struct Args {
     /// Default working directory of commands. Default: the first root.
     #[arg(long)]
     cwd: Option<PathBuf>,
+}
+
+/// The exit status of an `--archive` whose content would pass its limit.
+const ARCHIVE_TOO_BIG: i32 = 3;
+
+/// `--archive` (to stdout) or `--unarchive` (from stdin).
+fn archive_mode(args: &Args) -> Result<(), String> {
+    use std::io::Write;
+    let tops = |dirs: &[PathBuf]| -> Vec<String> {
+        dirs.iter()
+            .map(|d| d.to_string_lossy().trim_matches('/').to_owned())
+            .collect()
+    };
+    if !args.archive.is_empty() {
+        let owned = tops(&args.archive);
+        let tops: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let root = rustix::fs::open(
+            "/",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("open /: {e}"))?;
+        let out = std::io::BufWriter::new(std::io::stdout().lock());
+        let maps = namzu_agent::archive::Maps::default();
+        let (mut out, saved) = match namzu_agent::archive::write(&root, &tops, &maps, out, args.archive_limit) {
+            Ok(done) => done,
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                // Told apart from every other failure: the host names the limit.
+                tracing::error!("archive: {e}");
+                std::process::exit(ARCHIVE_TOO_BIG);
+            }
+            Err(e) => return Err(format!("archive: {e}")),
+        };
+        out.flush().map_err(|e| format!("archive: {e}"))?;
+        tracing::info!(
+            entries = saved.entries,
+            bytes = saved.bytes,
+            skipped = saved.skipped,
+            "archived"
+        );
+        return Ok(());
+    }
+    let owned = tops(&args.unarchive);
+    let tops: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let n = namzu_agent::archive::unpack(std::io::stdin().lock(), Path::new("/"), &tops)
+        .map_err(|e| format!("unarchive: {e}"))?;
+    tracing::info!(entries = n, "unarchived");
+    Ok(())
 }
 
 /// Keeps descriptors the starting process left open from reaching commands:
@@ -229,6 +290,9 @@ fn run(args: Args) -> Result<(), String> {
             install_tls(from, to).map_err(|e| format!("install the link's TLS files: {e}"))?;
         }
         return Ok(());
+    }
+    if !args.archive.is_empty() || !args.unarchive.is_empty() {
+        return archive_mode(&args);
     }
     if let Some(spec) = &args.launch {
         // Before any thread exists: the launcher forks.

@@ -204,7 +204,20 @@ pub fn conformance_main(backend: &str, opts: DockerOptions, cannot: &[(&str, &st
         .ctx("runtime")
         .and_then(|rt| rt.block_on(provider(backend, opts)));
     match made {
-        Ok(p) => crate::run_main_except(backend, factory(p), cannot),
+        Ok(p) => {
+            // Suspend and resume are the tier's; the disk limit is a
+            // loop-mounted image, which needs root (as CI runs).
+            let resumer = Arc::new(p.clone());
+            let resume: crate::Resumer = Arc::new(move |id: String| {
+                let p = resumer.clone();
+                Box::pin(async move { p.resume(&id).await })
+            });
+            let hooks = crate::TierHooks {
+                resume: Some(resume),
+                disk_limit: nix::unistd::geteuid().is_root(),
+            };
+            crate::run_main_with(backend, factory(p), cannot, hooks)
+        }
         Err(why) if !required() => crate::ignore_all(backend, &why),
         Err(why) => {
             eprintln!("conformance[{backend}]: {why}");

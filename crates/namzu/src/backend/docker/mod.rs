@@ -60,6 +60,7 @@ mod error;
 pub mod gc;
 mod link;
 mod options;
+mod suspend;
 
 pub use error::DockerError;
 pub use options::*;
@@ -421,29 +422,17 @@ impl DockerProvider {
         }
     }
 
-    /// The part of create that leaves a container behind; the caller removes
-    /// it if this fails.
-    async fn start(
-        &self,
-        id: &str,
-        dir: &Path,
-        spec: &SandboxSpec,
-        container: &mut Option<String>,
-    ) -> Result<AgentClient> {
-        let Some(image) = spec.image.as_deref() else {
-            return Err(Error::OptionRefused {
-                tier: Tier::Docker,
-                option: "image".into(),
-                reason: "the docker tier needs an image (a reference the daemon has or can pull)".into(),
-            });
-        };
-        let user = self.ensure_image(image).await?;
+    /// Makes (or, for a resume, makes again) the run directory the agent
+    /// reads its token from and listens in: the token copied in afresh (the
+    /// agent consumes it at every start).
+    fn prepare_run(&self, dir: &Path) -> Result<()> {
         let io = |source| Error::LocalIo {
             op: "create".into(),
             source,
         };
         let run = dir.join("run");
-        std::fs::create_dir(&run).map_err(io)?;
+        std::fs::create_dir_all(&run).map_err(io)?;
+        let _ = std::fs::remove_file(run.join("token"));
         std::fs::copy(dir.join("token"), run.join("token")).map_err(io)?;
         // The run directory (token, socket) is the agent's uid's alone: a
         // command, whoever it runs as, can neither read nor replace them.
@@ -470,11 +459,40 @@ impl DockerProvider {
             // agent's own, like the run directory, so it can clear what a
             // dead host left there.
             let back = run.join(BACK_DIR);
-            std::fs::create_dir(&back).map_err(io)?;
+            std::fs::create_dir_all(&back).map_err(io)?;
             if modes[0] == 0o700 {
                 std::os::unix::fs::chown(&back, agent, agent).map_err(io)?;
             }
             std::fs::set_permissions(&back, std::fs::Permissions::from_mode(modes[0])).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// The part of create that leaves a container behind; the caller removes
+    /// it if this fails.
+    async fn start(
+        &self,
+        id: &str,
+        dir: &Path,
+        spec: &SandboxSpec,
+        container: &mut Option<String>,
+    ) -> Result<AgentClient> {
+        let Some(image) = spec.image.as_deref() else {
+            return Err(Error::OptionRefused {
+                tier: Tier::Docker,
+                option: "image".into(),
+                reason: "the docker tier needs an image (a reference the daemon has or can pull)".into(),
+            });
+        };
+        let user = self.ensure_image(image).await?;
+        let io = |source| Error::LocalIo {
+            op: "create".into(),
+            source,
+        };
+        self.prepare_run(dir)?;
+        if let Some(bytes) = spec.resources.disk_bytes {
+            crate::backend::disk::check(Tier::Docker, bytes)?;
+            crate::backend::disk::make(dir, bytes, 0)?;
         }
         // An image that runs as someone else must still write its
         // workspace.
@@ -624,6 +642,9 @@ impl Provider for DockerProvider {
 
     async fn agent_link(&self, id: &str) -> Result<AgentClient> {
         let (dir, meta) = self.state.read_meta(id)?;
+        if meta.suspended_unix.is_some() {
+            return Err(Error::SandboxSuspended { id: id.into() });
+        }
         let Some(cm) = meta.record::<ContainerMeta>() else {
             return Err(Error::State {
                 id: id.into(),
@@ -665,6 +686,14 @@ impl Provider for DockerProvider {
         Ok(out)
     }
 
+    async fn suspend(&self, id: &str) -> Result<()> {
+        self.suspend_sandbox(id).await
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.resume_sandbox(id).await
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         let (dir, meta) = match self.state.read_meta(id) {
             Ok(x) => x,
@@ -676,6 +705,7 @@ impl Provider for DockerProvider {
         if let Some(c) = meta.record::<ContainerMeta>() {
             self.remove_container(&c.container_id).await?;
         }
+        crate::backend::disk::unmount(&dir);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
