@@ -394,7 +394,43 @@ def test_pause_and_resume(alice, sandbox):
     assert r.json()["stdout"] == "kept", r.text
 
 
+def test_suspend_and_resume_from_disk(alice, sandbox):
+    p = f"/v1/sandboxes/{sandbox['id']}"
+    r = alice.post(f"{p}/commands/run", json={"script": "echo t > /tmp/t; echo w > w.txt; sleep 300 >/dev/null 2>&1 </dev/null &"})
+    assert r.status_code == 200, r.text
+    suspended = alice.post(f"{p}/suspend")
+    assert suspended.status_code == 200, suspended.text
+    assert suspended.json()["state"] == "suspended"
+    assert alice.get(p).json()["state"] == "suspended"
+    err(alice.post(f"{p}/commands/run", json={"script": "echo no"}), 409, "sandbox_suspended")
+    # Suspending again is done.
+    assert alice.post(f"{p}/suspend").json()["state"] == "suspended"
+    resumed = alice.post(f"{p}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json() == {"continued": [], "paused_ms": 0, "from_disk": True}, resumed.json()
+    view = alice.get(p).json()
+    assert view["state"] == "running" and view["expires_at_ms"] > time.time() * 1000, view
+    r = alice.post(f"{p}/commands/run", json={"script": "cat /tmp/t w.txt; pgrep -x sleep || echo none"})
+    assert r.json()["stdout"] == "t\nw\nnone\n", r.text
+
+
 # ---- lifetime
+
+
+def test_on_timeout_suspend_suspends_instead_of_destroying(alice):
+    sb = alice.post("/v1/sandboxes", json={"timeout_s": 1, "on_timeout": "suspend"}).json()
+    p = f"/v1/sandboxes/{sb['id']}"
+    assert sb["suspend_on_timeout"] is True and sb["pause_on_timeout"] is False
+    alice.put(f"{p}/files/content", params={"path": "kept.txt"}, content=b"kept")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and alice.get(p).json()["state"] != "suspended":
+        time.sleep(0.2)
+    assert alice.get(p).json()["state"] == "suspended"
+    time.sleep(2)
+    assert alice.get(p).json()["state"] == "suspended", "a suspended sandbox does not expire"
+    assert alice.post(f"{p}/resume").json()["from_disk"] is True
+    assert alice.post(f"{p}/commands/run", json={"script": "cat kept.txt"}).json()["stdout"] == "kept"
+    alice.delete(p)
 
 
 def test_on_timeout_pause_pauses_instead_of_destroying(alice):

@@ -228,3 +228,51 @@ fn pause_refuses_new_commands_until_resume() {
     assert!(namzu(st.path(), &["exec", &id, "--", "true"]).status.success());
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
+
+#[test]
+fn suspend_keeps_the_files_across_processes_and_resume_starts_it_again() {
+    let st = tempfile::tempdir().unwrap();
+    // A disk limit where loop devices can be made (root), as CI runs.
+    let root = nix::unistd::geteuid().is_root();
+    let o = if root {
+        namzu(st.path(), &["create", "--disk", "64m"])
+    } else {
+        namzu(st.path(), &["create"])
+    };
+    assert!(o.status.success(), "{}", err(&o));
+    let id = out(&o).trim().to_owned();
+    let o = namzu(
+        st.path(),
+        &[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo a > /workspace/a; echo b > /tmp/b; df -k /workspace | tail -1",
+        ],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    if root {
+        let size_kib: u64 = out(&o).split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(size_kib <= 64 << 10, "a {size_kib} KiB workspace for a 64 MiB disk");
+    }
+    let o = namzu(st.path(), &["suspend", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = namzu(st.path(), &["ls"]);
+    let line = out(&o)
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(line.contains("suspended"), "{}", out(&o));
+    let o = namzu(st.path(), &["exec", &id, "--", "true"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("suspended"), "{}", err(&o));
+    let o = namzu(st.path(), &["resume", &id]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = namzu(st.path(), &["exec", &id, "--", "cat", "/workspace/a", "/tmp/b"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(out(&o), "a\nb\n");
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}

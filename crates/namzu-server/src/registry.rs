@@ -45,6 +45,9 @@ pub struct Record {
     /// `autoPause`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pause_on_timeout: bool,
+    /// Reaching its timeout suspends it to disk instead of destroying it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend_on_timeout: bool,
     /// A paused sandbox is resumed by the next envd request to it (E2B's
     /// `autoResume`), its timeout set again to `timeout_ms` from then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -52,8 +55,9 @@ pub struct Record {
     /// The timeout it was made with, in ms (what an auto-resume sets again).
     #[serde(default)]
     pub timeout_ms: u64,
-    /// `running`, `paused` (through this server; it does not expire while
-    /// paused, and still counts against its owner's limit) or `dead`.
+    /// `running`, `paused` or `suspended` (through this server; it does not
+    /// expire while so, and still counts against its owner's limit) or
+    /// `dead`.
     #[serde(default = "running")]
     pub state: String,
     /// E2B-compatible API: the template it was made from, when made there.
@@ -371,6 +375,34 @@ impl Registry {
         }
     }
 
+    /// Suspends `owner`'s sandbox `id` to disk (see
+    /// [`Provider::suspend`]): this process's handle is dropped and the
+    /// record says `suspended` until [`Registry::resume_suspended`].
+    pub async fn suspend(&self, owner: &str, id: &str) -> ApiResult<Record> {
+        let rec = self.get(owner, id)?;
+        if rec.state != "suspended" {
+            let provider = self.provider(rec.tier, rec.runtime.clone()).await?;
+            provider.suspend(id).await?;
+            self.forget(id);
+            self.set_state(id, "suspended");
+        }
+        self.get(owner, id)
+    }
+
+    /// Starts `owner`'s suspended sandbox `id` again on its disk; its
+    /// handle is this process's from then on.
+    pub async fn resume_suspended(&self, owner: &str, id: &str) -> ApiResult<Sandbox> {
+        let rec = self.get(owner, id)?;
+        let provider = self.provider(rec.tier, rec.runtime.clone()).await?;
+        let sb = provider.resume(id).await?;
+        self.handles
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(id.to_string(), sb.clone());
+        self.set_state(id, "running");
+        Ok(sb)
+    }
+
     /// Drops this process's handle of `id`, so the next use reconnects.
     pub fn forget(&self, id: &str) {
         if let Ok(mut h) = self.handles.lock() {
@@ -378,7 +410,7 @@ impl Registry {
         }
     }
 
-    /// Records `id`'s state (`running`, `paused`, `dead`).
+    /// Records `id`'s state (`running`, `paused`, `suspended`, `dead`).
     pub fn set_state(&self, id: &str, state: &str) {
         let Ok(mut recs) = self.records.lock() else { return };
         if let Some(r) = recs.get_mut(id) {

@@ -260,8 +260,9 @@ pub async fn pause(
     }))
 }
 
-/// Resume a paused sandbox where it was (a running one: nothing to do).
-/// A paused sandbox does not expire; its timeout runs again from here.
+/// Resume a paused sandbox where it was, or start a suspended one again
+/// on its disk (a running one: nothing to do). A paused or suspended
+/// sandbox does not expire; its timeout runs again from here.
 #[utoipa::path(post, operation_id = "resume", path = "/v1/sandboxes/{id}/resume", tag = "live", params(("id" = String, Path)),
     responses((status = 200, body = ResumeView), (status = 404, body = ErrorBody)))]
 pub async fn resume(
@@ -270,13 +271,42 @@ pub async fn resume(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<ResumeView>> {
     check_id("id", &id)?;
-    let (_, sb) = st.registry.sandbox(&owner, &id).await?;
-    let r = sb.resume().await?;
-    st.registry.set_state(&id, "running");
+    let view = if st.registry.get(&owner, &id)?.state == "suspended" {
+        st.registry.resume_suspended(&owner, &id).await?;
+        ResumeView {
+            continued: Vec::new(),
+            paused_ms: 0,
+            from_disk: true,
+        }
+    } else {
+        let (_, sb) = st.registry.sandbox(&owner, &id).await?;
+        let r = sb.resume().await?;
+        st.registry.set_state(&id, "running");
+        ResumeView {
+            continued: r.continued,
+            paused_ms: u64::try_from(r.paused_for.as_millis()).unwrap_or(u64::MAX),
+            from_disk: false,
+        }
+    };
     let timeout = st.registry.get(&owner, &id)?.timeout(st.config.limits.default_timeout);
     st.registry.extend(&owner, &id, timeout)?;
-    Ok(axum::Json(ResumeView {
-        continued: r.continued,
-        paused_ms: u64::try_from(r.paused_for.as_millis()).unwrap_or(u64::MAX),
-    }))
+    Ok(axum::Json(view))
+}
+
+/// Suspend the sandbox to disk: every process in it ends, and what it
+/// wrote (`/workspace`, and the tier's writable paths) is kept under its
+/// id until `resume` starts it again — after a server restart too. A
+/// suspended sandbox does not expire; its operations answer 409
+/// `sandbox_suspended`. Refused (422 `option_refused`) on a tier that
+/// cannot.
+#[utoipa::path(post, operation_id = "suspend", path = "/v1/sandboxes/{id}/suspend", tag = "live", params(("id" = String, Path)),
+    responses((status = 200, body = super::model::SandboxView), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn suspend(
+    State(st): State<AppState>,
+    Owner(owner): Owner,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<super::model::SandboxView>> {
+    check_id("id", &id)?;
+    let rec = st.registry.suspend(&owner, &id).await?;
+    Ok(axum::Json(super::model::SandboxView::from(&rec)))
 }

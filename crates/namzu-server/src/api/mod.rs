@@ -31,7 +31,7 @@ use crate::state::AppState;
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::extend, sandboxes::destroy,
         commands::start, commands::run, commands::attach, commands::list, commands::cancel,
         files::download, files::upload, files::list, files::walk, files::watch, files::stat, files::mkdir, files::remove, files::rename,
-        live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush, live::pause, live::resume,
+        live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush, live::pause, live::resume, live::suspend,
     ),
     components(schemas(ErrorBody, model::TerminalControl)),
     modifiers(&Security),
@@ -40,7 +40,7 @@ use crate::state::AppState;
         (name = "sandboxes", description = "Make, find, extend and destroy sandboxes"),
         (name = "commands", description = "Run commands; streams carry offsets to re-attach from"),
         (name = "files", description = "Files inside a sandbox"),
-        (name = "live", description = "Terminals, TCP, egress policy, quiesce, flush, pause and resume"),
+        (name = "live", description = "Terminals, TCP, egress policy, quiesce, flush, pause, suspend and resume"),
         (name = "server", description = "The server itself"),
     )
 )]
@@ -236,6 +236,7 @@ pub fn router(st: AppState) -> Router {
         .route(&format!("{sb}/flush"), post(live::flush))
         .route(&format!("{sb}/pause"), post(live::pause))
         .route(&format!("{sb}/resume"), post(live::resume))
+        .route(&format!("{sb}/suspend"), post(live::suspend))
         .merge(crate::e2b::control_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(method_not_allowed))

@@ -77,9 +77,10 @@ pub struct CreateSandbox {
     /// Seconds until the server destroys the sandbox unless extended
     /// (default: the server's `default_timeout`).
     pub timeout_s: Option<u64>,
-    /// What reaching the timeout does: `destroy` (the default) or `pause`
-    /// (every process stopped in place; a paused sandbox does not expire
-    /// until resumed).
+    /// What reaching the timeout does: `destroy` (the default), `pause`
+    /// (every process stopped in place) or `suspend` (processes ended, the
+    /// disk kept); a paused or suspended sandbox does not expire until
+    /// resumed.
     pub on_timeout: Option<String>,
 }
 
@@ -102,11 +103,13 @@ pub struct SandboxView {
     pub created_at_ms: u64,
     /// Destroyed at, Unix milliseconds, unless extended.
     pub expires_at_ms: u64,
-    /// `running`, `paused`, or `dead` once an operation found its agent
-    /// gone.
+    /// `running`, `paused`, `suspended`, or `dead` once an operation found
+    /// its agent gone.
     pub state: String,
     /// Reaching the timeout pauses it instead of destroying it.
     pub pause_on_timeout: bool,
+    /// Reaching the timeout suspends it to disk instead of destroying it.
+    pub suspend_on_timeout: bool,
 }
 
 /// One page of `GET /v1/sandboxes`.
@@ -531,6 +534,9 @@ pub struct ResumeView {
     pub continued: Vec<u32>,
     /// Milliseconds it was paused (0: it was not).
     pub paused_ms: u64,
+    /// It was suspended, and started again on its disk (its processes
+    /// afresh; `continued` is empty).
+    pub from_disk: bool,
 }
 
 /// `GET /v1/health`.

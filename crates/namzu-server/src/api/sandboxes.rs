@@ -26,6 +26,7 @@ impl From<&Record> for SandboxView {
             expires_at_ms: r.expires_at_ms,
             state: r.state.clone(),
             pause_on_timeout: r.pause_on_timeout,
+            suspend_on_timeout: r.suspend_on_timeout,
         }
     }
 }
@@ -160,13 +161,14 @@ pub async fn create(
         .field("runtime"));
     }
     let timeout = timeout_of(&st, req.timeout_s)?;
-    let pause_on_timeout = match req.on_timeout.as_deref() {
-        None | Some("destroy") => false,
-        Some("pause") => true,
+    let (pause_on_timeout, suspend_on_timeout) = match req.on_timeout.as_deref() {
+        None | Some("destroy") => (false, false),
+        Some("pause") => (true, false),
+        Some("suspend") => (false, true),
         Some(other) => {
             return Err(ApiError::invalid(
                 "on_timeout",
-                format!("on_timeout must be \"destroy\" or \"pause\", not {other:?}"),
+                format!("on_timeout must be \"destroy\", \"pause\" or \"suspend\", not {other:?}"),
             ))
         }
     };
@@ -198,6 +200,7 @@ pub async fn create(
         created_at_ms: now,
         expires_at_ms: now + timeout.as_millis() as u64,
         pause_on_timeout,
+        suspend_on_timeout,
         auto_resume: false,
         timeout_ms: timeout.as_millis() as u64,
         state: "running".into(),
@@ -316,10 +319,21 @@ pub async fn reap(st: AppState) {
             .registry
             .all()
             .into_iter()
-            .filter(|r| r.expires_at_ms <= now && r.state != "paused");
+            .filter(|r| r.expires_at_ms <= now && r.state != "paused" && r.state != "suspended");
         for rec in due {
             if rec.pause_on_timeout && pause_at_timeout(&st, &rec).await {
                 continue;
+            }
+            if rec.suspend_on_timeout {
+                match st.registry.suspend(&rec.owner, &rec.id).await {
+                    Ok(_) => {
+                        tracing::info!(id = %rec.id, owner = %rec.owner, "sandbox reached its timeout; suspended");
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(id = %rec.id, "suspend at timeout failed, destroying instead: {}", e.message)
+                    }
+                }
             }
             match st.registry.destroy(&rec).await {
                 Ok(()) => {

@@ -121,7 +121,7 @@ fn detail_json(r: &Record) -> serde_json::Value {
         "cpuCount": 1,
         "memoryMB": 512,
         "diskSizeMB": 1024,
-        "state": if r.state == "paused" { "paused" } else { "running" },
+        "state": if asleep(r) { "paused" } else { "running" },
         "metadata": r.metadata,
     });
     if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
@@ -222,6 +222,7 @@ pub async fn create(
         created_at_ms: now,
         expires_at_ms: now + timeout.as_millis() as u64,
         pause_on_timeout: req.auto_pause,
+        suspend_on_timeout: false,
         auto_resume,
         timeout_ms: timeout.as_millis() as u64,
         state: "running".into(),
@@ -353,16 +354,27 @@ pub(super) async fn auto_resume(st: &AppState, rec: &Record) -> E2bResult<Record
     Ok(st.registry.extend(&rec.owner, &rec.id, timeout)?)
 }
 
-/// Resumes `owner`'s sandbox `id` if this server paused it; its record.
+/// Paused or suspended through this server: what E2B calls `paused`.
+fn asleep(r: &Record) -> bool {
+    r.state == "paused" || r.state == "suspended"
+}
+
+/// Resumes `owner`'s sandbox `id` if this server paused or suspended it;
+/// its record.
 async fn wake(st: &AppState, owner: &str, id: &str) -> E2bResult<Record> {
     check_id("id", id)?;
     let rec = st.registry.get(owner, id)?;
-    if rec.state != "paused" {
-        return Ok(rec);
+    match rec.state.as_str() {
+        "paused" => {
+            let (_, sb) = st.registry.sandbox(owner, id).await?;
+            sb.resume().await.map_err(ApiError::from)?;
+            st.registry.set_state(id, "running");
+        }
+        "suspended" => {
+            st.registry.resume_suspended(owner, id).await?;
+        }
+        _ => return Ok(rec),
     }
-    let (_, sb) = st.registry.sandbox(owner, id).await?;
-    sb.resume().await.map_err(ApiError::from)?;
-    st.registry.set_state(id, "running");
     Ok(st.registry.get(owner, id)?)
 }
 
@@ -393,7 +405,7 @@ pub async fn list(
     let limit = q.limit.unwrap_or(100).clamp(1, max);
     let (mut page, more) = st.registry.list(&owner, &labels, q.next_token.as_deref(), limit)?;
     if let Some(states) = &states {
-        let shown = |r: &Record| states.contains(&if r.state == "paused" { "paused" } else { "running" });
+        let shown = |r: &Record| states.contains(&if asleep(r) { "paused" } else { "running" });
         page.retain(shown);
     }
     let mut headers = HeaderMap::new();
@@ -415,13 +427,13 @@ pub async fn pause(
 ) -> E2bResult<StatusCode> {
     let owner = owner(o)?;
     check_id("id", &id)?;
-    let (rec, sb) = st.registry.sandbox(&owner, &id).await?;
-    if rec.state == "paused" {
+    if asleep(&st.registry.get(&owner, &id)?) {
         return Err(E2bError(
             StatusCode::CONFLICT,
             format!("sandbox {id} is already paused"),
         ));
     }
+    let (_, sb) = st.registry.sandbox(&owner, &id).await?;
     sb.pause().await.map_err(ApiError::from)?;
     st.registry.set_state(&id, "paused");
     Ok(StatusCode::NO_CONTENT)
@@ -437,7 +449,7 @@ pub async fn resume(
 ) -> E2bResult<Response> {
     let owner = owner(o)?;
     let t = Timeout::optional(&body)?;
-    if st.registry.get(&owner, &id)?.state != "paused" {
+    if !asleep(&st.registry.get(&owner, &id)?) {
         return Err(E2bError(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
     }
     wake(&st, &owner, &id).await?;

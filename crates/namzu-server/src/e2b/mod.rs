@@ -128,11 +128,11 @@ pub async fn dispatch(
     // (E2B's autoResume); otherwise it answers as E2B's edge does for a
     // sandbox that is not running.
     let rec = match rec.state.as_str() {
-        "paused" if rec.auto_resume => match control::auto_resume(&st, &rec).await {
+        "paused" | "suspended" if rec.auto_resume => match control::auto_resume(&st, &rec).await {
             Ok(r) => r,
             Err(e) => return e.into_response(),
         },
-        "paused" => {
+        "paused" | "suspended" => {
             return control::E2bError(
                 StatusCode::BAD_GATEWAY,
                 format!("sandbox {id} is paused; connect to resume it"),
