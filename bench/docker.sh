@@ -2,7 +2,8 @@
 # The docker tier next to the docker CLI, in one run, on the same image and
 # runtime: create + first exec (+ destroy) vs `docker run --rm IMG true`,
 # exec round trip vs `docker exec`, pause + resume vs `docker pause` +
-# `docker unpause`, a 1 GiB copy in vs `docker cp`. Both
+# `docker unpause`, suspend + resume vs `docker stop` + `docker start`,
+# a 1 GiB copy in vs `docker cp`. Both
 # sides are whole CLI invocations, so both pay process start and connect.
 # Not a test: nothing here gates anything.
 set -euo pipefail
@@ -72,6 +73,19 @@ for rt in runc runsc; do
     t0=$(now); for _ in $(seq $R); do docker pause "$c" >/dev/null; docker unpause "$c" >/dev/null; done; t1=$(now)
     b=$(per "$t0" "$t1" $R)
     printf '%-8s %-34s %12s %12s %8s\n' "$rt" "pause+resume (CLI) / docker pause+unpause" "$a" "$b" "$(ratio "$a" "$b")"
+
+    # Suspend + resume from disk: namzu's (the tmpfs's archived and put
+    # back, the container stopped and started) next to docker stop + start
+    # of a plain container with a tmpfs /tmp (which a stop empties).
+    $N exec "$id" -- sh -c 'head -c 8388608 /dev/urandom > /tmp/data' >/dev/null
+    R=5
+    t0=$(now); for _ in $(seq $R); do $N suspend "$id" >/dev/null 2>&1; $N resume "$id" >/dev/null 2>&1; done; t1=$(now)
+    a=$(per "$t0" "$t1" $R)
+    plain=$(docker run -d --runtime "$rt" --network none --read-only --tmpfs /tmp "$IMG" sh -c 'trap "exit 0" TERM; sleep 100000 & wait')
+    t0=$(now); for _ in $(seq $R); do docker stop -t 1 "$plain" >/dev/null; docker start "$plain" >/dev/null; done; t1=$(now)
+    b=$(per "$t0" "$t1" $R)
+    docker rm -f "$plain" >/dev/null
+    printf '%-8s %-34s %12s %12s %8s\n' "$rt" "suspend+resume, 8 MiB /tmp (CLI) / docker stop+start" "$a" "$b" "$(ratio "$a" "$b")"
 
     t0=$(now); $N cp "$big" "$id:/workspace/big"; t1=$(now)
     a=$(per "$t0" "$t1" 1)

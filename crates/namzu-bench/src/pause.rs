@@ -99,5 +99,68 @@ pub async fn bench(procs: usize, iters: usize) -> Result<(), Box<dyn std::error:
     }
     println!();
     sb.destroy().await?;
+    suspend_bench(iters.min(10)).await
+}
+
+/// Suspend to disk and resume from it on the local tier, with 8 MiB in
+/// /tmp (archived) and 8 MiB in /workspace (kept in place), next to what
+/// the resume cannot beat: a fresh sandbox's create (no files put back).
+async fn suspend_bench(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let state_dir = tempfile::tempdir()?;
+    let p = LocalProvider::new(state_dir.path())?;
+    let mut sb = p.create(SandboxSpec::default()).await?;
+    let id = sb.id().to_owned();
+    let fill = "head -c 8388608 /dev/urandom > /tmp/data; head -c 8388608 /dev/urandom > /workspace/data";
+    let out = sb.commands().run(fill).await?;
+    if !out.status.success() {
+        return Err("could not fill the sandbox".into());
+    }
+    let (mut suspend, mut resume, mut size) = (Vec::new(), Vec::new(), 0u64);
+    for _ in 0..iters {
+        let t = Instant::now();
+        sb.clone().suspend().await?;
+        suspend.push(t.elapsed());
+        size = std::fs::metadata(state_dir.path().join("local").join(&id).join("saved.tar"))?.len();
+        let t = Instant::now();
+        sb = p.resume(&id).await?;
+        resume.push(t.elapsed());
+    }
+    sb.destroy().await?;
+    let mut fresh = Vec::new();
+    for _ in 0..iters {
+        let t = Instant::now();
+        let sb = p.create(SandboxSpec::default()).await?;
+        fresh.push(t.elapsed());
+        sb.destroy().await?;
+    }
+    // The disk's floor under the suspend: the same bytes written and synced.
+    let bytes = vec![7u8; usize::try_from(size).unwrap_or(0)];
+    let mut floor = Vec::new();
+    for _ in 0..iters {
+        let t = Instant::now();
+        let path = state_dir.path().join("floor");
+        std::fs::write(&path, &bytes)?;
+        std::fs::File::open(&path)?.sync_all()?;
+        floor.push(t.elapsed());
+    }
+    let (s, r, c, f) = (median(suspend), median(resume), median(fresh), median(floor));
+    println!("## suspend to disk and resume (local tier, 8 MiB in /tmp and 8 MiB in /workspace, median of {iters})");
+    println!();
+    println!("| what | namzu | instead | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| suspend (pause, archive /tmp /home /root, end) | {} | the archive's bytes written + fsync: {} | {} |",
+        fmt_dur(s),
+        fmt_dur(f),
+        ratio(s, f)
+    );
+    println!(
+        "| resume from disk (launch, put back, probe) | {} | a fresh create: {} | {} |",
+        fmt_dur(r),
+        fmt_dur(c),
+        ratio(r, c)
+    );
+    println!("| archive on disk | {:.1} MiB | | |", size as f64 / f64::from(1 << 20));
+    println!();
     Ok(())
 }
