@@ -13,14 +13,18 @@ fn main() -> std::process::ExitCode {
         Ok(p) => p,
         Err(why) => return microvm::skip_all("microvm", &why),
     };
+    let resumer = provider.clone();
     let factory: namzu_conformance::Factory = std::sync::Arc::new(move |spec| {
         let p = provider.clone();
         Box::pin(async move { namzu::Provider::create(&p, spec).await })
     });
-    // The writable disk is the disk limit; suspend to disk is not the
-    // tier's yet.
+    // The writable disk is the disk limit, and what a suspend keeps.
+    let resume: namzu_conformance::Resumer = std::sync::Arc::new(move |id: String| {
+        let p = resumer.clone();
+        Box::pin(async move { namzu::Provider::resume(&p, &id).await })
+    });
     let hooks = namzu_conformance::TierHooks {
-        resume: None,
+        resume: Some(resume),
         disk_limit: true,
     };
     let code = namzu_conformance::run_main_with("microvm", factory, microvm::CANNOT, hooks);

@@ -22,6 +22,7 @@ pub mod boot;
 pub mod disk;
 mod error;
 pub mod jail;
+mod suspend;
 pub mod vmm;
 
 use std::path::{Path, PathBuf};
@@ -130,6 +131,9 @@ struct VmRecord {
     uid_slot: Option<u32>,
     /// The accelerator it runs with.
     accel: Option<vmm::Accel>,
+    /// Its files and sizes, to boot it again after a suspend.
+    #[serde(default)]
+    parts: Option<VmParts>,
 }
 
 /// Makes microVM sandboxes.
@@ -333,14 +337,14 @@ impl MicroVmProvider {
         };
         let seed = dir.join("seed");
         std::fs::create_dir_all(seed.join("namzu")).map_err(io(OP))?;
-        crate::fsutil::write_private(
-            &seed.join(namzu_proto::launch::GUEST_SPEC_PATH),
-            &serde_json::to_vec(&guest).map_err(|e| Error::State {
-                id: id.clone(),
-                message: e.to_string(),
-            })?,
-        )
-        .map_err(io(OP))?;
+        let guest_json = serde_json::to_vec(&guest).map_err(|e| Error::State {
+            id: id.clone(),
+            message: e.to_string(),
+        })?;
+        crate::fsutil::write_private(&seed.join(namzu_proto::launch::GUEST_SPEC_PATH), &guest_json).map_err(io(OP))?;
+        // Kept beside the token (the same secret), for a boot after a
+        // suspend: the guest's init removes its copy once read.
+        crate::fsutil::write_private(&dir.join(suspend::GUEST_SPEC), &guest_json).map_err(io(OP))?;
         let rw = vm_dir.join("rw.ext4");
         let made_disk = disk::writable(&rw, disk_bytes, &seed);
         let _ = std::fs::remove_dir_all(&seed);
@@ -408,6 +412,7 @@ impl MicroVmProvider {
 }
 
 /// The files and sizes of one VM.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct VmParts {
     kernel: PathBuf,
     initramfs: PathBuf,
@@ -500,6 +505,7 @@ impl MicroVmProvider {
         .with_record(&VmRecord {
             uid_slot: slot,
             accel: Some(accel),
+            parts: Some(parts.clone()),
         });
         self.state.write_meta(dir, &meta)?;
         let attached = match self.wait_for_guest(dir, id, &mut child).await {
@@ -605,6 +611,14 @@ impl Provider for MicroVmProvider {
 
     async fn gc(&self) -> Result<Vec<String>> {
         crate::backend::state::gc_dead(self, &self.state).await
+    }
+
+    async fn suspend(&self, id: &str) -> Result<()> {
+        self.suspend_vm(id).await
+    }
+
+    async fn resume(&self, id: &str) -> Result<Sandbox> {
+        self.resume_vm(id).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

@@ -1,0 +1,165 @@
+//! Suspend and resume of microVM sandboxes, to disk: everything a guest
+//! writes (its overlay's upper layer: `/workspace`, `/tmp`, `/home`, …)
+//! is on its writable disk, so a suspend pauses the guest, makes the disk
+//! durable from inside (the agent's flush), and ends the VM; the resume
+//! boots the same kernel, image and writable disk again under the same id.
+//! The guest's processes start afresh, as after a reboot (keeping them —
+//! the VM's memory — is not done here).
+//!
+//! The guest's init removes its spec (the token) from the writable disk
+//! once read; the resume writes it back into the unmounted image with
+//! e2fsprogs (`e2fsck` replays the journal the ended VM left, then
+//! `debugfs` writes the file), from the copy kept beside the token in the
+//! sandbox's directory. A failed resume leaves the sandbox suspended.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::*;
+use crate::backend::state::Stop;
+
+/// The guest's spec, kept in the sandbox's directory (mode 0600).
+pub(super) const GUEST_SPEC: &str = "guest.json";
+/// How long the guest has to make its disk durable before it is ended.
+const FLUSH_BOUND: Duration = Duration::from_secs(60);
+
+fn state_err(id: &str, message: impl Into<String>) -> Error {
+    Error::State {
+        id: id.into(),
+        message: message.into(),
+    }
+}
+
+/// Writes `spec` into the (unmounted) writable disk `rw` at the guest's
+/// spec path, replacing what is there.
+fn put_guest_spec(id: &str, rw: &Path, spec: &Path) -> Result<()> {
+    let debugfs = crate::backend::disk::find_tool("debugfs")
+        .map_err(|searched| state_err(id, format!("debugfs (e2fsprogs) not found; looked in {searched:?}")))?;
+    // The VM ended with its disk mounted: what its journal holds is not yet
+    // in place, and debugfs reads past a journal. Replayed first (or the
+    // guest's own replay at boot would put back the removal over the
+    // write).
+    let e2fsck = crate::backend::disk::find_tool("e2fsck")
+        .map_err(|searched| state_err(id, format!("e2fsck (e2fsprogs) not found; looked in {searched:?}")))?;
+    let fsck = Command::new(&e2fsck)
+        .args(["-p", "-E", "journal_only"])
+        .arg(rw)
+        .output()
+        .map_err(io("resume"))?;
+    // 0: clean; 1: errors corrected (the journal replayed).
+    if !matches!(fsck.status.code(), Some(0 | 1)) {
+        return Err(state_err(
+            id,
+            format!(
+                "e2fsck could not replay the writable disk's journal ({}): {}",
+                fsck.status,
+                String::from_utf8_lossy(&fsck.stderr).trim()
+            ),
+        ));
+    }
+    let target = namzu_proto::launch::GUEST_SPEC_PATH;
+    let script = format!("rm {target}\nwrite {} {target}\n", spec.display());
+    let cmds = rw.with_extension("debugfs");
+    std::fs::write(&cmds, script).map_err(io("resume"))?;
+    let out = Command::new(&debugfs).arg("-w").arg("-f").arg(&cmds).arg(rw).output();
+    let _ = std::fs::remove_file(&cmds);
+    let out = out.map_err(io("resume"))?;
+    // debugfs says little through its status: read the file back.
+    let back = Command::new(&debugfs)
+        .arg("-R")
+        .arg(format!("cat {target}"))
+        .arg(rw)
+        .output()
+        .map_err(io("resume"))?;
+    let want = std::fs::read(spec).map_err(io("resume"))?;
+    if back.stdout != want {
+        return Err(state_err(
+            id,
+            format!(
+                "could not write the guest's spec into its disk: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl MicroVmProvider {
+    /// [`Provider::suspend`] of the microvm tier.
+    pub(super) async fn suspend_vm(&self, id: &str) -> Result<()> {
+        let (dir, meta) = self.state.read_meta(id)?;
+        if meta.suspended_unix.is_some() {
+            return Ok(());
+        }
+        let record = meta.record::<VmRecord>().unwrap_or_default();
+        if record.parts.is_none() || !dir.join(GUEST_SPEC).exists() {
+            return Err(state_err(id, "made by a namzu that kept no boot parts; cannot suspend"));
+        }
+        let (_, client) = self.state.reattach(id, &self.client).await?;
+        // Nothing changes after the flush: the disk is what the guest had.
+        client.pause().await?;
+        if let Err(e) = client.flush(FLUSH_BOUND).await {
+            let _ = client.resume().await;
+            return Err(e);
+        }
+        client.close();
+        self.state.halt(id, Stop::Kill).await?;
+        let suspended = Meta {
+            pid: 0,
+            procs: Vec::new(),
+            suspended_unix: Some(now_unix()),
+            ..meta
+        };
+        self.state.write_meta(&dir, &suspended)
+    }
+
+    /// [`Provider::resume`] of the microvm tier.
+    pub(super) async fn resume_vm(&self, id: &str) -> Result<Sandbox> {
+        let (dir, suspended) = self.state.read_meta(id)?;
+        if suspended.suspended_unix.is_none() {
+            return Err(Error::NotSuspended { id: id.into() });
+        }
+        let record = suspended.record::<VmRecord>().unwrap_or_default();
+        let (Some(parts), Some(accel)) = (record.parts.clone(), record.accel) else {
+            return Err(state_err(id, "no boot parts kept"));
+        };
+        let egress = crate::egress::supervisor::read_config(&dir).or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(Default::default()),
+            _ => Err(io("resume")(e)),
+        })?;
+        let back_to_suspended = |e: Error| {
+            if let Err(w) = self.state.write_meta(&dir, &suspended) {
+                tracing::warn!(%id, "could not mark a failed resume suspended again: {w}");
+            }
+            e
+        };
+        put_guest_spec(id, &parts.rw, &dir.join(GUEST_SPEC)).map_err(back_to_suspended)?;
+        let vm_dir = dir.join("vm");
+        // The last boot's sockets: their listeners are gone, and the wait
+        // for the guest takes a socket that exists for one that listens.
+        for stale in [dir.join("agent.sock"), vm_dir.join("qmp.sock")] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let sandbox = self
+            .start(id, &dir, &vm_dir, record.uid_slot, accel, parts)
+            .await
+            .map_err(back_to_suspended)?;
+        let armed = async {
+            privilege_probe(id, &sandbox.client).await?;
+            self.state.supervisor(id, &dir, &self.agent_bin).start(&egress).await
+        }
+        .await;
+        if let Err(e) = armed {
+            sandbox.client.close();
+            let _ = self.state.halt(id, Stop::Kill).await;
+            return Err(back_to_suspended(e));
+        }
+        // The first creation's time, not this boot's.
+        if let Ok((_, mut meta)) = self.state.read_meta(id) {
+            meta.created_unix = suspended.created_unix;
+            self.state.write_meta(&dir, &meta)?;
+        }
+        Ok(Sandbox::new(sandbox))
+    }
+}
