@@ -190,5 +190,30 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(namzu_core::check::check_spec(Tier::Local, &spec).is_ok());
+        let disk = SandboxSpec {
+            resources: Resources {
+                disk_bytes: Some(64 << 20),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(
+            matches!(refusals(&disk), Err(Error::OptionRefused { option, .. }) if option == "resources.disk_bytes"),
+            "a disk limit the host tier cannot keep"
+        );
+    }
+
+    #[tokio::test]
+    async fn host_tier_refuses_suspend_and_resume_by_name() {
+        let p = HostProvider::with_agent(std::env::temp_dir().join("namzu-host-suspend"), "/nonexistent");
+        for (op, got) in [
+            ("suspend", p.suspend("sb-000000000001").await.err()),
+            ("resume", p.resume("sb-000000000001").await.err()),
+        ] {
+            assert!(
+                matches!(&got, Some(Error::OptionRefused { option, tier: Tier::Host, .. }) if option == op),
+                "{op}: {got:?}"
+            );
+        }
     }
 }
