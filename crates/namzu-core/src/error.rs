@@ -492,6 +492,16 @@ fn message_limit(status: &tonic::Status) -> Option<u64> {
 }
 
 impl Error {
+    /// The refusal of `op` (suspend or resume) by a tier that cannot keep
+    /// a sandbox's disk without its processes.
+    pub fn cannot_suspend(tier: Tier, op: &str) -> Self {
+        Self::OptionRefused {
+            tier,
+            option: op.into(),
+            reason: "this tier cannot keep a sandbox's disk without its processes".into(),
+        }
+    }
+
     /// Wraps a tier's own typed error.
     pub fn tier(tier: Tier, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::Tier {

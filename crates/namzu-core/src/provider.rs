@@ -38,7 +38,7 @@ pub trait Provider: Send + Sync {
     /// Default: refused, naming the tier.
     async fn suspend(&self, id: &str) -> Result<()> {
         let _ = id;
-        Err(cannot_suspend(self.tier(), "suspend"))
+        Err(crate::Error::cannot_suspend(self.tier(), "suspend"))
     }
 
     /// Starts suspended sandbox `id` again on its kept disk, with the same
@@ -47,7 +47,7 @@ pub trait Provider: Send + Sync {
     /// suspended. Default: refused, naming the tier.
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         let _ = id;
-        Err(cannot_suspend(self.tier(), "resume"))
+        Err(crate::Error::cannot_suspend(self.tier(), "resume"))
     }
 
     /// Removes every sandbox whose agent is gone, with its leftovers.
@@ -67,15 +67,5 @@ pub trait Provider: Send + Sync {
             }
         }
         Ok(removed)
-    }
-}
-
-/// The refusal of `op` (suspend or resume) by a tier that cannot keep a
-/// sandbox's disk without its processes.
-pub fn cannot_suspend(tier: Tier, op: &str) -> crate::Error {
-    crate::Error::OptionRefused {
-        tier,
-        option: op.into(),
-        reason: "this tier cannot keep a sandbox's disk without its processes".into(),
     }
 }

@@ -29,7 +29,7 @@ pub trait SandboxBackend: Any + Send + Sync {
     /// Ends every process, keeping the sandbox's disk for a resume; see
     /// [`Sandbox::suspend`](super::Sandbox::suspend). Default: refused.
     async fn suspend(&self) -> Result<()> {
-        Err(crate::provider::cannot_suspend(self.tier(), "suspend"))
+        Err(crate::Error::cannot_suspend(self.tier(), "suspend"))
     }
 
     /// Whether the sandbox is still there, by a check cheaper than a call
