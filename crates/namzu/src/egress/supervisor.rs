@@ -96,6 +96,14 @@ pub fn read_config(dir: &Path) -> std::io::Result<EgressConfig> {
     serde_json::from_slice(&text).map_err(std::io::Error::other)
 }
 
+/// The configuration saved in `dir`; none saved is the default one.
+pub fn saved_config(dir: &Path) -> std::io::Result<EgressConfig> {
+    match read_config(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(EgressConfig::default()),
+        other => other,
+    }
+}
+
 /// The supervisor lock of one sandbox, held while this value lives.
 #[derive(Debug)]
 pub struct SupervisorLock(#[allow(dead_code)] std::fs::File);
@@ -363,10 +371,7 @@ impl Supervisor {
 
     /// The saved configuration; none saved is the default one.
     fn saved(&self) -> std::io::Result<EgressConfig> {
-        match read_config(&self.dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(EgressConfig::default()),
-            other => other,
-        }
+        saved_config(&self.dir)
     }
 
     /// Replaces the whole configuration: through the running supervisor,

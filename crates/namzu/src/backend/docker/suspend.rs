@@ -321,10 +321,7 @@ impl DockerProvider {
             id: id.into(),
             message: "no container recorded".into(),
         })?;
-        let egress = crate::egress::supervisor::read_config(&dir).or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Ok(Default::default()),
-            _ => Err(io(OP)(e)),
-        })?;
+        let egress = crate::egress::supervisor::saved_config(&dir).map_err(io(OP))?;
         let started = async {
             crate::backend::disk::mount(&dir)?;
             self.prepare_run(&dir)?;

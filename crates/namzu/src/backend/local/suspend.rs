@@ -151,10 +151,7 @@ impl LocalProvider {
         crate::backend::disk::mount(&dir)?;
         let archive = dir.join(SAVED);
         let restore = archive.exists().then(|| archive.clone());
-        let egress = crate::egress::supervisor::read_config(&dir).or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Ok(Default::default()),
-            _ => Err(io(OP)(e)),
-        })?;
+        let egress = crate::egress::supervisor::saved_config(&dir).map_err(io(OP))?;
         let back_to_suspended = |e: Error| {
             // The directory says "suspended" again; disk and archive as they were.
             if let Err(w) = self.state.write_meta(&dir, &suspended) {

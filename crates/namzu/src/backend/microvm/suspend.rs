@@ -124,10 +124,7 @@ impl MicroVmProvider {
         let (Some(parts), Some(accel)) = (record.parts.clone(), record.accel) else {
             return Err(state_err(id, "no boot parts kept"));
         };
-        let egress = crate::egress::supervisor::read_config(&dir).or_else(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Ok(Default::default()),
-            _ => Err(io("resume")(e)),
-        })?;
+        let egress = crate::egress::supervisor::saved_config(&dir).map_err(io("resume"))?;
         let back_to_suspended = |e: Error| {
             if let Err(w) = self.state.write_meta(&dir, &suspended) {
                 tracing::warn!(%id, "could not mark a failed resume suspended again: {w}");
