@@ -314,12 +314,25 @@ pub async fn serve_listener(cfg: AgentConfig, listener: std::os::unix::net::Unix
 
 /// Binds a unix socket at `path` (a stale file is replaced), mode 0600,
 /// non-blocking, ready for [`serve_listener`]. Owner only: the socket is
-/// the way in; the token is the lock.
+/// the way in; the token is the lock. It is bound under a temporary name
+/// and renamed into place once it listens with its final mode, so `path`
+/// appearing means a dial succeeds (a waiter polling for the file never
+/// meets the refused connect between bind and listen) and no one ever
+/// sees it with a wider mode.
 pub fn bind_unix(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_file(path);
-    let l = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(path.file_name().unwrap_or_default());
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let l = std::os::unix::net::UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     l.set_nonblocking(true)?;
     Ok(l)
 }

@@ -109,13 +109,7 @@ pub fn launch(spec_path: &Path) -> Result<i32, LaunchError> {
         _ => None,
     };
     mark("launch.etc-cached");
-    let _ = std::fs::remove_file(&spec.socket);
-    let listener = UnixListener::bind(&spec.socket).map_err(io("bind agent socket"))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&spec.socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(io("chmod agent socket"))?;
-    }
+    let listener = crate::serve::bind_unix(Path::new(&spec.socket)).map_err(io("bind agent socket"))?;
 
     mark("launch.socket-bound");
     let (to_l_r, to_l_w) = std::os::unix::net::UnixStream::pair().map_err(io("pipe"))?;
