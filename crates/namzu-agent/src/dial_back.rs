@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixStream;
@@ -38,7 +37,7 @@ pub struct DialBack {
     pub dir: PathBuf,
     pub scan: Duration,
     pub max_hosts: usize,
-    pub token: Arc<Vec<u8>>,
+    pub token: crate::token::Token,
     /// Bound on answering one challenge.
     pub deadline: Duration,
 }
@@ -125,7 +124,7 @@ where
             }
         };
         failures = 0;
-        match tokio::time::timeout(cfg.deadline, namzu_proto::back::answer(&mut s, &cfg.token)).await {
+        match tokio::time::timeout(cfg.deadline, namzu_proto::back::answer(&mut s, &cfg.token.get())).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(path = %path.display(), error = %e, "host challenge failed");

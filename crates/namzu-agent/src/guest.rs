@@ -26,6 +26,9 @@ pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/var/tmp", "/run", "/home
 
 /// How long the disks have to appear once their driver is loaded.
 const DISK_WAIT: Duration = Duration::from_secs(10);
+/// How long the control port may lag the link's (the host announces both
+/// at once).
+const CONTROL_WAIT: Duration = Duration::from_secs(2);
 
 /// A step of the guest's boot that failed.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +128,17 @@ pub fn boot() -> Result<Vec<String>, BootError> {
     // the agent serves on this descriptor.
     let port = crate::port::wait_for(&spec.port, DISK_WAIT).map_err(|e| fail("find the link's port")(e.to_string()))?;
     let port_fd = crate::port::open_fd(&port).map_err(|e| fail(format!("open {}", port.display()))(e.to_string()))?;
+    // The control port, where each host starts its session
+    // (crate::port_session); a VMM that offers none gets the bare link.
+    let ctl_name = namzu_proto::launch::control_port_name(&spec.port);
+    let listen = match crate::port::wait_for(&ctl_name, CONTROL_WAIT) {
+        Ok(ctl) => {
+            let ctl_fd =
+                crate::port::open_fd(&ctl).map_err(|e| fail(format!("open {}", ctl.display()))(e.to_string()))?;
+            format!("portfd:{port_fd},{ctl_fd}")
+        }
+        Err(_) => format!("portfd:{port_fd}"),
+    };
     switch_root("/mnt/root")?;
     nix::unistd::sethostname("namzu").map_err(|e| fail("hostname")(e.to_string()))?;
     crate::sandbox::harden::loopback_up().map_err(|e| fail("bring up lo")(e.to_string()))?;
@@ -142,7 +156,7 @@ pub fn boot() -> Result<Vec<String>, BootError> {
     let mut argv: Vec<String> = [
         "namzu-agent",
         "--listen",
-        &format!("portfd:{port_fd}"),
+        &listen,
         "--root",
         "/workspace",
         "--root",

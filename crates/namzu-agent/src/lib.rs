@@ -55,6 +55,7 @@ pub mod jail;
 pub mod op_error;
 pub mod pause;
 pub mod port;
+pub mod port_session;
 pub mod quiesce;
 pub mod reaper;
 pub mod relay;
@@ -68,6 +69,7 @@ pub mod spawn;
 pub mod tcp;
 pub mod terminal;
 pub mod timeline;
+pub mod token;
 
 pub use config::{AgentConfig, Limits};
 

@@ -15,8 +15,10 @@ use std::task::{ready, Context, Poll};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// An open port.
-pub struct Port(AsyncFd<File>);
+/// An open port; clones share it (a session holds one, the loop that
+/// starts sessions another).
+#[derive(Clone)]
+pub struct Port(std::sync::Arc<AsyncFd<File>>);
 
 /// Opens the port at `path` (exclusive: the driver admits one opener)
 /// and returns its descriptor, for [`Port::from_fd`] once a runtime runs.
@@ -38,7 +40,7 @@ impl Port {
         // SAFETY: `f` is an open File this AsyncFd owns for its whole life;
         // its descriptor never changes.
         let fd = unsafe { AsyncFd::register(f) }.map_err(std::io::Error::from)?;
-        Ok(Self(fd))
+        Ok(Self(std::sync::Arc::new(fd)))
     }
 }
 

@@ -43,8 +43,10 @@ pub enum Listen {
     Fd(RawFd),
     /// A virtio-serial port the agent already holds open on this fd (a
     /// microVM guest's init opened it): every host link is a stream
-    /// multiplexed on it (`namzu_proto::mux`).
-    PortFd(RawFd),
+    /// multiplexed on it (`namzu_proto::mux`); with the VM's control port
+    /// on a second fd, each host starts its own session
+    /// ([`crate::port_session`]).
+    PortFd(RawFd, Option<RawFd>),
 }
 
 impl std::str::FromStr for Listen {
@@ -62,11 +64,15 @@ impl std::str::FromStr for Listen {
         if let Some(fd) = s.strip_prefix("fd:") {
             return fd.parse().map(Self::Fd).map_err(|e| format!("bad fd {fd:?}: {e}"));
         }
-        if let Some(fd) = s.strip_prefix("portfd:") {
-            return fd.parse().map(Self::PortFd).map_err(|e| format!("bad fd {fd:?}: {e}"));
+        if let Some(fds) = s.strip_prefix("portfd:") {
+            let fd = |f: &str| f.parse::<RawFd>().map_err(|e| format!("bad fd {f:?}: {e}"));
+            return match fds.split_once(',') {
+                Some((link, ctl)) => Ok(Self::PortFd(fd(link)?, Some(fd(ctl)?))),
+                None => Ok(Self::PortFd(fd(fds)?, None)),
+            };
         }
         Err(format!(
-            "listen address {s:?} must start with unix:, tcp:, fd: or portfd:"
+            "listen address {s:?} must start with unix:, tcp:, fd: or portfd: (portfd:LINK[,CONTROL])"
         ))
     }
 }
@@ -133,7 +139,7 @@ impl AsyncWrite for Conn {
 struct Gate {
     /// Mutual TLS before the preface (TCP links of an agent given TLS).
     tls: Option<tokio_rustls::TlsAcceptor>,
-    token: Arc<Vec<u8>>,
+    token: crate::token::Token,
     max_token: usize,
     deadline: Duration,
     pending: Arc<tokio::sync::Semaphore>,
@@ -167,7 +173,7 @@ impl Gate {
                     Some(tls) => Peer::<S>::Boxed(Box::pin(tls.accept(s).await.map_err(|e| format!("TLS: {e}"))?)),
                     None => Peer::Plain(s),
                 };
-                let offer = preface::read_offer(&mut io, &me.token, me.max_token)
+                let offer = preface::read_offer(&mut io, &me.token.get(), me.max_token)
                     .await
                     .map_err(|e| e.to_string())?;
                 let hello = match offer {
@@ -351,7 +357,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
     let reaper = Reaper::start().map_err(ServeError::Reaper)?;
     let execs = Arc::new(Execs::new(cfg.limits.clone(), cfg.default_cwd.clone(), reaper));
     let limits = cfg.limits.clone();
-    let token = Arc::new(cfg.token.clone());
+    let token = crate::token::Token::new(cfg.token.clone());
     let cfg = Arc::new(cfg);
     let egress = Arc::new(crate::egress::Broker::new(
         crate::config::Limits::usize(cfg.limits.egress_max_pending),
@@ -373,7 +379,7 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
     // A microVM's links share one virtio port, and under emulation a pong
     // can wait behind megabytes of another stream's data on a starved vCPU:
     // the silence a link tolerates there is longer.
-    let keepalive = if matches!(source, Source::Listen(Listen::PortFd(_))) {
+    let keepalive = if matches!(source, Source::Listen(Listen::PortFd(..))) {
         Duration::from_secs(60)
     } else {
         Duration::from_secs(20)
@@ -463,23 +469,28 @@ async fn serve_source(mut cfg: AgentConfig, source: Source) -> Result<(), ServeE
             gate.admit(s, Some(closed_tx));
             tokio::spawn(async {})
         }
-        Source::Listen(Listen::PortFd(fd)) => {
+        Source::Listen(Listen::PortFd(fd, ctl_fd)) => {
             let what = format!("virtio port on fd {fd}");
-            #[allow(unsafe_code)]
-            // SAFETY: the guest's init opened the port on `fd` for the agent
-            // alone; nothing else in this process owns it.
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            let port = crate::port::Port::from_fd(owned).map_err(|source| ServeError::Listen {
-                what: what.clone(),
-                source,
-            })?;
+            let open = |fd: RawFd| {
+                #[allow(unsafe_code)]
+                // SAFETY: the guest's init opened the port on `fd` for the
+                // agent alone; nothing else in this process owns it.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                crate::port::Port::from_fd(owned).map_err(|source| ServeError::Listen {
+                    what: format!("virtio port on fd {fd}"),
+                    source,
+                })
+            };
+            let port = open(fd)?;
+            let ctl = ctl_fd.map(open).transpose()?;
+            let token = token.clone();
             tracing::info!(%what, "listening");
             let mux = namzu_proto::mux::MuxLimits {
                 max_streams: Limits::usize(limits.max_pending_links).max(1) * 4,
                 ..Default::default()
             };
             tokio::spawn(async move {
-                let ended = namzu_proto::mux::serve(port, mux, |s| gate.admit(s, None)).await;
+                let ended = crate::port_session::run(port, ctl, mux, token, move |s| gate.admit(s, None)).await;
                 // Nothing can reach the agent any more: only the host holds
                 // the port's other end, and it never closes it while the VM runs.
                 tracing::error!(?ended, "{what} closed");

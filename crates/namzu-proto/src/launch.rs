@@ -131,6 +131,12 @@ pub struct GuestSpec {
 
 /// Where [`GuestSpec`] lives on the writable disk.
 pub const GUEST_SPEC_PATH: &str = "namzu/guest.json";
+
+/// The name of the VM's control port beside the link's port `link`
+/// (`namzu_proto::mux_sync`).
+pub fn control_port_name(link: &str) -> String {
+    format!("{link}.ctl")
+}
 /// The label of a microVM's read-only base disk (the image).
 pub const BASE_DISK_LABEL: &str = "namzu-base";
 /// The label of its writable disk (overlay upper layer, the guest spec).

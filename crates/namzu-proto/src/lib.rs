@@ -18,6 +18,7 @@ pub mod handoff;
 pub mod launch;
 pub mod link_tls;
 pub mod mux;
+pub mod mux_sync;
 pub mod preface;
 pub mod side_read;
 pub mod splice;

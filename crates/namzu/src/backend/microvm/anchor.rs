@@ -33,12 +33,24 @@ pub struct AnchorSpec {
     pub max_links: usize,
     /// How the VMM process is confined on the host.
     pub jail: super::jail::JailSpec,
+    /// A memory snapshot to restore (the VMM's command line reads it on
+    /// [`INCOMING_FD`]); the anchor opens it, the confined VMM need not
+    /// see it.
+    #[serde(default)]
+    pub incoming: Option<PathBuf>,
 }
 
 /// The file descriptors the VMM finds its sockets on.
 pub const LINK_FD: i32 = 3;
 /// See [`LINK_FD`].
 pub const CONSOLE_FD: i32 = 4;
+/// The control port's socket (`namzu_proto::mux_sync`).
+pub const CONTROL_FD: i32 = 5;
+/// The memory snapshot a restoring VMM reads (`-incoming fd:6`).
+pub const INCOMING_FD: i32 = 6;
+/// Bytes skipped at most before the guest's session marker: an old
+/// session's frames still in the port (each stream's window, at most).
+const MAX_SKIP_BYTES: usize = 1 << 30;
 
 /// Runs the anchor for the spec at `path` until the VM ends; the exit code
 /// is the process's.
@@ -73,7 +85,18 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
     use tokio::signal::unix::{signal, SignalKind};
     let (link_host, link_vmm) = std::os::unix::net::UnixStream::pair()?;
     let (con_host, con_vmm) = std::os::unix::net::UnixStream::pair()?;
-    let mut child = spawn_vmm(&spec, link_vmm.into(), con_vmm.into())?;
+    let (ctl_host, ctl_vmm) = std::os::unix::net::UnixStream::pair()?;
+    let mut fds: Vec<(OwnedFd, i32)> = vec![
+        (link_vmm.into(), LINK_FD),
+        (con_vmm.into(), CONSOLE_FD),
+        (ctl_vmm.into(), CONTROL_FD),
+    ];
+    if let Some(mem) = &spec.incoming {
+        fds.push((std::fs::File::open(mem)?.into(), INCOMING_FD));
+    }
+    // Read before the VMM starts: what this host's session will demand.
+    let token = std::fs::read(spec.dir.join("token"))?;
+    let mut child = spawn_vmm(&spec, fds)?;
     let console = tokio::spawn(copy_console(
         con_host,
         spec.dir.join("console.log"),
@@ -81,11 +104,12 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
     ));
     link_host.set_nonblocking(true)?;
     let link = tokio::net::UnixStream::from_std(link_host)?;
+    ctl_host.set_nonblocking(true)?;
+    let ctl = tokio::net::UnixStream::from_std(ctl_host)?;
     let limits = namzu_proto::mux::MuxLimits {
         max_streams: spec.max_links,
         ..Default::default()
     };
-    let (control, ready, _session) = namzu_proto::mux::client(link, limits);
     let mut term = signal(SignalKind::terminate())?;
     let sock = spec.dir.join("agent.sock");
     let code = tokio::select! {
@@ -96,6 +120,10 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
             stop(&mut child).await
         }
         served = async {
+            // The session is this host's once the guest answered its sync
+            // line (a restored guest leaves the session it had).
+            let link = start_session(ctl, link, token).await?;
+            let (control, ready, _session) = namzu_proto::mux::client(link, limits);
             if ready.await.is_err() {
                 // The port closed before the agent said it serves: the VM
                 // is ending; its exit tells how.
@@ -118,6 +146,33 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
 fn exit_code(st: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+/// Starts this host's session (`namzu_proto::mux_sync`): the sync line on
+/// the control port, then everything up to the guest's marker skipped and
+/// the host's marker written. The control port is kept open for the VM's
+/// life (the guest reads it for the next host's line).
+async fn start_session(
+    mut ctl: tokio::net::UnixStream,
+    link: tokio::net::UnixStream,
+    token: Vec<u8>,
+) -> std::io::Result<namzu_proto::mux_sync::Rejoined<tokio::net::UnixStream>> {
+    use namzu_proto::mux_sync::{marker, skip_to, Side, SyncLine};
+    let nonce = rand::random::<u64>();
+    let unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    ctl.write_all(&SyncLine { nonce, unix_ns, token }.encode()).await?;
+    // Never closed by the anchor: the guest sees the port stay open.
+    tokio::spawn(async move {
+        let mut sink = [0u8; 256];
+        while matches!(tokio::io::AsyncReadExt::read(&mut ctl, &mut sink).await, Ok(n) if n > 0) {}
+        std::future::pending::<()>().await;
+    });
+    let mut link = skip_to(link, &marker(Side::Guest, nonce), MAX_SKIP_BYTES).await?;
+    link.write_all(&marker(Side::Host, nonce)).await?;
+    Ok(link)
 }
 
 /// SIGTERM to the VMM, then SIGKILL if it has not gone in two seconds.
@@ -219,9 +274,9 @@ async fn copy_console(con: std::os::unix::net::UnixStream, path: PathBuf, max: u
     let _ = out.flush().await;
 }
 
-/// Starts the VMM with the link on fd 3 and the console on fd 4, confined
-/// as the spec says, killed if the anchor dies.
-fn spawn_vmm(spec: &AnchorSpec, link: OwnedFd, console: OwnedFd) -> std::io::Result<tokio::process::Child> {
+/// Starts the VMM with each of `fds` on its number ([`LINK_FD`],
+/// [`CONSOLE_FD`], …), confined as the spec says, killed if the anchor dies.
+fn spawn_vmm(spec: &AnchorSpec, fds: Vec<(OwnedFd, i32)>) -> std::io::Result<tokio::process::Child> {
     let Some((bin, args)) = spec.argv.split_first() else {
         return Err(std::io::Error::other("empty VMM command line"));
     };
@@ -231,10 +286,13 @@ fn spawn_vmm(spec: &AnchorSpec, link: OwnedFd, console: OwnedFd) -> std::io::Res
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(spec.dir.join("vmm.log"))?);
-    // Above the numbers they are moved to, so neither dup2 overwrites the other.
-    let link = rustix::io::fcntl_dupfd_cloexec(&link, 10)?;
-    let console = rustix::io::fcntl_dupfd_cloexec(&console, 10)?;
-    let (link_fd, con_fd) = (link.as_raw_fd(), console.as_raw_fd());
+    // Above the numbers they are moved to, so no dup2 overwrites another.
+    let held = fds
+        .iter()
+        .map(|(fd, to)| Ok((rustix::io::fcntl_dupfd_cloexec(fd, 10)?, *to)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    drop(fds);
+    let moves: Vec<(i32, i32)> = held.iter().map(|(fd, to)| (fd.as_raw_fd(), *to)).collect();
     let jail = spec.jail.clone();
     let prepared = jail.prepare()?;
     let anchor_pid = nix::unistd::getpid().as_raw();
@@ -245,7 +303,7 @@ fn spawn_vmm(spec: &AnchorSpec, link: OwnedFd, console: OwnedFd) -> std::io::Res
     // unshare/setgroups/setgid/setuid/mount syscalls), allocating nothing.
     unsafe {
         cmd.pre_exec(move || {
-            for (from, to) in [(link_fd, LINK_FD), (con_fd, CONSOLE_FD)] {
+            for &(from, to) in &moves {
                 if libc::dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -266,7 +324,6 @@ fn spawn_vmm(spec: &AnchorSpec, link: OwnedFd, console: OwnedFd) -> std::io::Res
     }
     let child = tokio::process::Command::from(cmd).kill_on_drop(true).spawn()?;
     // The VMM holds its own copies now.
-    drop(link);
-    drop(console);
+    drop(held);
     Ok(child)
 }

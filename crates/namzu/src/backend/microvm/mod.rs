@@ -381,7 +381,9 @@ impl MicroVmProvider {
                     rw,
                     memory_mib,
                     vcpus,
+                    backing: None,
                 },
+                None,
             )
             .await;
         let sandbox = match started {
@@ -420,10 +422,15 @@ struct VmParts {
     rw: PathBuf,
     memory_mib: u64,
     vcpus: u32,
+    /// The frozen disk a fork's qcow2 `rw` overlays (its snapshot's).
+    #[serde(default)]
+    backing: Option<PathBuf>,
 }
 
 impl MicroVmProvider {
-    /// Writes the anchor's spec, starts it, and waits for the agent.
+    /// Writes the anchor's spec, starts it, and waits for the agent; with
+    /// `incoming`, the VM restores that memory snapshot instead of booting.
+    #[allow(clippy::too_many_arguments)]
     async fn start(
         &self,
         id: &str,
@@ -432,6 +439,7 @@ impl MicroVmProvider {
         slot: Option<u32>,
         accel: vmm::Accel,
         parts: VmParts,
+        incoming: Option<PathBuf>,
     ) -> Result<StateSandbox> {
         const OP: &str = "create";
         let config = VmConfig {
@@ -445,6 +453,7 @@ impl MicroVmProvider {
             control_socket: vm_dir.join("qmp.sock"),
             port_name: PORT_NAME.into(),
             tsc_khz: vmm::host_tsc_khz(),
+            incoming: incoming.is_some(),
         };
         let argv = self.opts.vmm.argv(&config).map_err(tier_err)?;
         let ids = slot.map(|s| {
@@ -467,6 +476,8 @@ impl MicroVmProvider {
         // What qemu loads (its libraries, firmware, loader config).
         let mut read_only: Vec<PathBuf> = ["/usr", "/lib", "/lib64", "/etc"].map(PathBuf::from).to_vec();
         read_only.extend([parent(&parts.kernel), parent(&parts.initramfs), parent(&parts.base)]);
+        // A fork's overlay names its snapshot's disk, which qemu opens too.
+        read_only.extend(parts.backing.as_deref().map(parent));
         let spec = anchor::AnchorSpec {
             argv,
             dir: dir.to_path_buf(),
@@ -480,6 +491,7 @@ impl MicroVmProvider {
                 writable: vec![vm_dir.to_path_buf(), PathBuf::from("/dev/null")],
                 root: dir.join("jail"),
             },
+            incoming,
         };
         let json = serde_json::to_vec_pretty(&spec).map_err(|e| Error::State {
             id: id.into(),

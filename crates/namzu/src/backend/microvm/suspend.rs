@@ -139,7 +139,7 @@ impl MicroVmProvider {
             let _ = std::fs::remove_file(stale);
         }
         let sandbox = self
-            .start(id, &dir, &vm_dir, record.uid_slot, accel, parts)
+            .start(id, &dir, &vm_dir, record.uid_slot, accel, parts, None)
             .await
             .map_err(back_to_suspended)?;
         let armed = async {

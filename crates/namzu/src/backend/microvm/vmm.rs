@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::anchor::{CONSOLE_FD, LINK_FD};
+use super::anchor::{CONSOLE_FD, CONTROL_FD, INCOMING_FD, LINK_FD};
 use super::MicroVmError;
 
 pub use super::accel::{kvm_unusable, Accel, AccelChoice};
@@ -59,6 +59,9 @@ pub struct VmConfig {
     pub port_name: String,
     /// The host's TSC rate in kHz, where it is constant ([`host_tsc_khz`]).
     pub tsc_khz: Option<u64>,
+    /// Restores a memory snapshot (read on fd [`INCOMING_FD`]) instead of
+    /// booting.
+    pub incoming: bool,
 }
 
 /// The host's TSC rate in kHz, measured once (20 ms against the monotonic
@@ -195,9 +198,18 @@ impl Vmm for Qemu {
             "-serial",
             "chardev:con",
         ]);
-        push(&["-device", "virtio-serial-device,max_ports=2"]);
+        // Port 0 is the console's, reserved: two ports need three.
+        push(&["-device", "virtio-serial-device,max_ports=3"]);
         push(&["-chardev", &format!("socket,id=link,fd={LINK_FD}")]);
         push(&["-device", &format!("virtserialport,chardev=link,name={}", vm.port_name)]);
+        push(&["-chardev", &format!("socket,id=ctl,fd={CONTROL_FD}")]);
+        push(&[
+            "-device",
+            &format!(
+                "virtserialport,chardev=ctl,name={}",
+                namzu_proto::launch::control_port_name(&vm.port_name)
+            ),
+        ]);
         push(&[
             "-drive",
             &format!("id=base,file={},format=raw,if=none,readonly=on", s(&vm.base_disk)),
@@ -206,11 +218,28 @@ impl Vmm for Qemu {
         ]);
         push(&[
             "-drive",
-            &format!("id=rw,file={},format=raw,if=none,discard=unmap", s(&vm.rw_disk)),
+            &format!(
+                "id=rw,file={},format={},if=none,discard=unmap",
+                s(&vm.rw_disk),
+                disk_format(&vm.rw_disk)
+            ),
             "-device",
             "virtio-blk-device,drive=rw",
         ]);
         push(&["-qmp", &format!("unix:{},server=on,wait=off", s(&vm.control_socket))]);
+        if vm.incoming {
+            push(&["-incoming", &format!("fd:{INCOMING_FD}")]);
+        }
         Ok(a)
+    }
+}
+
+/// The format of a writable disk, by its name: a fork's is a qcow2
+/// overlay on its snapshot's disk, every other one raw.
+pub fn disk_format(p: &Path) -> &'static str {
+    if p.extension().is_some_and(|e| e == "qcow2") {
+        "qcow2"
+    } else {
+        "raw"
     }
 }
