@@ -14,7 +14,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# qemu-img (forks' copy-on-write disks) comes from qemu-utils, which must
+# be qemu-system's own version: a newer one (a backport) conflicts with
+# qemu-system-common and is removed by its install.
+command -v qemu-system-x86_64 >/dev/null && command -v qemu-img >/dev/null || need+=(qemu-system-x86 qemu-utils)
 command -v mkfs.ext4 >/dev/null || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
@@ -22,7 +25,15 @@ if [ ${#need[@]} -gt 0 ]; then
         exit 1
     fi
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    qv=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/{print $2}')
+    pinned=()
+    for p in "${need[@]}"; do
+        case $p in
+            qemu-system-x86|qemu-utils) pinned+=("$p=$qv") ;;
+            *) pinned+=("$p") ;;
+        esac
+    done
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --allow-downgrades "${pinned[@]}" >/dev/null
 fi
 
 . scripts/cache.sh

@@ -79,10 +79,16 @@ fn apply(sync: &SyncLine, token: &Token) {
     // Only a clock that lags by more than a moment is set: a fresh boot's
     // is right already; a restored one is as old as its snapshot.
     if sync.unix_ns > behind + Duration::from_secs(1).as_nanos() {
-        let secs = (sync.unix_ns / 1_000_000_000) as i64;
-        let nanos = (sync.unix_ns % 1_000_000_000) as i64;
-        let ts = nix::sys::time::TimeSpec::new(secs, nanos);
-        match nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts) {
+        let sent = CLOCK_KEEPER
+            .get()
+            .ok_or_else(|| std::io::Error::other("no clock keeper"))
+            .and_then(|k| {
+                use std::io::Write;
+                k.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .write_all(&sync.unix_ns.to_le_bytes())
+            });
+        match sent {
             Ok(()) => tracing::info!(
                 behind_ms = (sync.unix_ns - behind) / 1_000_000,
                 "clock set to the host's"
@@ -114,4 +120,83 @@ async fn read_syncs(ctl: Port, tx: mpsc::Sender<SyncLine>) {
             }
         }
     }
+}
+
+/// Where [`apply`] sends the host's time: the clock keeper's pipe.
+static CLOCK_KEEPER: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
+
+/// Starts the guest's clock keeper: a child that keeps CAP_SYS_TIME and
+/// nothing else, outside the agent's seccomp filter, and sets the clock to
+/// each time the agent writes on its pipe. The agent itself drops every
+/// capability but a few and forbids clock_settime to itself and its
+/// commands; a VM's clock is its own, and a restored one must be set.
+/// Call before the agent drops capabilities or installs seccomp, with one
+/// thread.
+pub fn spawn_clock_keeper() -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let (r, w) = std::io::pipe()?;
+    #[allow(unsafe_code)]
+    // SAFETY: the process is single-threaded (the caller's promise), so
+    // the child may allocate and run ordinary code before it exits.
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Parent { .. } => {
+            drop(r);
+            let _ = CLOCK_KEEPER.set(std::sync::Mutex::new(std::fs::File::from(std::os::fd::OwnedFd::from(
+                w,
+            ))));
+            Ok(())
+        }
+        nix::unistd::ForkResult::Child => {
+            drop(w);
+            let fd = r.into_raw_fd();
+            let code = match keep_clock(fd) {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::warn!("clock keeper: {e}");
+                    1
+                }
+            };
+            std::process::exit(code)
+        }
+    }
+}
+
+fn keep_clock(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    use std::io::Read;
+    #[allow(unsafe_code)]
+    // SAFETY: plain syscalls on this process's own descriptors and state.
+    unsafe {
+        // Only the pipe stays open (the ports, the console, the disks'
+        // descriptors are the agent's).
+        if libc::dup2(fd, 3) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::prctl(libc::PR_SET_NAME, c"namzu-clock".as_ptr());
+        // Not dumpable: a command under the same uid can neither ptrace
+        // it nor read its memory.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
+    use caps::{CapSet, Capability};
+    let ce = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
+    let only: caps::CapsHashSet = [Capability::CAP_SYS_TIME].into_iter().collect();
+    for cap in caps::all() {
+        if cap != Capability::CAP_SYS_TIME {
+            let _ = caps::drop(None, CapSet::Bounding, cap);
+        }
+    }
+    caps::clear(None, CapSet::Inheritable).map_err(ce)?;
+    caps::set(None, CapSet::Effective, &only).map_err(ce)?;
+    caps::set(None, CapSet::Permitted, &only).map_err(ce)?;
+    #[allow(unsafe_code)]
+    // SAFETY: fd 3 is the pipe, dup'ed above; owned from here on.
+    let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(3) };
+    let mut b = [0u8; 16];
+    while pipe.read_exact(&mut b).is_ok() {
+        let ns = u128::from_le_bytes(b);
+        let ts = nix::sys::time::TimeSpec::new((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64);
+        let _ = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts);
+    }
+    Ok(())
 }

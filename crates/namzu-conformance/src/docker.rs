@@ -215,6 +215,7 @@ pub fn conformance_main(backend: &str, opts: DockerOptions, cannot: &[(&str, &st
             let hooks = crate::TierHooks {
                 resume: Some(resume),
                 disk_limit: nix::unistd::geteuid().is_root(),
+                suspend_keeps_memory: false,
             };
             crate::run_main_with(backend, factory(p), cannot, hooks)
         }

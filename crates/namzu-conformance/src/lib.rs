@@ -57,12 +57,18 @@ pub struct TierHooks {
     pub resume: Option<Resumer>,
     /// The tier honours `resources.disk_bytes`.
     pub disk_limit: bool,
+    /// A suspend keeps the sandbox's memory too: its processes go on
+    /// after the resume, where they stopped (microvm).
+    pub suspend_keeps_memory: bool,
 }
 
 /// The pseudo-feature of cases that suspend and resume ([`TierHooks::resume`]).
 pub const SUSPEND: &str = "tier:suspend";
 /// The pseudo-feature of cases that set a disk limit ([`TierHooks::disk_limit`]).
 pub const DISK_LIMIT: &str = "tier:disk-limit";
+/// The pseudo-feature of cases whose suspend keeps memory
+/// ([`TierHooks::suspend_keeps_memory`]).
+pub const SUSPEND_MEMORY: &str = "tier:suspend-memory";
 
 static HOOKS: std::sync::OnceLock<TierHooks> = std::sync::OnceLock::new();
 
@@ -96,11 +102,15 @@ pub fn run_main_with(
     cannot: &[(&str, &str)],
     tier: TierHooks,
 ) -> std::process::ExitCode {
-    let offered: Vec<String> = [(tier.resume.is_some(), SUSPEND), (tier.disk_limit, DISK_LIMIT)]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, name)| name.to_owned())
-        .collect();
+    let offered: Vec<String> = [
+        (tier.resume.is_some(), SUSPEND),
+        (tier.disk_limit, DISK_LIMIT),
+        (tier.resume.is_some() && tier.suspend_keeps_memory, SUSPEND_MEMORY),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, name)| name.to_owned())
+    .collect();
     let _ = HOOKS.set(tier);
     let args = libtest_mimic::Arguments::from_args();
     let rt = match tokio::runtime::Runtime::new() {
@@ -246,6 +256,7 @@ macro_rules! conformance_main {
             let hooks = $crate::TierHooks {
                 resume: Some(resume),
                 disk_limit: $disk,
+                suspend_keeps_memory: false,
             };
             $crate::run_main_with($backend, factory, &[], hooks)
         }

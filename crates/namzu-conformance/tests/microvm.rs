@@ -18,7 +18,8 @@ fn main() -> std::process::ExitCode {
         let p = provider.clone();
         Box::pin(async move { namzu::Provider::create(&p, spec).await })
     });
-    // The writable disk is the disk limit, and what a suspend keeps.
+    // The writable disk is the disk limit; a suspend keeps it and the
+    // VM's memory.
     let resume: namzu_conformance::Resumer = std::sync::Arc::new(move |id: String| {
         let p = resumer.clone();
         Box::pin(async move { namzu::Provider::resume(&p, &id).await })
@@ -26,6 +27,7 @@ fn main() -> std::process::ExitCode {
     let hooks = namzu_conformance::TierHooks {
         resume: Some(resume),
         disk_limit: true,
+        suspend_keeps_memory: true,
     };
     let code = namzu_conformance::run_main_with("microvm", factory, microvm::CANNOT, hooks);
     microvm::cleanup("conformance");

@@ -365,6 +365,20 @@ pub enum Error {
         /// The sandbox's id.
         id: String,
     },
+    /// No snapshot has this id.
+    #[error("snapshot {snapshot} not found")]
+    SnapshotNotFound {
+        /// The snapshot's id.
+        snapshot: String,
+    },
+    /// The snapshot still backs sandboxes forked from it; destroy them first.
+    #[error("snapshot {snapshot} backs the disks of {forks:?}; destroy them first")]
+    SnapshotInUse {
+        /// The snapshot's id.
+        snapshot: String,
+        /// The sandboxes whose disks overlay it.
+        forks: Vec<String>,
+    },
     /// The sandbox is not suspended, so there is nothing to resume from disk.
     #[error("sandbox {id} is not suspended")]
     NotSuspended {
@@ -499,6 +513,15 @@ impl Error {
             tier,
             option: op.into(),
             reason: "this tier cannot keep a sandbox's disk without its processes".into(),
+        }
+    }
+
+    /// A tier that keeps no memory snapshots refusing `op`.
+    pub fn cannot_snapshot(tier: Tier, op: &str) -> Self {
+        Self::OptionRefused {
+            tier,
+            option: op.into(),
+            reason: "this tier cannot save a running sandbox's memory".into(),
         }
     }
 

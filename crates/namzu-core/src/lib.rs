@@ -27,6 +27,6 @@ pub use error::{AttachRefusal, Error, Result};
 pub use handle::{Commands, Files, Network, Sandbox, SandboxBackend, Sessions, Terminals};
 pub use namzu_proto::{features, limits, CONTAINER_AGENT_UID};
 pub use provider::Provider;
-pub use spec::{Bind, Resources, SandboxInfo, SandboxSpec, Tier};
+pub use spec::{Bind, Resources, SandboxInfo, SandboxSpec, SnapshotInfo, Tier};
 pub use tokio_util::sync::CancellationToken;
 pub use types::*;

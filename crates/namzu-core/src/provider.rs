@@ -50,6 +50,36 @@ pub trait Provider: Send + Sync {
         Err(crate::Error::cannot_suspend(self.tier(), "resume"))
     }
 
+    /// Saves running sandbox `id` as a snapshot (memory, devices and disk
+    /// at one instant); the sandbox runs on. Default: refused, naming the
+    /// tier.
+    async fn snapshot(&self, id: &str) -> Result<crate::spec::SnapshotInfo> {
+        let _ = id;
+        Err(crate::Error::cannot_snapshot(self.tier(), "snapshot"))
+    }
+
+    /// Starts a new sandbox from `snapshot`: its processes go on from where
+    /// the snapshot caught them, on a disk of its own, under a new id and
+    /// token (the snapshot's source's token does not open it). Default:
+    /// refused, naming the tier.
+    async fn fork(&self, snapshot: &str) -> Result<Sandbox> {
+        let _ = snapshot;
+        Err(crate::Error::cannot_snapshot(self.tier(), "fork"))
+    }
+
+    /// The snapshots this provider keeps. Default: none.
+    async fn snapshots(&self) -> Result<Vec<crate::spec::SnapshotInfo>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes `snapshot`;
+    /// [`Error::SnapshotInUse`](crate::Error::SnapshotInUse) while forks'
+    /// disks overlay it. Default: refused, naming the tier.
+    async fn delete_snapshot(&self, snapshot: &str) -> Result<()> {
+        let _ = snapshot;
+        Err(crate::Error::cannot_snapshot(self.tier(), "delete_snapshot"))
+    }
+
     /// Removes every sandbox whose agent is gone, with its leftovers.
     /// Returns the ids removed.
     async fn gc(&self) -> Result<Vec<String>> {

@@ -128,3 +128,22 @@ pub struct SandboxInfo {
     /// [`Provider::resume`](crate::Provider::resume) starts it again.
     pub suspended: bool,
 }
+
+/// A saved snapshot of a running sandbox (its memory, devices and disk at
+/// one instant), from which [`Provider::fork`](crate::Provider::fork)
+/// starts new sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotInfo {
+    /// The snapshot's id.
+    pub id: String,
+    /// The sandbox it was taken of.
+    pub source: String,
+    /// The tier that keeps it.
+    pub tier: Tier,
+    /// When it was taken, in Unix seconds.
+    pub created_unix: u64,
+    /// Bytes its saved memory and device state take on disk.
+    pub memory_bytes: u64,
+    /// Bytes its disk takes on the host (allocated, not its size).
+    pub disk_bytes: u64,
+}

@@ -158,6 +158,8 @@ pub fn library_error(e: &namzu::Error) -> ApiError {
         E::PauseIncomplete { .. } => (S::CONFLICT, "pause_incomplete", None),
         E::SandboxSuspended { .. } => (S::CONFLICT, "sandbox_suspended", None),
         E::NotSuspended { .. } => (S::CONFLICT, "not_suspended", None),
+        E::SnapshotNotFound { .. } => (S::NOT_FOUND, "snapshot_not_found", None),
+        E::SnapshotInUse { .. } => (S::CONFLICT, "snapshot_in_use", None),
         _ => (S::BAD_GATEWAY, "sandbox_error", None),
     };
     let err = ApiError::new(status, code, message);

@@ -80,11 +80,11 @@ pub async fn resume(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode,
     let (_, p) = provider_of(state_dir, &id).await?;
     let sb = match p.connect(&id).await {
         Err(namzu::Error::SandboxSuspended { .. }) => {
-            let bar = crate::ui::spinner(&format!("resuming {id} from disk"));
+            let bar = crate::ui::spinner(&format!("resuming {id}"));
             let resumed = p.resume(&id).await;
             bar.finish_and_clear();
             resumed?;
-            eprintln!("namzu: {id} resumed from disk");
+            eprintln!("namzu: {id} resumed");
             return Ok(ExitCode::SUCCESS);
         }
         other => other?,

@@ -13,6 +13,7 @@ mod sandboxes;
 mod serve;
 mod sessions;
 mod shell;
+mod snapshot;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -109,10 +110,15 @@ pub enum Cmd {
     /// Continue what `namzu pause` stopped, or start a suspended sandbox
     /// again on its kept disk (same id).
     Resume { id: String },
-    /// End every process of a sandbox but keep its disk (/workspace, /tmp,
-    /// /home, /root) under its id, until `namzu resume` — from any later
-    /// process, after a host restart too.
+    /// Keep a sandbox on disk under its id, nothing of it running, until
+    /// `namzu resume` — from any later process, after a host restart too:
+    /// its disk (/workspace, /tmp, /home, /root), and on microvm its memory
+    /// as well (its processes go on after the resume).
     Suspend { id: String },
+    /// Memory snapshots of running microVM sandboxes, and sandboxes
+    /// forked from them: create, fork, ls, rm.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Make a sandbox's workspace durable (sync it to disk).
     Flush {
         id: String,
@@ -233,6 +239,7 @@ pub async fn run(state_dir: Option<PathBuf>, cmd: Cmd) -> Result<ExitCode, Fail>
         Cmd::Pause { id } => lifecycle::pause(state_dir, id).await,
         Cmd::Resume { id } => lifecycle::resume(state_dir, id).await,
         Cmd::Suspend { id } => lifecycle::suspend(state_dir, id).await,
+        Cmd::Snapshot(cmd) => snapshot::run(state_dir, cmd).await,
         Cmd::Fs(cmd) => fs::run(state_dir, cmd).await,
         Cmd::Watch {
             id,

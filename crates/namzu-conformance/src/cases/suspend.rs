@@ -19,9 +19,11 @@ async fn running(sb: &Sandbox, prefix: &str) -> Result<usize, String> {
 
 /// A suspended sandbox keeps what it wrote — `/workspace` and the writable
 /// paths `/tmp`, `/home` and `/root`, with modes, symlinks and named
-/// pipes — and resumes under the same id with a new agent (another boot
-/// id), its old processes gone; the handle it was suspended through is
-/// spent. A second round trip keeps what was written between them.
+/// pipes — and resumes under the same id; the handle it was suspended
+/// through is spent. Where the tier keeps only the disk, a new agent
+/// answers (another boot id) and the old processes are gone; where it
+/// keeps memory too, the same agent answers and they run on. A second
+/// round trip keeps what was written between them.
 pub(super) async fn suspend_keeps_the_disk_and_resume_starts_it_again(f: Factory) -> Outcome {
     let resume = crate::hooks().resume.ok_or("the tier gave no resumer")?;
     let sb = f(SandboxSpec::default()).await.ctx("create")?;
@@ -49,7 +51,12 @@ pub(super) async fn suspend_keeps_the_disk_and_resume_starts_it_again(f: Factory
         let back = resume(id.clone()).await.ctx("resume")?;
         live = back.clone();
         ensure!(back.id() == id, "resumed as {} instead of {id}", back.id());
-        ensure!(back.agent().boot_id() != boot, "the same agent answers after resume");
+        let memory = crate::hooks().suspend_keeps_memory;
+        ensure!(
+            (back.agent().boot_id() == boot) == memory,
+            "after resume the boot id went from {boot} to {} (memory kept: {memory})",
+            back.agent().boot_id()
+        );
         let read = back
             .files()
             .read("/workspace/big.bin")
@@ -65,9 +72,10 @@ pub(super) async fn suspend_keeps_the_disk_and_resume_starts_it_again(f: Factory
             "after resume: {text:?} {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let sleepers = running(&back, "sleep 3000").await?;
         ensure!(
-            running(&back, "sleep 3000").await? == 0,
-            "a process outlived the suspend"
+            sleepers == usize::from(memory),
+            "{sleepers} sleepers after the resume (memory kept: {memory})"
         );
 
         // Again, with what was written in between.
@@ -127,4 +135,84 @@ pub(super) async fn disk_limit_fills_with_enospc(f: Factory) -> Outcome {
         Ok(())
     })
     .await
+}
+
+/// Where a suspend keeps memory, the sandbox goes on where it stopped: a
+/// detached execution begun before the suspend ends after the resume
+/// (its clock says so, set to the host's), its whole output read by
+/// offset across the suspend with no byte lost or repeated; a process
+/// keeps its pid; the same agent answers.
+pub(super) async fn suspend_with_memory_goes_on_where_it_stopped(f: Factory) -> Outcome {
+    const LINES: usize = 100;
+    let resume = crate::hooks().resume.ok_or("the tier gave no resumer")?;
+    let sb = f(SandboxSpec::default()).await.ctx("create")?;
+    let id = sb.id().to_owned();
+    let mut live = sb.clone();
+    let result = async {
+        let script = format!(
+            "i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line-$i; sleep 0.05; done; date +%s > /tmp/ended; exit 3"
+        );
+        let mut s = sb
+            .commands()
+            .stream(ExecRequest::shell(&script).execution_id("across"))
+            .await
+            .ctx("start")?;
+        let mut out = Vec::new();
+        while !String::from_utf8_lossy(&out).contains("line-3\n") {
+            match s.next().await {
+                Some(Ok(ExecEvent::Stdout { data, .. })) => out.extend_from_slice(&data),
+                other => return Err(format!("before the suspend: {other:?}")),
+            }
+        }
+        let off = s.next_offset();
+        drop(s);
+        let pid = sh(&sb, "sleep 3000 >/dev/null 2>&1 </dev/null & echo $!").await?;
+        let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
+        let boot = sb.agent().boot_id();
+        sb.clone().suspend().await.ctx("suspend")?;
+        let resumed_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| e.to_string())?
+            .as_secs();
+        let back = resume(id.clone()).await.ctx("resume")?;
+        live = back.clone();
+        ensure!(back.agent().boot_id() == boot, "another agent answers: the memory was not kept");
+        let mut rest = back
+            .commands()
+            .attach_stream(
+                "across",
+                namzu::AttachOptions {
+                    from_offset: off,
+                    ..Default::default()
+                },
+            )
+            .await
+            .ctx("attach from the offset")?;
+        let (o2, e2, exit) = collect_events(&mut rest).await?;
+        out.extend_from_slice(&o2);
+        let want: String = (1..=LINES).map(|i| format!("line-{i}\n")).collect();
+        ensure!(
+            out == want.as_bytes() && e2.is_empty(),
+            "output across the suspend: {:?} / {:?}",
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&e2)
+        );
+        ensure!(exit.status.code == Some(3), "{exit:?}");
+        let ended = sh(&back, "cat /tmp/ended").await?;
+        let ended: u64 = String::from_utf8_lossy(&ended.stdout).trim().parse().map_err(|e| format!("{e}"))?;
+        ensure!(
+            ended + 1 >= resumed_at,
+            "the execution ended at {ended}, before the resume began at {resumed_at}"
+        );
+        let cmd = sh(&back, &format!("tr '\\0' ' ' < /proc/{pid}/cmdline")).await?;
+        ensure!(
+            String::from_utf8_lossy(&cmd.stdout) == "sleep 3000 ",
+            "pid {pid} after the resume: {:?}",
+            String::from_utf8_lossy(&cmd.stdout)
+        );
+        Ok(())
+    }
+    .await;
+    let destroyed = live.destroy().await.ctx("destroy");
+    result.and(destroyed)
 }

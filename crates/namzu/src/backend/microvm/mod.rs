@@ -22,6 +22,8 @@ pub mod boot;
 pub mod disk;
 mod error;
 pub mod jail;
+pub mod qmp;
+mod snapshot;
 mod suspend;
 pub mod vmm;
 
@@ -350,23 +352,7 @@ impl MicroVmProvider {
         let _ = std::fs::remove_dir_all(&seed);
         made_disk.map_err(tier_err)?;
 
-        let root_host = nix::unistd::geteuid().is_root();
-        let slot = if root_host {
-            match self.slots().claim(&id) {
-                Ok(Some(s)) => Some(s),
-                Ok(None) => {
-                    return Err(Error::LimitExceeded {
-                        op: OP.into(),
-                        limit: "uid_slots".into(),
-                        value: u64::from(UID_SLOTS),
-                        path: None,
-                    })
-                }
-                Err(e) => return Err(io(OP)(e)),
-            }
-        } else {
-            None
-        };
+        let slot = self.claim_slot(&id, OP)?;
         let started = self
             .start(
                 &id,
@@ -410,6 +396,25 @@ impl MicroVmProvider {
             return Err(e);
         }
         Ok(Sandbox::new(sandbox))
+    }
+}
+
+impl MicroVmProvider {
+    /// A host uid range for sandbox `id`'s VMM, where the host is root.
+    fn claim_slot(&self, id: &str, op: &str) -> Result<Option<u32>> {
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(None);
+        }
+        match self.slots().claim(id) {
+            Ok(Some(s)) => Ok(Some(s)),
+            Ok(None) => Err(Error::LimitExceeded {
+                op: op.into(),
+                limit: "uid_slots".into(),
+                value: u64::from(UID_SLOTS),
+                path: None,
+            }),
+            Err(e) => Err(io(op)(e)),
+        }
     }
 }
 
@@ -631,6 +636,22 @@ impl Provider for MicroVmProvider {
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
         self.resume_vm(id).await
+    }
+
+    async fn snapshot(&self, id: &str) -> Result<crate::spec::SnapshotInfo> {
+        self.snapshot_vm(id).await
+    }
+
+    async fn fork(&self, snapshot: &str) -> Result<Sandbox> {
+        self.fork_vm(snapshot).await
+    }
+
+    async fn snapshots(&self) -> Result<Vec<crate::spec::SnapshotInfo>> {
+        self.list_snapshots()
+    }
+
+    async fn delete_snapshot(&self, snapshot: &str) -> Result<()> {
+        self.remove_snapshot(snapshot)
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

@@ -1,10 +1,12 @@
-//! Suspend and resume of microVM sandboxes, to disk: everything a guest
-//! writes (its overlay's upper layer: `/workspace`, `/tmp`, `/home`, …)
-//! is on its writable disk, so a suspend pauses the guest, makes the disk
-//! durable from inside (the agent's flush), and ends the VM; the resume
-//! boots the same kernel, image and writable disk again under the same id.
-//! The guest's processes start afresh, as after a reboot (keeping them —
-//! the VM's memory — is not done here).
+//! Suspend and resume of microVM sandboxes. A suspend keeps the VM's
+//! memory as well as its disk ([`super::snapshot`]), and the resume goes
+//! on from there, processes and all. Kept here is the disk's own path,
+//! for a sandbox whose memory was not kept (an older namzu's suspend) or
+//! cannot be loaded: everything a guest writes (its overlay's upper layer:
+//! `/workspace`, `/tmp`, `/home`, …) is on its writable disk, flushed
+//! from inside before the VM ends, and the resume boots the same kernel,
+//! image and writable disk again under the same id; the guest's processes
+//! then start afresh, as after a reboot.
 //!
 //! The guest's init removes its spec (the token) from the writable disk
 //! once read; the resume writes it back into the unmounted image with
@@ -22,7 +24,7 @@ use crate::backend::state::Stop;
 /// The guest's spec, kept in the sandbox's directory (mode 0600).
 pub(super) const GUEST_SPEC: &str = "guest.json";
 /// How long the guest has to make its disk durable before it is ended.
-const FLUSH_BOUND: Duration = Duration::from_secs(60);
+pub(super) const FLUSH_BOUND: Duration = Duration::from_secs(60);
 
 fn state_err(id: &str, message: impl Into<String>) -> Error {
     Error::State {
@@ -96,22 +98,7 @@ impl MicroVmProvider {
         if record.parts.is_none() || !dir.join(GUEST_SPEC).exists() {
             return Err(state_err(id, "made by a namzu that kept no boot parts; cannot suspend"));
         }
-        let (_, client) = self.state.reattach(id, &self.client).await?;
-        // Nothing changes after the flush: the disk is what the guest had.
-        client.pause().await?;
-        if let Err(e) = client.flush(FLUSH_BOUND).await {
-            let _ = client.resume().await;
-            return Err(e);
-        }
-        client.close();
-        self.state.halt(id, Stop::Kill).await?;
-        let suspended = Meta {
-            pid: 0,
-            procs: Vec::new(),
-            suspended_unix: Some(now_unix()),
-            ..meta
-        };
-        self.state.write_meta(&dir, &suspended)
+        self.suspend_with_memory(id, &dir, meta).await
     }
 
     /// [`Provider::resume`] of the microvm tier.
@@ -131,17 +118,50 @@ impl MicroVmProvider {
             }
             e
         };
-        put_guest_spec(id, &parts.rw, &dir.join(GUEST_SPEC)).map_err(back_to_suspended)?;
         let vm_dir = dir.join("vm");
         // The last boot's sockets: their listeners are gone, and the wait
         // for the guest takes a socket that exists for one that listens.
-        for stale in [dir.join("agent.sock"), vm_dir.join("qmp.sock")] {
-            let _ = std::fs::remove_file(stale);
+        let clear = || {
+            for stale in [dir.join("agent.sock"), vm_dir.join("qmp.sock")] {
+                let _ = std::fs::remove_file(stale);
+            }
+        };
+        clear();
+        let memory = dir.join(super::snapshot::MEMORY_FILE);
+        let mut restored = None;
+        if memory.is_file() {
+            match self
+                .start(
+                    id,
+                    &dir,
+                    &vm_dir,
+                    record.uid_slot,
+                    accel,
+                    parts.clone(),
+                    Some(memory.clone()),
+                )
+                .await
+            {
+                Ok(sb) => restored = Some(sb),
+                // The kept disk still boots (it was flushed before the
+                // save); what ran in memory is lost, and said so.
+                Err(e) => {
+                    tracing::warn!(%id, "the VM's memory could not be restored; booting its disk: {e}");
+                    clear();
+                }
+            }
+            // Its disk moves on from here: the memory no longer matches it.
+            let _ = std::fs::remove_file(&memory);
         }
-        let sandbox = self
-            .start(id, &dir, &vm_dir, record.uid_slot, accel, parts, None)
-            .await
-            .map_err(back_to_suspended)?;
+        let sandbox = match restored {
+            Some(sb) => sb,
+            None => {
+                put_guest_spec(id, &parts.rw, &dir.join(GUEST_SPEC)).map_err(back_to_suspended)?;
+                self.start(id, &dir, &vm_dir, record.uid_slot, accel, parts, None)
+                    .await
+                    .map_err(back_to_suspended)?
+            }
+        };
         let armed = async {
             privilege_probe(id, &sandbox.client).await?;
             self.state.supervisor(id, &dir, &self.agent_bin).start(&egress).await

@@ -227,6 +227,10 @@ impl Vmm for Qemu {
             "virtio-blk-device,drive=rw",
         ]);
         push(&["-qmp", &format!("unix:{},server=on,wait=off", s(&vm.control_socket))]);
+        // A memory snapshot is saved from a stopped VM; without the run
+        // state in it, the VM restored from it runs at once (qemu's
+        // autostart) instead of staying stopped as its source was.
+        push(&["-global", "migration.store-global-state=off"]);
         if vm.incoming {
             push(&["-incoming", &format!("fd:{INCOMING_FD}")]);
         }

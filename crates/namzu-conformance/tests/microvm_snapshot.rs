@@ -1,0 +1,243 @@
+//! Memory snapshots and forks on the `microvm` tier, on real qemu guests
+//! (TCG here): a snapshot of a running VM lets it run on; forks started
+//! from it go on from the snapshot's instant — a detached execution begun
+//! before it finishes in each, with its whole output — on disks and under
+//! tokens of their own; the refusals are typed; and the guest's clock
+//! keeper (the one process that may set a restored guest's clock) resists
+//! a command's attempts on it.
+
+#[path = "support/microvm.rs"]
+mod microvm;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use namzu::{Error, ExecEvent, ExecRequest, Provider, Resources, SandboxSpec};
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+const LINES: usize = 80;
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        resources: Resources {
+            memory_bytes: Some(256 << 20),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+async fn sh(sb: &namzu::Sandbox, script: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let out = sb.commands().run(script).await?;
+    if !out.status.success() {
+        return Err(format!("{script}: {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The whole output and exit code of execution `job`, read from offset 0.
+async fn whole(sb: &namzu::Sandbox, job: &str) -> Result<(String, Option<i32>), Box<dyn std::error::Error>> {
+    let mut s = sb.commands().attach_stream(job, Default::default()).await?;
+    let mut out = Vec::new();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(120), s.next()).await? {
+        match ev? {
+            ExecEvent::Stdout { data, .. } => out.extend_from_slice(&data),
+            ExecEvent::Exit(x) => return Ok((String::from_utf8_lossy(&out).into_owned(), x.status.code)),
+            _ => {}
+        }
+    }
+    Err("the stream ended without an exit".into())
+}
+
+async fn snapshot_and_forks_go_on_independently_each_with_its_own_token() -> R {
+    let p = microvm::provider("snapshot")?;
+    let src = p.create(spec()).await?;
+    let result = async {
+        sh(&src, "echo before > /workspace/shared").await?;
+        let script = format!("i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line-$i; sleep 0.05; done; exit 5");
+        let mut s = src
+            .commands()
+            .stream(ExecRequest::shell(&script).execution_id("job"))
+            .await?;
+        // Begun: its first line is out.
+        while let Some(ev) = s.next().await {
+            if matches!(ev?, ExecEvent::Stdout { .. }) {
+                break;
+            }
+        }
+        drop(s);
+        let snap = p.snapshot(src.id()).await?;
+        assert_eq!(snap.source, src.id());
+        assert!(snap.memory_bytes > 1 << 20, "{snap:?}");
+        assert!(p.snapshots().await?.iter().any(|s| s.id == snap.id));
+
+        let a = p.fork(&snap.id).await?;
+        let b = p.fork(&snap.id).await?;
+        let ids = [src.id(), a.id(), b.id()];
+        assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2], "{ids:?}");
+        let want: String = (1..=LINES).map(|i| format!("line-{i}\n")).collect();
+        for sb in [&src, &a, &b] {
+            let (out, code) = whole(sb, "job").await?;
+            assert_eq!((out.as_str(), code), (want.as_str(), Some(5)), "in {}", sb.id());
+        }
+        // Disks of their own, each starting from the snapshot's.
+        sh(&a, "echo a > /workspace/shared; echo a > /workspace/only-a").await?;
+        sh(&src, "echo src > /workspace/shared").await?;
+        assert_eq!(
+            sh(&b, "cat /workspace/shared; ls /workspace").await?,
+            "before\nshared\n"
+        );
+        assert_eq!(sh(&a, "cat /workspace/shared").await?, "a\n");
+        assert_eq!(sh(&src, "cat /workspace/shared; ls /workspace").await?, "src\nshared\n");
+        // A fork's clock is the host's, not the snapshot's.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs() as i64;
+        let guest: i64 = sh(&b, "date +%s").await?.trim().parse()?;
+        assert!((guest - now).abs() <= 5, "guest clock {guest}, host {now}");
+
+        // Tokens of their own: the source's opens neither fork, a fork's
+        // own opens it.
+        let src_token = std::fs::read(p.state_root().join(src.id()).join("token"))?;
+        for fork in [&a, &b] {
+            let dir = p.state_root().join(fork.id());
+            let sock = dir.join("agent.sock");
+            let refused =
+                namzu::AgentClient::connect_unix(fork.id(), &sock, src_token.clone(), Default::default()).await;
+            assert!(refused.is_err(), "the source's token opened fork {}", fork.id());
+            let own = std::fs::read(dir.join("token"))?;
+            assert_ne!(own, src_token);
+            let c = namzu::AgentClient::connect_unix(fork.id(), &sock, own, Default::default()).await?;
+            c.close();
+        }
+
+        // Kept while forks overlay it.
+        match p.delete_snapshot(&snap.id).await {
+            Err(Error::SnapshotInUse { forks, .. }) => {
+                let mut forks = forks;
+                forks.sort();
+                let mut want = vec![a.id().to_owned(), b.id().to_owned()];
+                want.sort();
+                assert_eq!(forks, want);
+            }
+            other => panic!("delete while forks run: {other:?}"),
+        }
+        a.destroy().await?;
+        b.destroy().await?;
+        p.delete_snapshot(&snap.id).await?;
+        assert!(p.snapshots().await?.iter().all(|s| s.id != snap.id));
+        assert!(matches!(p.fork(&snap.id).await, Err(Error::SnapshotNotFound { .. })));
+        R::Ok(())
+    }
+    .await;
+    let _ = src.destroy().await;
+    result
+}
+
+async fn snapshot_refusals_are_typed() -> R {
+    let p = microvm::provider("snapshot")?;
+    for bad in ["snap-nothere", "../microvm", "", ".snapshots"] {
+        assert!(
+            matches!(p.fork(bad).await, Err(Error::SnapshotNotFound { .. })),
+            "fork {bad:?}"
+        );
+        assert!(matches!(
+            p.delete_snapshot(bad).await,
+            Err(Error::SnapshotNotFound { .. })
+        ));
+    }
+    let sb = p.create(spec()).await?;
+    let id = sb.id().to_owned();
+    sb.suspend().await?;
+    let r = p.snapshot(&id).await;
+    assert!(matches!(r, Err(Error::SandboxSuspended { .. })), "{r:?}");
+    p.destroy(&id).await?;
+    let r = p.snapshot(&id).await;
+    assert!(r.is_err(), "a snapshot of a destroyed sandbox: {r:?}");
+    Ok(())
+}
+
+/// A restored guest's clock is set by a keeper holding CAP_SYS_TIME alone;
+/// a command (root in the guest, no capability) can neither set the clock
+/// itself nor reach the keeper's pipe or memory.
+async fn the_clock_keeper_resists_a_command() -> R {
+    let p = microvm::provider("snapshot")?;
+    let sb = p.create(spec()).await?;
+    let result = async {
+        let keeper = sh(
+            &sb,
+            "for d in /proc/[0-9]*; do [ \"$(cat $d/comm 2>/dev/null)\" = namzu-clock ] && echo ${d#/proc/}; done; true",
+        )
+        .await?;
+        let keeper = keeper.trim();
+        assert!(!keeper.is_empty(), "no clock keeper in the guest");
+        let caps = sh(&sb, &format!("grep CapEff /proc/{keeper}/status")).await?;
+        assert_eq!(caps.split_whitespace().nth(1), Some("0000000002000000"), "{caps}");
+        let attempts = format!(
+            "date -s @0 >/dev/null 2>&1 && echo set-clock; \
+             cat /proc/{keeper}/fd/3 </dev/null >/dev/null 2>&1 && echo read-pipe; \
+             echo 0000000000000000 > /proc/{keeper}/fd/3 2>/dev/null && echo wrote-pipe; \
+             head -c1 /proc/{keeper}/mem >/dev/null 2>&1 && echo read-mem; \
+             echo done"
+        );
+        assert_eq!(sh(&sb, &attempts).await?, "done\n");
+        let year: i32 = sh(&sb, "date +%Y").await?.trim().parse()?;
+        assert!(year >= 2025, "the clock moved: {year}");
+        R::Ok(())
+    }
+    .await;
+    let _ = sb.destroy().await;
+    result
+}
+
+type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = R>>>;
+
+fn main() -> std::process::ExitCode {
+    use libtest_mimic::{Arguments, Failed, Trial};
+    let args = Arguments::from_args();
+    let unavailable = microvm::missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
+    let tests: Vec<(&str, Body)> = vec![
+        ("snapshot_and_forks_go_on_independently_each_with_its_own_token", || {
+            Box::pin(snapshot_and_forks_go_on_independently_each_with_its_own_token())
+        }),
+        (
+            "snapshot_refusals_are_typed",
+            || Box::pin(snapshot_refusals_are_typed()),
+        ),
+        ("the_clock_keeper_resists_a_command", || {
+            Box::pin(the_clock_keeper_resists_a_command())
+        }),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, body)| {
+            let trial = Trial::test(name, move || {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(body()).map_err(|e| {
+                    // The whole chain: a tier's error says what in its source.
+                    let mut text = e.to_string();
+                    let mut cause = e.source();
+                    while let Some(c) = cause {
+                        text.push_str(&format!(": {c}"));
+                        cause = c.source();
+                    }
+                    Failed::from(text)
+                })
+            });
+            match &unavailable {
+                Some(why) => trial.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
+                None => trial,
+            }
+        })
+        .collect();
+    // One VM test at a time (two emulated guests on two cores time each
+    // other out); forks make three at once already.
+    let args = Arguments {
+        test_threads: Some(1),
+        ..args
+    };
+    let code = libtest_mimic::run(&args, trials).exit_code();
+    microvm::cleanup("snapshot");
+    code
+}
