@@ -191,6 +191,38 @@ async fn the_clock_keeper_resists_a_command() -> R {
     result
 }
 
+/// A memory file this qemu cannot load (another version's, a damaged
+/// one) does not strand the sandbox: the resume boots its kept disk —
+/// what it wrote is there, its processes are not — and says so in the
+/// boot id.
+async fn an_unloadable_memory_file_resumes_from_the_disk() -> R {
+    let p = microvm::provider("snapshot")?;
+    let sb = p.create(spec()).await?;
+    let id = sb.id().to_owned();
+    let result = async {
+        sh(&sb, "echo kept > /workspace/f; sleep 3000 >/dev/null 2>&1 </dev/null &").await?;
+        let boot = sb.agent().boot_id();
+        sb.clone().suspend().await?;
+        let mem = p.state_root().join(&id).join("memory.snap");
+        assert!(mem.metadata()?.len() > 1 << 20, "no memory kept");
+        std::fs::write(&mem, b"QEVM not really a migration stream")?;
+        let back = p.resume(&id).await?;
+        assert_ne!(back.agent().boot_id(), boot, "the damaged memory was loaded?");
+        assert_eq!(sh(&back, "cat /workspace/f").await?, "kept\n");
+        let sleepers = sh(
+            &back,
+            "for d in /proc/[0-9]*; do cat $d/cmdline 2>/dev/null | tr '\\0' ' '; echo; done | grep -c '^sleep 3000' || true",
+        )
+        .await?;
+        assert_eq!(sleepers.trim(), "0");
+        assert!(!mem.exists(), "the memory file outlived the resume");
+        R::Ok(())
+    }
+    .await;
+    let _ = p.destroy(&id).await;
+    result
+}
+
 type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = R>>>;
 
 fn main() -> std::process::ExitCode {
@@ -205,6 +237,9 @@ fn main() -> std::process::ExitCode {
             "snapshot_refusals_are_typed",
             || Box::pin(snapshot_refusals_are_typed()),
         ),
+        ("an_unloadable_memory_file_resumes_from_the_disk", || {
+            Box::pin(an_unloadable_memory_file_resumes_from_the_disk())
+        }),
         ("the_clock_keeper_resists_a_command", || {
             Box::pin(the_clock_keeper_resists_a_command())
         }),

@@ -47,6 +47,16 @@ async fn a_suspended_sandbox_is_kept_on_disk_alone_and_another_provider_resumes_
         let sb = a.create(spec).await.unwrap();
         sh(&sb, "echo kept > /workspace/w; echo tmp > /tmp/t").await;
         let id = sb.id().to_owned();
+        // Memory is not kept here: no snapshot, no fork, refused by name.
+        for (op, got) in [
+            ("snapshot", a.snapshot(&id).await.err()),
+            ("fork", a.fork("snap-000000000001").await.err()),
+        ] {
+            assert!(
+                matches!(&got, Some(Error::OptionRefused { option, .. }) if option == op),
+                "{op}: {got:?}"
+            );
+        }
         let dir = state.path().join("local").join(&id);
         assert_eq!(mounted(&dir.join("workspace")), disk.is_some());
         sb.suspend().await.unwrap();

@@ -204,11 +204,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn host_tier_refuses_suspend_and_resume_by_name() {
+    async fn host_tier_refuses_suspend_resume_and_snapshots_by_name() {
         let p = HostProvider::with_agent(std::env::temp_dir().join("namzu-host-suspend"), "/nonexistent");
         for (op, got) in [
             ("suspend", p.suspend("sb-000000000001").await.err()),
             ("resume", p.resume("sb-000000000001").await.err()),
+            ("snapshot", p.snapshot("sb-000000000001").await.err()),
+            ("fork", p.fork("snap-000000000001").await.err()),
+            ("delete_snapshot", p.delete_snapshot("snap-000000000001").await.err()),
         ] {
             assert!(
                 matches!(&got, Some(Error::OptionRefused { option, tier: Tier::Host, .. }) if option == op),
