@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/images.sh
+# The trivial-init line boots the kernel to a static busybox.
+if ! [ -x /bin/busybox ] && ! [ -x /usr/bin/busybox ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends busybox-static >/dev/null
+fi
 NAMZU_MICROVM_KERNEL=$(./scripts/microvm-up.sh | tail -1)
 export NAMZU_MICROVM_KERNEL
 cargo build --release --locked --bin namzu-agent --bin namzu-vmm --bin namzu-egress --bin namzu-bench-microvm

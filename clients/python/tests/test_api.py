@@ -414,6 +414,16 @@ def test_suspend_and_resume_from_disk(alice, sandbox):
     assert r.json()["stdout"] == "t\nw\nnone\n", r.text
 
 
+def test_snapshots_are_refused_by_name_where_memory_is_not_kept(alice, bob, sandbox):
+    # The local tier keeps no memory: refused, naming the operation.
+    err(alice.post(f"/v1/sandboxes/{sandbox['id']}/snapshot"), 422, "option_refused", "snapshot")
+    err(bob.post(f"/v1/sandboxes/{sandbox['id']}/snapshot"), 404, "sandbox_not_found")
+    assert alice.get("/v1/snapshots").json() == {"snapshots": []}
+    err(alice.post("/v1/snapshots/snap-000000000001/fork"), 404, "snapshot_not_found")
+    err(alice.delete("/v1/snapshots/snap-000000000001"), 404, "snapshot_not_found")
+    err(alice.post("/v1/snapshots/..%2Fx/fork"), 400, "invalid_argument", "snapshot")
+
+
 # ---- lifetime
 
 

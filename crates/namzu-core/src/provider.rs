@@ -29,10 +29,12 @@ pub trait Provider: Send + Sync {
     /// Destroys a sandbox by id, whether or not it is still alive.
     async fn destroy(&self, id: &str) -> Result<()>;
 
-    /// Suspends sandbox `id`: every process in it ends, and what it wrote
+    /// Suspends sandbox `id`: nothing of it runs, and what it wrote
     /// (`/workspace` and the tier's writable layer) is kept on disk, with
     /// its id, until [`Provider::resume`] starts it again — from any later
-    /// process, a host restart included. A suspended sandbox lists with
+    /// process, a host restart included. A tier that can keep the
+    /// sandbox's memory as well (microvm) does, and its processes go on
+    /// after the resume; elsewhere they end. A suspended sandbox lists with
     /// `suspended` set; [`Provider::connect`] refuses it
     /// ([`Error::SandboxSuspended`](crate::Error::SandboxSuspended)).
     /// Default: refused, naming the tier.
@@ -42,7 +44,8 @@ pub trait Provider: Send + Sync {
     }
 
     /// Starts suspended sandbox `id` again on its kept disk, with the same
-    /// id and spec; its processes start afresh (as after a reboot).
+    /// id and spec; its processes start afresh (as after a reboot), or,
+    /// where its memory was kept, go on where they stopped.
     /// [`Error::NotSuspended`](crate::Error::NotSuspended) if it is not
     /// suspended. Default: refused, naming the tier.
     async fn resume(&self, id: &str) -> Result<Sandbox> {

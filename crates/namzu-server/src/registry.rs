@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
 
+mod snapshots;
+
 /// What the server remembers of one sandbox.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Record {

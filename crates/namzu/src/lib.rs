@@ -38,5 +38,5 @@ pub use namzu_core::{check, client, error, fsutil, handle, pool, provider, spec,
 pub use namzu_core::{
     features, limits, AgentClient, AttachRefusal, Bind, ByteStream, CancelOutcome, CancellationToken, ClientOptions,
     Commands, Error, ExecStream, FileInfoStream, Files, Network, Provider, Resources, Result, Sandbox, SandboxBackend,
-    SandboxInfo, SandboxSpec, Sessions, Terminal, Terminals, Tier, CONTAINER_AGENT_UID,
+    SandboxInfo, SandboxSpec, Sessions, SnapshotInfo, Terminal, Terminals, Tier, CONTAINER_AGENT_UID,
 };

@@ -2,8 +2,10 @@
 //! one run (`bench/microvm.sh`): the same kernel booting to a trivial init
 //! (busybox `reboot -f`) against boot to the agent answering, create +
 //! first exec, the exec round trip against host fork+exec, and a 1 GiB copy
-//! in against a raw socket copy into a file. Under TCG where KVM is
-//! unusable (these machines); the stage split says what KVM would change.
+//! in against a raw socket copy into a file; pause, suspend with memory,
+//! restore, resume from the disk alone, snapshot and fork against a fresh
+//! boot, with the memory file's size. Under TCG where KVM is unusable
+//! (these machines); the stage split says what KVM would change.
 //! Not a test: nothing here gates anything.
 
 use std::io::Write;
@@ -196,6 +198,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("| first create (initramfs + base disk built) | {} | | | |", ms(cold));
     println!();
+    snapshot_bench(&p, runs.min(3), boot).await?;
     let agent_part = boot.saturating_sub(trivial);
     println!(
         "Stages: the kernel to a trivial init and back out takes {}; the rest of create, {} (disk made, \
@@ -204,6 +207,84 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
          emulation), and so does most of namzu's guest part, which is CPU-bound in the guest.",
         ms(trivial),
         ms(agent_part)
+    );
+    Ok(())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// Pause, suspend with memory, restore, resume from the disk alone,
+/// snapshot and fork, each against a fresh boot (`boot`, create's median):
+/// what a user pays instead of keeping the sandbox.
+async fn snapshot_bench(p: &MicroVmProvider, runs: usize, boot: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    // A guest with 64 MiB of its own in memory (a shell holding it), as a
+    // working one has.
+    let busy = "sh -c 'x=$(head -c 50331648 /dev/urandom | base64 -w0); sleep 3000' >/dev/null 2>&1 </dev/null &";
+    let (mut pause, mut unpause, mut suspend, mut restore, mut from_disk) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut snapshot, mut fork, mut mem_bytes, mut snap_disk) = (vec![], vec![], 0, 0);
+    for _ in 0..runs {
+        let sb = p.create(SandboxSpec::default()).await?;
+        let id = sb.id().to_owned();
+        sb.commands().run(ExecRequest::shell(busy)).await?;
+        let t = Instant::now();
+        sb.pause().await?;
+        pause.push(t.elapsed());
+        let t = Instant::now();
+        sb.resume().await?;
+        unpause.push(t.elapsed());
+        let t = Instant::now();
+        sb.suspend().await?;
+        suspend.push(t.elapsed());
+        mem_bytes = std::fs::metadata(p.state_root().join(&id).join("memory.snap"))?.len();
+        let t = Instant::now();
+        let sb = p.resume(&id).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
+        restore.push(t.elapsed());
+        // The disk alone: the same suspend with its memory file taken away.
+        sb.suspend().await?;
+        std::fs::remove_file(p.state_root().join(&id).join("memory.snap"))?;
+        let t = Instant::now();
+        let sb = p.resume(&id).await?;
+        sb.commands().run(ExecRequest::new("true")).await?;
+        from_disk.push(t.elapsed());
+        sb.commands().run(ExecRequest::shell(busy)).await?;
+        let t = Instant::now();
+        let snap = p.snapshot(&id).await?;
+        snapshot.push(t.elapsed());
+        (mem_bytes, snap_disk) = (snap.memory_bytes.max(mem_bytes), snap.disk_bytes);
+        let t = Instant::now();
+        let f = p.fork(&snap.id).await?;
+        f.commands().run(ExecRequest::new("true")).await?;
+        fork.push(t.elapsed());
+        f.destroy().await?;
+        sb.destroy().await?;
+        p.delete_snapshot(&snap.id).await?;
+    }
+    let ratio = |d: Duration| format!("{:.2}x", d.as_secs_f64() / boot.as_secs_f64());
+    println!();
+    println!("### pause, suspend, restore and fork ({runs} runs, medians; 512 MiB guests holding 64 MiB)");
+    println!();
+    println!("| what | namzu | a fresh boot (create) | ratio |");
+    println!("|---|---|---|---|");
+    let rows = [
+        ("pause (every process stopped)", median(pause)),
+        ("resume a pause", median(unpause)),
+        ("suspend with memory (flush, save, end the VM)", median(suspend)),
+        ("resume from memory + first exec", median(restore)),
+        ("resume from the disk alone + first exec", median(from_disk)),
+        ("snapshot a running VM (it runs on)", median(snapshot)),
+        ("fork from the snapshot + first exec", median(fork)),
+    ];
+    for (what, d) in rows {
+        println!("| {what} | {} | {} | {} |", ms(d), ms(boot), ratio(d));
+    }
+    println!();
+    println!(
+        "Memory file: {} for a 512 MiB guest (pages never touched are not written); a snapshot's disk: {} on the host.",
+        mib(mem_bytes),
+        mib(snap_disk)
     );
     Ok(())
 }

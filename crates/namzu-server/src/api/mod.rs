@@ -8,6 +8,7 @@ pub mod files;
 pub mod live;
 pub mod model;
 pub mod sandboxes;
+pub mod snapshots;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
@@ -32,6 +33,7 @@ use crate::state::AppState;
         commands::start, commands::run, commands::attach, commands::list, commands::cancel,
         files::download, files::upload, files::list, files::walk, files::watch, files::stat, files::mkdir, files::remove, files::rename,
         live::terminal, live::port_forward, live::network, live::set_network, live::quiesce, live::flush, live::pause, live::resume, live::suspend,
+        snapshots::create, snapshots::list, snapshots::fork, snapshots::delete,
     ),
     components(schemas(ErrorBody, model::TerminalControl)),
     modifiers(&Security),
@@ -41,6 +43,7 @@ use crate::state::AppState;
         (name = "commands", description = "Run commands; streams carry offsets to re-attach from"),
         (name = "files", description = "Files inside a sandbox"),
         (name = "live", description = "Terminals, TCP, egress policy, quiesce, flush, pause, suspend and resume"),
+        (name = "snapshots", description = "Snapshots of running sandboxes (microvm), and sandboxes forked from them"),
         (name = "server", description = "The server itself"),
     )
 )]
@@ -237,6 +240,10 @@ pub fn router(st: AppState) -> Router {
         .route(&format!("{sb}/pause"), post(live::pause))
         .route(&format!("{sb}/resume"), post(live::resume))
         .route(&format!("{sb}/suspend"), post(live::suspend))
+        .route(&format!("{sb}/snapshot"), post(snapshots::create))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route("/v1/snapshots/:snapshot", axum::routing::delete(snapshots::delete))
+        .route("/v1/snapshots/:snapshot/fork", post(snapshots::fork))
         .merge(crate::e2b::control_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn(method_not_allowed))

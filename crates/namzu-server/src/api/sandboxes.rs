@@ -108,7 +108,7 @@ pub fn body_of(p: &EgressPolicy) -> NetworkBody {
     b
 }
 
-fn timeout_of(state: &AppState, secs: Option<u64>) -> ApiResult<Duration> {
+pub(super) fn timeout_of(state: &AppState, secs: Option<u64>) -> ApiResult<Duration> {
     let limits = &state.config.limits;
     let Some(s) = secs else {
         return Ok(limits.default_timeout);

@@ -123,6 +123,14 @@ impl Default for MicroVmOptions {
     }
 }
 
+/// The guest's spec, kept in the sandbox's directory (mode 0600) for a
+/// boot after a suspend and for snapshots.
+const GUEST_SPEC: &str = "guest.json";
+/// The memory file of a sandbox suspended with its memory.
+const MEMORY_FILE: &str = "memory.snap";
+/// How long the guest has to make its disk durable before a suspend ends it.
+const FLUSH_BOUND: Duration = Duration::from_secs(60);
+
 /// The smallest guest that boots the kernel and the agent.
 pub const MIN_MEMORY_MIB: u64 = 128;
 
@@ -346,7 +354,7 @@ impl MicroVmProvider {
         crate::fsutil::write_private(&seed.join(namzu_proto::launch::GUEST_SPEC_PATH), &guest_json).map_err(io(OP))?;
         // Kept beside the token (the same secret), for a boot after a
         // suspend: the guest's init removes its copy once read.
-        crate::fsutil::write_private(&dir.join(suspend::GUEST_SPEC), &guest_json).map_err(io(OP))?;
+        crate::fsutil::write_private(&dir.join(GUEST_SPEC), &guest_json).map_err(io(OP))?;
         let rw = vm_dir.join("rw.ext4");
         let made_disk = disk::writable(&rw, disk_bytes, &seed);
         let _ = std::fs::remove_dir_all(&seed);

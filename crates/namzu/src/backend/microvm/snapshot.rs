@@ -29,8 +29,6 @@ use super::*;
 use crate::backend::state::Stop;
 use crate::spec::SnapshotInfo;
 
-/// The memory file of a sandbox suspended with its memory.
-pub(super) const MEMORY_FILE: &str = "memory.snap";
 /// How long a memory save may take.
 const SAVE_BOUND: Duration = Duration::from_secs(300);
 /// The longest a QMP answer may take.
@@ -165,7 +163,7 @@ impl MicroVmProvider {
     /// too), the VM's memory saved beside it, the VM ended.
     pub(super) async fn suspend_with_memory(&self, id: &str, dir: &Path, meta: Meta) -> Result<()> {
         let (_, client) = self.state.reattach(id, &self.client).await?;
-        client.flush(super::suspend::FLUSH_BOUND).await?;
+        client.flush(FLUSH_BOUND).await?;
         client.close();
         let vm_dir = dir.join("vm");
         let path = dir.join(MEMORY_FILE);
@@ -205,7 +203,7 @@ impl MicroVmProvider {
                 "made by a namzu that kept no boot parts; cannot snapshot",
             ));
         };
-        let guest: GuestSpec = std::fs::read(dir.join(super::suspend::GUEST_SPEC))
+        let guest: GuestSpec = std::fs::read(dir.join(GUEST_SPEC))
             .map_err(io("snapshot"))
             .and_then(|b| serde_json::from_slice(&b).map_err(|e| state_err(id, e.to_string())))?;
         // The link answers (the VM is alive) before it is stopped.
@@ -284,7 +282,7 @@ impl MicroVmProvider {
             ..rec.guest.clone()
         };
         let guest_json = serde_json::to_vec(&guest).map_err(|e| state_err(&id, e.to_string()))?;
-        crate::fsutil::write_private(&dir.join(super::suspend::GUEST_SPEC), &guest_json).map_err(io(OP))?;
+        crate::fsutil::write_private(&dir.join(GUEST_SPEC), &guest_json).map_err(io(OP))?;
         let slot = self.claim_slot(&id, OP)?;
         let parts = VmParts {
             rw,

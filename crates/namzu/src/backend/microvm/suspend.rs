@@ -16,15 +16,9 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use super::*;
 use crate::backend::state::Stop;
-
-/// The guest's spec, kept in the sandbox's directory (mode 0600).
-pub(super) const GUEST_SPEC: &str = "guest.json";
-/// How long the guest has to make its disk durable before it is ended.
-pub(super) const FLUSH_BOUND: Duration = Duration::from_secs(60);
 
 fn state_err(id: &str, message: impl Into<String>) -> Error {
     Error::State {
@@ -127,7 +121,7 @@ impl MicroVmProvider {
             }
         };
         clear();
-        let memory = dir.join(super::snapshot::MEMORY_FILE);
+        let memory = dir.join(MEMORY_FILE);
         let mut restored = None;
         if memory.is_file() {
             match self
