@@ -363,10 +363,11 @@ fn run(args: Args) -> Result<(), String> {
         let how = if done.formatted { "formatted" } else { "mounted" };
         reports.push(("workspace-device".into(), format!("{} {how}", done.fstype)));
     }
-    // A microVM's guest (its ports given): its clock is its own to set,
-    // by a keeper started while every capability is still held.
+    // A microVM's guest (its ports given): its clock and random pool are
+    // its own to set, by a keeper started while every capability is still
+    // held.
     if matches!(listen, Listen::PortFd(_, Some(_))) {
-        namzu_agent::port_session::spawn_clock_keeper().map_err(|e| format!("clock keeper: {e}"))?;
+        namzu_agent::port_session::spawn_keeper().map_err(|e| format!("keeper: {e}"))?;
     }
     if let Some(user) = &user {
         namzu_agent::identity::take_agent_ids(user).map_err(|e| e.to_string())?;

@@ -67,34 +67,40 @@ where
     namzu_proto::mux::serve(link, limits, admit).await
 }
 
-/// The host's time and token, taken in.
+/// The host's token, time and seed, taken in.
 fn apply(sync: &SyncLine, token: &Token) {
     if !sync.token.is_empty() {
         token.set(sync.token.clone());
     }
-    let behind = SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     // Only a clock that lags by more than a moment is set: a fresh boot's
     // is right already; a restored one is as old as its snapshot.
-    if sync.unix_ns > behind + Duration::from_secs(1).as_nanos() {
-        let sent = CLOCK_KEEPER
-            .get()
-            .ok_or_else(|| std::io::Error::other("no clock keeper"))
-            .and_then(|k| {
-                use std::io::Write;
-                k.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .write_all(&sync.unix_ns.to_le_bytes())
-            });
-        match sent {
-            Ok(()) => tracing::info!(
-                behind_ms = (sync.unix_ns - behind) / 1_000_000,
-                "clock set to the host's"
-            ),
-            Err(e) => tracing::warn!("could not set the clock to the host's: {e}"),
-        }
+    let set_to = if sync.unix_ns > now + Duration::from_secs(1).as_nanos() {
+        sync.unix_ns
+    } else {
+        0
+    };
+    let mut record = [0u8; KEEPER_RECORD];
+    record[..16].copy_from_slice(&set_to.to_le_bytes());
+    let n = sync.seed.len().min(SEED_BYTES);
+    record[16..16 + n].copy_from_slice(&sync.seed[..n]);
+    let sent = KEEPER
+        .get()
+        .ok_or_else(|| std::io::Error::other("no keeper"))
+        .and_then(|k| {
+            use std::io::Write;
+            k.lock().unwrap_or_else(|p| p.into_inner()).write_all(&record)
+        });
+    match sent {
+        Ok(()) if set_to > 0 => tracing::info!(
+            behind_ms = (set_to - now) / 1_000_000,
+            "clock set to the host's; random pool reseeded"
+        ),
+        Ok(()) => tracing::debug!("random pool reseeded"),
+        Err(e) => tracing::warn!("could not set the clock or reseed the random pool: {e}"),
     }
 }
 
@@ -122,17 +128,28 @@ async fn read_syncs(ctl: Port, tx: mpsc::Sender<SyncLine>) {
     }
 }
 
-/// Where [`apply`] sends the host's time: the clock keeper's pipe.
-static CLOCK_KEEPER: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
+/// Bytes of host randomness a record carries.
+const SEED_BYTES: usize = 32;
+/// One record on the keeper's pipe: the time to set (ns, little-endian;
+/// 0: leave the clock) and the seed.
+const KEEPER_RECORD: usize = 16 + SEED_BYTES;
+/// `_IOW('R', 0x03, int[2])`: add entropy to the kernel's pool, credited.
+const RNDADDENTROPY: u64 = 0x4008_5203;
+/// `_IO('R', 0x07)`: reseed the kernel's CRNG from its pool now.
+const RNDRESEEDCRNG: u64 = 0x5207;
 
-/// Starts the guest's clock keeper: a child that keeps CAP_SYS_TIME and
-/// nothing else, outside the agent's seccomp filter, and sets the clock to
-/// each time the agent writes on its pipe. The agent itself drops every
+/// Where [`apply`] sends the host's time and seed: the keeper's pipe.
+static KEEPER: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
+
+/// Starts the guest's keeper: a child that keeps CAP_SYS_TIME and
+/// CAP_SYS_ADMIN and nothing else, outside the agent's seccomp filter, and
+/// for each record the agent writes on its pipe sets the clock and
+/// reseeds the kernel's random generator. The agent itself drops every
 /// capability but a few and forbids clock_settime to itself and its
-/// commands; a VM's clock is its own, and a restored one must be set.
-/// Call before the agent drops capabilities or installs seccomp, with one
-/// thread.
-pub fn spawn_clock_keeper() -> std::io::Result<()> {
+/// commands; a VM's clock is its own, a restored one must be set, and
+/// forks of one snapshot must not share a random stream. Call before the
+/// agent drops capabilities or installs seccomp, with one thread.
+pub fn spawn_keeper() -> std::io::Result<()> {
     use std::os::fd::IntoRawFd;
     let (r, w) = std::io::pipe()?;
     #[allow(unsafe_code)]
@@ -141,7 +158,7 @@ pub fn spawn_clock_keeper() -> std::io::Result<()> {
     match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
         nix::unistd::ForkResult::Parent { .. } => {
             drop(r);
-            let _ = CLOCK_KEEPER.set(std::sync::Mutex::new(std::fs::File::from(std::os::fd::OwnedFd::from(
+            let _ = KEEPER.set(std::sync::Mutex::new(std::fs::File::from(std::os::fd::OwnedFd::from(
                 w,
             ))));
             Ok(())
@@ -152,7 +169,7 @@ pub fn spawn_clock_keeper() -> std::io::Result<()> {
             let code = match keep_clock(fd) {
                 Ok(()) => 0,
                 Err(e) => {
-                    tracing::warn!("clock keeper: {e}");
+                    tracing::warn!("keeper: {e}");
                     1
                 }
             };
@@ -173,16 +190,18 @@ fn keep_clock(fd: std::os::fd::RawFd) -> std::io::Result<()> {
         }
         libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        libc::prctl(libc::PR_SET_NAME, c"namzu-clock".as_ptr());
+        libc::prctl(libc::PR_SET_NAME, c"namzu-keeper".as_ptr());
         // Not dumpable: a command under the same uid can neither ptrace
         // it nor read its memory.
         libc::prctl(libc::PR_SET_DUMPABLE, 0);
     }
     use caps::{CapSet, Capability};
     let ce = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
-    let only: caps::CapsHashSet = [Capability::CAP_SYS_TIME].into_iter().collect();
+    let only: caps::CapsHashSet = [Capability::CAP_SYS_TIME, Capability::CAP_SYS_ADMIN]
+        .into_iter()
+        .collect();
     for cap in caps::all() {
-        if cap != Capability::CAP_SYS_TIME {
+        if !only.contains(&cap) {
             let _ = caps::drop(None, CapSet::Bounding, cap);
         }
     }
@@ -192,11 +211,35 @@ fn keep_clock(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     #[allow(unsafe_code)]
     // SAFETY: fd 3 is the pipe, dup'ed above; owned from here on.
     let mut pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(3) };
-    let mut b = [0u8; 16];
+    let mut b = [0u8; KEEPER_RECORD];
     while pipe.read_exact(&mut b).is_ok() {
-        let ns = u128::from_le_bytes(b);
-        let ts = nix::sys::time::TimeSpec::new((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64);
-        let _ = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts);
+        let mut ns = [0u8; 16];
+        ns.copy_from_slice(&b[..16]);
+        let ns = u128::from_le_bytes(ns);
+        if ns > 0 {
+            let ts = nix::sys::time::TimeSpec::new((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64);
+            let _ = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts);
+        }
+        reseed(&b[16..]);
     }
     Ok(())
+}
+
+/// Mixes `seed` into the kernel's pool (credited) and reseeds its CRNG.
+fn reseed(seed: &[u8]) {
+    use std::os::fd::AsRawFd;
+    let Ok(dev) = std::fs::OpenOptions::new().write(true).open("/dev/urandom") else {
+        return;
+    };
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + seed.len());
+    info.extend_from_slice(&((seed.len() * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(seed.len() as i32).to_ne_bytes());
+    info.extend_from_slice(seed);
+    #[allow(unsafe_code)]
+    // SAFETY: both ioctls read only the buffer given, which outlives them.
+    unsafe {
+        libc::ioctl(dev.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr());
+        libc::ioctl(dev.as_raw_fd(), RNDRESEEDCRNG as _);
+    }
 }

@@ -2,7 +2,7 @@
 
 use namzu::features as feat;
 
-use crate::{Case, DISK_LIMIT, SUSPEND, SUSPEND_MEMORY};
+use crate::{Case, DISK_LIMIT, SNAPSHOT, SUSPEND, SUSPEND_MEMORY};
 
 mod common;
 mod detach;
@@ -71,6 +71,7 @@ pub fn all() -> Vec<Case> {
         pause_stops_every_process_and_resume_continues_them[feat::PAUSE, feat::EXEC, feat::EXEC_ATTACH, feat::FILES_WRITE, feat::FILES_READ],
         suspend_keeps_the_disk_and_resume_starts_it_again[SUSPEND, feat::EXEC, feat::FILES_WRITE, feat::FILES_READ],
         suspend_with_memory_goes_on_where_it_stopped[SUSPEND_MEMORY, feat::EXEC, feat::EXEC_ATTACH],
+        forks_of_a_snapshot_go_on_independently[SNAPSHOT, feat::EXEC, feat::EXEC_ATTACH],
         disk_limit_fills_with_enospc[DISK_LIMIT, feat::EXEC, feat::FILES_WRITE, feat::FILES_READ],
         detached_session_output_is_read_by_offset[feat::SESSIONS],
         session_ring_eviction_is_reported_as_dropped_bytes[feat::SESSIONS],

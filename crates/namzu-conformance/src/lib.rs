@@ -60,6 +60,9 @@ pub struct TierHooks {
     /// A suspend keeps the sandbox's memory too: its processes go on
     /// after the resume, where they stopped (microvm).
     pub suspend_keeps_memory: bool,
+    /// The tier's provider where it keeps snapshots: the cases call its
+    /// `snapshot`, `fork` and `delete_snapshot`.
+    pub snapshots: Option<Arc<dyn namzu::Provider>>,
 }
 
 /// The pseudo-feature of cases that suspend and resume ([`TierHooks::resume`]).
@@ -69,6 +72,9 @@ pub const DISK_LIMIT: &str = "tier:disk-limit";
 /// The pseudo-feature of cases whose suspend keeps memory
 /// ([`TierHooks::suspend_keeps_memory`]).
 pub const SUSPEND_MEMORY: &str = "tier:suspend-memory";
+/// The pseudo-feature of cases that snapshot and fork
+/// ([`TierHooks::snapshots`]).
+pub const SNAPSHOT: &str = "tier:snapshot";
 
 static HOOKS: std::sync::OnceLock<TierHooks> = std::sync::OnceLock::new();
 
@@ -106,6 +112,7 @@ pub fn run_main_with(
         (tier.resume.is_some(), SUSPEND),
         (tier.disk_limit, DISK_LIMIT),
         (tier.resume.is_some() && tier.suspend_keeps_memory, SUSPEND_MEMORY),
+        (tier.snapshots.is_some(), SNAPSHOT),
     ]
     .into_iter()
     .filter(|(on, _)| *on)
@@ -257,6 +264,7 @@ macro_rules! conformance_main {
                 resume: Some(resume),
                 disk_limit: $disk,
                 suspend_keeps_memory: false,
+                snapshots: None,
             };
             $crate::run_main_with($backend, factory, &[], hooks)
         }

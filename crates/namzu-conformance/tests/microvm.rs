@@ -14,6 +14,7 @@ fn main() -> std::process::ExitCode {
         Err(why) => return microvm::skip_all("microvm", &why),
     };
     let resumer = provider.clone();
+    let snapshots: std::sync::Arc<dyn namzu::Provider> = std::sync::Arc::new(provider.clone());
     let factory: namzu_conformance::Factory = std::sync::Arc::new(move |spec| {
         let p = provider.clone();
         Box::pin(async move { namzu::Provider::create(&p, spec).await })
@@ -28,6 +29,7 @@ fn main() -> std::process::ExitCode {
         resume: Some(resume),
         disk_limit: true,
         suspend_keeps_memory: true,
+        snapshots: Some(snapshots),
     };
     let code = namzu_conformance::run_main_with("microvm", factory, microvm::CANNOT, hooks);
     microvm::cleanup("conformance");

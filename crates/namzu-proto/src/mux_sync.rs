@@ -34,13 +34,24 @@ pub struct SyncLine {
     pub unix_ns: u128,
     /// The token links must present from now on (a fork's own).
     pub token: Vec<u8>,
+    /// Fresh randomness from the host, mixed into the guest's random pool
+    /// and forcing its reseed: forks of one snapshot start with one and
+    /// the same pool, and would otherwise draw the same bytes.
+    pub seed: Vec<u8>,
 }
 
 impl SyncLine {
     /// The line, newline first (it ends whatever partial line an earlier
     /// host left) and last.
     pub fn encode(&self) -> Vec<u8> {
-        format!("\nsync {:016x} {} {}\n", self.nonce, self.unix_ns, hex(&self.token)).into_bytes()
+        format!(
+            "\nsync {:016x} {} {} {}\n",
+            self.nonce,
+            self.unix_ns,
+            hex(&self.token),
+            hex(&self.seed)
+        )
+        .into_bytes()
     }
 
     /// One line without its newline, or `None` when it is not a sync line.
@@ -53,7 +64,13 @@ impl SyncLine {
         let nonce = u64::from_str_radix(f.next()?, 16).ok()?;
         let unix_ns = f.next()?.parse().ok()?;
         let token = unhex(f.next()?)?;
-        f.next().is_none().then_some(Self { nonce, unix_ns, token })
+        let seed = unhex(f.next()?)?;
+        f.next().is_none().then_some(Self {
+            nonce,
+            unix_ns,
+            token,
+            seed,
+        })
     }
 }
 
@@ -181,6 +198,7 @@ mod tests {
             nonce: 0xdead_beef_0000_0001,
             unix_ns: 1_764_000_000_123_456_789,
             token: b"t\0k\xffen".to_vec(),
+            seed: vec![7u8; 32],
         };
         let enc = l.encode();
         let body = enc.strip_prefix(b"\n").unwrap().strip_suffix(b"\n").unwrap();

@@ -216,3 +216,82 @@ pub(super) async fn suspend_with_memory_goes_on_where_it_stopped(f: Factory) -> 
     let destroyed = live.destroy().await.ctx("destroy");
     result.and(destroyed)
 }
+
+/// The whole output and exit code of execution `job` in `sb`, from 0.
+async fn whole_output(sb: &Sandbox, job: &str) -> Result<(Vec<u8>, Option<i32>), String> {
+    let mut s = sb
+        .commands()
+        .attach_stream(job, namzu::AttachOptions::default())
+        .await
+        .ctx(job)?;
+    let (out, _, exit) = collect_events(&mut s).await?;
+    Ok((out, exit.status.code))
+}
+
+/// A snapshot of a running sandbox lets it run on, and each fork started
+/// from it goes on from the snapshot's instant: a detached execution
+/// begun before the snapshot finishes in the source and in every fork,
+/// each with its whole output; each writes to a disk of its own, starting
+/// from the snapshot's; each has an id of its own.
+pub(super) async fn forks_of_a_snapshot_go_on_independently(f: Factory) -> Outcome {
+    const LINES: usize = 60;
+    let p = crate::hooks()
+        .snapshots
+        .ok_or("the tier gave no provider for snapshots")?;
+    with_sandbox(&f, SandboxSpec::default(), |src| async move {
+        sh(&src, "echo before > /workspace/shared").await?;
+        let script = format!("i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line-$i; sleep 0.05; done; exit 5");
+        let mut s = src
+            .commands()
+            .stream(ExecRequest::shell(&script).execution_id("job"))
+            .await
+            .ctx("start")?;
+        // Begun: its first line is out.
+        match s.next().await {
+            Some(Ok(ExecEvent::Stdout { .. })) => {}
+            other => return Err(format!("the job's first event: {other:?}")),
+        }
+        drop(s);
+        let snap = p.snapshot(src.id()).await.ctx("snapshot")?;
+        ensure!(snap.source == src.id(), "{snap:?}");
+        let mut forks = Vec::new();
+        let result = async {
+            for _ in 0..2 {
+                forks.push(p.fork(&snap.id).await.ctx("fork")?);
+            }
+            let ids: std::collections::BTreeSet<&str> =
+                std::iter::once(src.id()).chain(forks.iter().map(|f| f.id())).collect();
+            ensure!(ids.len() == 3, "ids shared: {ids:?}");
+            let want: String = (1..=LINES).map(|i| format!("line-{i}\n")).collect();
+            for sb in std::iter::once(&src).chain(forks.iter()) {
+                let (out, code) = whole_output(sb, "job").await?;
+                ensure!(
+                    out == want.as_bytes() && code == Some(5),
+                    "in {}: {code:?} {:?}",
+                    sb.id(),
+                    String::from_utf8_lossy(&out)
+                );
+            }
+            let (a, b) = (&forks[0], &forks[1]);
+            sh(a, "echo a > /workspace/shared; echo a > /workspace/only-a").await?;
+            sh(&src, "echo src > /workspace/shared").await?;
+            for (sb, want) in [
+                (b, "before\nshared\n"),
+                (a, "a\nonly-a\nshared\n"),
+                (&src, "src\nshared\n"),
+            ] {
+                let out = sh(sb, "cat /workspace/shared; ls /workspace").await?;
+                let got = String::from_utf8_lossy(&out.stdout).into_owned();
+                ensure!(got == want, "in {}: {got:?}, not {want:?}", sb.id());
+            }
+            Ok(())
+        }
+        .await;
+        for fork in forks {
+            let _ = fork.destroy().await;
+        }
+        let deleted = p.delete_snapshot(&snap.id).await.ctx("delete the snapshot");
+        result.and(deleted)
+    })
+    .await
+}

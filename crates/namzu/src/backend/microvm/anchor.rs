@@ -163,7 +163,17 @@ async fn start_session(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    ctl.write_all(&SyncLine { nonce, unix_ns, token }.encode()).await?;
+    let seed: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
+    ctl.write_all(
+        &SyncLine {
+            nonce,
+            unix_ns,
+            token,
+            seed,
+        }
+        .encode(),
+    )
+    .await?;
     // Never closed by the anchor: the guest sees the port stay open.
     tokio::spawn(async move {
         let mut sink = [0u8; 256];
