@@ -280,6 +280,12 @@ impl Registry {
             }
         };
         record.id = sb.id().to_string();
+        self.adopt(record, sb).await
+    }
+
+    /// Records a sandbox just made (by create or fork) and keeps its
+    /// handle; a sandbox that cannot be recorded is destroyed.
+    async fn adopt(&self, record: Record, sb: Sandbox) -> ApiResult<Record> {
         if let Err(e) = self.save(&record) {
             // Unrecorded, it would outlive the server unowned: undo.
             let _ = sb.destroy().await;

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use namzu::SnapshotInfo;
 use serde::{Deserialize, Serialize};
 
-use super::{now_ms, poisoned, write_atomic, Pending, Record, Registry};
+use super::{now_ms, write_atomic, Pending, Record, Registry};
 use crate::error::{ApiError, ApiResult};
 
 /// What the server keeps of one snapshot.
@@ -115,19 +115,7 @@ impl Registry {
             envd_token: None,
             ..snap.source
         };
-        if let Err(e) = self.save(&record) {
-            let _ = sb.destroy().await;
-            return Err(ApiError::internal(format!("cannot record sandbox: {e}")));
-        }
-        self.records
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(record.id.clone(), record.clone());
-        self.handles
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(record.id.clone(), sb);
-        Ok(record)
+        self.adopt(record, sb).await
     }
 
     /// Removes `owner`'s `snapshot` (409 `snapshot_in_use` while forks'
