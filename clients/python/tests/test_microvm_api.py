@@ -8,6 +8,8 @@ NAMZU_REQUIRE_MICROVM=1."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import time
@@ -103,3 +105,39 @@ def test_snapshot_fork_and_remove_over_http(vm_server):
     assert alice.get("/v1/snapshots").json()["snapshots"] == []
     err(alice.post(f"/v1/snapshots/{snap['id']}/fork"), 404, "snapshot_not_found")
     alice.delete(p)
+
+
+def test_a_paused_vm_refuses_work_and_resumes_after_a_server_restart(vm_server):
+    """A pause stops the whole VM: commands and snapshots get 409
+    ``sandbox_paused``; a detached command begun before it ends after the
+    resume with its whole output, even when the server that paused it was
+    restarted meanwhile (the new one cannot connect to a paused VM and
+    continues it through the tier)."""
+    alice = vm_server.client("alice")
+    r = alice.post("/v1/sandboxes", json={"tier": "microvm", "image": IMAGE, "resources": {"memory_bytes": 268435456}})
+    assert r.status_code == 201, r.text
+    p = f"/v1/sandboxes/{r.json()['id']}"
+    script = "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; sleep 0.1; done"
+    r = alice.post(f"{p}/commands", json={"script": script, "execution_id": "count", "detached": True})
+    assert r.status_code == 201, r.text
+    r = alice.post(f"{p}/pause")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"stopped": [], "rounds": 1}, r.text
+    err(alice.post(f"{p}/commands/run", json={"script": "true"}), 409, "sandbox_paused")
+    err(alice.post(f"{p}/snapshot"), 409, "sandbox_paused")
+    assert alice.get(p).json()["state"] == "paused"
+
+    vm_server.stop()
+    vm_server.start()
+    alice = vm_server.client("alice")
+    err(alice.post(f"{p}/commands/run", json={"script": "true"}), 409, "sandbox_paused")
+    r = alice.post(f"{p}/resume")
+    assert r.status_code == 200, r.text
+    assert alice.get(p).json()["state"] == "running"
+    with alice.stream("GET", f"{p}/commands/count/events", params={"offset": 0}) as r:
+        assert r.status_code == 200
+        evs = [json.loads(x) for x in r.iter_lines() if x]
+    out = b"".join(base64.b64decode(e["data"]) for e in evs if e["type"] == "stdout")
+    assert out.decode() == "".join(f"{i}\n" for i in range(1, 41))
+    assert evs[-1]["type"] == "exit" and evs[-1]["status"]["code"] == 0, evs[-1]
+    assert alice.delete(p).status_code == 204

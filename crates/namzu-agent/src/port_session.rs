@@ -14,7 +14,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use namzu_proto::mux::{MuxLimits, StreamHandle};
-use namzu_proto::mux_sync::{marker, skip_to, Side, SyncLine, MAX_LINE};
+use namzu_proto::mux_sync::{marker, skip_to, ClockLine, Side, SyncLine, MAX_LINE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -72,21 +72,30 @@ fn apply(sync: &SyncLine, token: &Token) {
     if !sync.token.is_empty() {
         token.set(sync.token.clone());
     }
+    to_keeper(sync.unix_ns, &sync.seed);
+}
+
+/// Has the keeper set the clock to `host_ns` where the guest's lags by
+/// more than a moment (a fresh boot's is right already; a restored or
+/// continued one is as old as its snapshot or pause), and reseed the
+/// random pool with `seed` (none: left as it is).
+fn to_keeper(host_ns: u128, seed: &[u8]) {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    // Only a clock that lags by more than a moment is set: a fresh boot's
-    // is right already; a restored one is as old as its snapshot.
-    let set_to = if sync.unix_ns > now + Duration::from_secs(1).as_nanos() {
-        sync.unix_ns
+    let set_to = if host_ns > now + Duration::from_secs(1).as_nanos() {
+        host_ns
     } else {
         0
     };
+    if set_to == 0 && seed.is_empty() {
+        return;
+    }
     let mut record = [0u8; KEEPER_RECORD];
     record[..16].copy_from_slice(&set_to.to_le_bytes());
-    let n = sync.seed.len().min(SEED_BYTES);
-    record[16..16 + n].copy_from_slice(&sync.seed[..n]);
+    let n = seed.len().min(SEED_BYTES);
+    record[16..16 + n].copy_from_slice(&seed[..n]);
     let sent = KEEPER
         .get()
         .ok_or_else(|| std::io::Error::other("no keeper"))
@@ -97,14 +106,16 @@ fn apply(sync: &SyncLine, token: &Token) {
     match sent {
         Ok(()) if set_to > 0 => tracing::info!(
             behind_ms = (set_to - now) / 1_000_000,
-            "clock set to the host's; random pool reseeded"
+            reseeded = !seed.is_empty(),
+            "clock set to the host's"
         ),
         Ok(()) => tracing::debug!("random pool reseeded"),
         Err(e) => tracing::warn!("could not set the clock or reseed the random pool: {e}"),
     }
 }
 
-/// Lines from the control port, the sync lines among them passed on.
+/// Lines from the control port: sync lines passed on, clock lines (a VM
+/// continued after a pause) taken in at once.
 async fn read_syncs(ctl: Port, tx: mpsc::Sender<SyncLine>) {
     let mut lines = tokio::io::BufReader::new(ctl);
     let mut line = Vec::new();
@@ -118,7 +129,9 @@ async fn read_syncs(ctl: Port, tx: mpsc::Sender<SyncLine>) {
                 let _ = lines.read_until(b'\n', &mut rest).await;
             }
             Ok(_) => {
-                if let Some(sync) = SyncLine::parse(line.trim_ascii()) {
+                if let Some(clock) = ClockLine::parse(line.trim_ascii()) {
+                    to_keeper(clock.unix_ns, &[]);
+                } else if let Some(sync) = SyncLine::parse(line.trim_ascii()) {
                     if tx.send(sync).await.is_err() {
                         return;
                     }
@@ -131,7 +144,7 @@ async fn read_syncs(ctl: Port, tx: mpsc::Sender<SyncLine>) {
 /// Bytes of host randomness a record carries.
 const SEED_BYTES: usize = 32;
 /// One record on the keeper's pipe: the time to set (ns, little-endian;
-/// 0: leave the clock) and the seed.
+/// 0: leave the clock) and the seed (all zero: no reseed).
 const KEEPER_RECORD: usize = 16 + SEED_BYTES;
 /// `_IOW('R', 0x03, int[2])`: add entropy to the kernel's pool, credited.
 const RNDADDENTROPY: u64 = 0x4008_5203;
@@ -220,7 +233,10 @@ fn keep_clock(fd: std::os::fd::RawFd) -> std::io::Result<()> {
             let ts = nix::sys::time::TimeSpec::new((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64);
             let _ = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts);
         }
-        reseed(&b[16..]);
+        // A clock record carries no seed: zeros are no entropy to credit.
+        if b[16..].iter().any(|&x| x != 0) {
+            reseed(&b[16..]);
+        }
     }
     Ok(())
 }

@@ -216,6 +216,7 @@ pub fn conformance_main(backend: &str, opts: DockerOptions, cannot: &[(&str, &st
                 resume: Some(resume),
                 disk_limit: nix::unistd::geteuid().is_root(),
                 suspend_keeps_memory: false,
+                pause_stops_machine: false,
                 snapshots: None,
             };
             crate::run_main_with(backend, factory(p), cannot, hooks)

@@ -63,6 +63,10 @@ pub struct TierHooks {
     /// The tier's provider where it keeps snapshots: the cases call its
     /// `snapshot`, `fork` and `delete_snapshot`.
     pub snapshots: Option<Arc<dyn namzu::Provider>>,
+    /// A pause stops the whole machine (a VM's vCPUs), not the processes
+    /// through the agent: while paused every operation is refused, and a
+    /// pause reports no processes.
+    pub pause_stops_machine: bool,
 }
 
 /// The pseudo-feature of cases that suspend and resume ([`TierHooks::resume`]).
@@ -264,6 +268,7 @@ macro_rules! conformance_main {
                 resume: Some(resume),
                 disk_limit: $disk,
                 suspend_keeps_memory: false,
+                pause_stops_machine: false,
                 snapshots: None,
             };
             $crate::run_main_with($backend, factory, &[], hooks)

@@ -30,6 +30,7 @@ fn main() -> std::process::ExitCode {
         disk_limit: true,
         suspend_keeps_memory: true,
         snapshots: Some(snapshots),
+        pause_stops_machine: true,
     };
     let code = namzu_conformance::run_main_with("microvm", factory, microvm::CANNOT, hooks);
     microvm::cleanup("conformance");

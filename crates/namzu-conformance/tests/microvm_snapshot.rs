@@ -180,13 +180,8 @@ async fn an_unloadable_memory_file_resumes_from_the_disk() -> R {
     result
 }
 
-type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = R>>>;
-
 fn main() -> std::process::ExitCode {
-    use libtest_mimic::{Arguments, Failed, Trial};
-    let args = Arguments::from_args();
-    let unavailable = microvm::missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
-    let tests: Vec<(&str, Body)> = vec![
+    let tests: Vec<(&str, microvm::Body)> = vec![
         ("forks_have_their_own_tokens_and_hold_their_snapshot", || {
             Box::pin(forks_have_their_own_tokens_and_hold_their_snapshot())
         }),
@@ -201,35 +196,9 @@ fn main() -> std::process::ExitCode {
             Box::pin(the_keeper_resists_a_command())
         }),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, body)| {
-            let trial = Trial::test(name, move || {
-                let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                rt.block_on(body()).map_err(|e| {
-                    // The whole chain: a tier's error says what in its source.
-                    let mut text = e.to_string();
-                    let mut cause = e.source();
-                    while let Some(c) = cause {
-                        text.push_str(&format!(": {c}"));
-                        cause = c.source();
-                    }
-                    Failed::from(text)
-                })
-            });
-            match &unavailable {
-                Some(why) => trial.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
-                None => trial,
-            }
-        })
-        .collect();
     // One VM test at a time (two emulated guests on two cores time each
     // other out); forks make three at once already.
-    let args = Arguments {
-        test_threads: Some(1),
-        ..args
-    };
-    let code = libtest_mimic::run(&args, trials).exit_code();
+    let code = microvm::run_trials(tests, Some(1));
     microvm::cleanup("snapshot");
     code
 }

@@ -541,13 +541,8 @@ async fn flush_writes_back_the_guests_dirty_pages() -> R {
     Ok(())
 }
 
-type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = R>>>;
-
 fn main() -> std::process::ExitCode {
-    use libtest_mimic::{Arguments, Failed, Trial};
-    let args = Arguments::from_args();
-    let unavailable = microvm::missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
-    let tests: Vec<(&str, Body)> = vec![
+    let tests: Vec<(&str, microvm::Body)> = vec![
         ("the_vmm_runs_confined", || Box::pin(the_vmm_runs_confined())),
         ("the_guest_has_only_the_configured_devices", || {
             Box::pin(the_guest_has_only_the_configured_devices())
@@ -572,18 +567,5 @@ fn main() -> std::process::ExitCode {
             Box::pin(flush_writes_back_the_guests_dirty_pages())
         }),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, body)| {
-            let trial = Trial::test(name, move || {
-                let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                rt.block_on(body()).map_err(|e| Failed::from(e.to_string()))
-            });
-            match &unavailable {
-                Some(why) => trial.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
-                None => trial,
-            }
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+    microvm::run_trials(tests, None)
 }

@@ -74,6 +74,42 @@ impl SyncLine {
     }
 }
 
+/// What the host tells a guest it has just continued after a pause of its
+/// whole VM: the host's wall clock, which the guest's (stopped with its
+/// vCPUs) lags by the pause. No new session: the links held through the
+/// pause go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockLine {
+    /// The host's wall clock, nanoseconds since the epoch.
+    pub unix_ns: u128,
+}
+
+impl ClockLine {
+    /// The line, newline first and last (as [`SyncLine::encode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        format!("\nclock {}\n", self.unix_ns).into_bytes()
+    }
+
+    /// One line without its newline, or `None` when it is not a clock line.
+    pub fn parse(line: &[u8]) -> Option<Self> {
+        let line = std::str::from_utf8(line).ok()?;
+        let mut f = line.trim().split(' ');
+        if f.next()? != "clock" {
+            return None;
+        }
+        let unix_ns = f.next()?.parse().ok()?;
+        f.next().is_none().then_some(Self { unix_ns })
+    }
+}
+
+/// The host's wall clock now, nanoseconds since the epoch.
+pub fn now_unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -211,6 +247,20 @@ mod tests {
             b"sync 1 2 00 extra",
         ] {
             assert_eq!(SyncLine::parse(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_clock_line_reads_back_and_is_no_sync_line() {
+        let l = ClockLine {
+            unix_ns: 1_764_000_000_123_456_789,
+        };
+        let enc = l.encode();
+        let body = enc.strip_prefix(b"\n").unwrap().strip_suffix(b"\n").unwrap();
+        assert_eq!(ClockLine::parse(body), Some(l));
+        assert_eq!(SyncLine::parse(body), None);
+        for bad in [&b"clock"[..], b"clock x", b"clock 1 2", b"clocks 1"] {
+            assert_eq!(ClockLine::parse(bad), None, "{}", String::from_utf8_lossy(bad));
         }
     }
 

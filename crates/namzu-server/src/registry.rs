@@ -411,6 +411,22 @@ impl Registry {
         Ok(sb)
     }
 
+    /// Continues `owner`'s paused sandbox `id`: through this process's
+    /// handle, or, where its tier refuses even a connect while paused (a
+    /// VM paused whole by an earlier server), through its provider.
+    pub async fn resume_paused(&self, owner: &str, id: &str) -> ApiResult<namzu::ResumeReport> {
+        let report = match self.sandbox(owner, id).await {
+            Ok((_, sb)) => sb.resume().await?,
+            Err(e) if e.code == "sandbox_paused" => {
+                self.resume_suspended(owner, id).await?;
+                namzu::ResumeReport::default()
+            }
+            Err(e) => return Err(e),
+        };
+        self.set_state(id, "running");
+        Ok(report)
+    }
+
     /// Drops this process's handle of `id`, so the next use reconnects.
     pub fn forget(&self, id: &str) {
         if let Ok(mut h) = self.handles.lock() {

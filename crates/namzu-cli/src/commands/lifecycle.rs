@@ -47,13 +47,24 @@ pub async fn flush(state_dir: &Option<PathBuf>, id: String, timeout: f64) -> Res
 
 /// Stops every process but the agent in place; prints the pids stopped.
 pub async fn pause(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
-    let sb = connect(state_dir, &id).await?;
+    let (_, p) = provider_of(state_dir, &id).await?;
+    let sb = match p.connect(&id).await {
+        // A VM paused whole refuses the connect itself.
+        Err(namzu::Error::SandboxPaused { .. }) => {
+            eprintln!("namzu: {id} was paused already");
+            return Ok(ExitCode::SUCCESS);
+        }
+        other => other?,
+    };
     let report = sb.pause().await?;
     for pid in &report.stopped {
         println!("{pid}");
     }
     if report.rounds == 0 {
         eprintln!("namzu: {id} was paused already");
+    } else if report.stopped.is_empty() {
+        // The tier paused the whole sandbox (a VM's vCPUs).
+        eprintln!("namzu: {id} paused; `namzu resume {id}` continues it");
     } else {
         eprintln!(
             "namzu: {} process(es) stopped; `namzu resume {id}` continues them",
@@ -79,7 +90,9 @@ pub async fn suspend(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode
 pub async fn resume(state_dir: &Option<PathBuf>, id: String) -> Result<ExitCode, Fail> {
     let (_, p) = provider_of(state_dir, &id).await?;
     let sb = match p.connect(&id).await {
-        Err(namzu::Error::SandboxSuspended { .. }) => {
+        // Suspended, or a VM paused whole (its agent answers no connect):
+        // the provider wakes it.
+        Err(namzu::Error::SandboxSuspended { .. } | namzu::Error::SandboxPaused { .. }) => {
             let bar = crate::ui::spinner(&format!("resuming {id}"));
             let resumed = p.resume(&id).await;
             bar.finish_and_clear();

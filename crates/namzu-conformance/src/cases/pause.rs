@@ -13,7 +13,8 @@ async fn state_of(sb: &Sandbox, pid: &str) -> Result<char, String> {
 
 /// While paused, no process of the sandbox makes progress and nothing new
 /// starts (`SandboxPaused`), while files and running commands' output can
-/// still be read; a resume continues every process where it was: a
+/// still be read (where the tier pauses the whole machine, nothing is
+/// served and its clock stands still); a resume continues every process where it was: a
 /// detached execution's output is complete across the pause, a command
 /// whose timeout is shorter than the pause finishes (paused time does not
 /// count), and a process stopped by job control before the pause is still
@@ -63,38 +64,27 @@ pub(super) async fn pause_stops_every_process_and_resume_continues_them(f: Facto
             Ok::<_, String>(out)
         };
 
-        let report = sb.pause().await.ctx("pause")?;
-        ensure!(!report.stopped.is_empty() && report.rounds >= 1, "{report:?}");
-        ensure!(
-            !report.stopped.iter().any(|p| p.to_string() == held),
-            "the pause claims {held}, stopped before it: {report:?}"
-        );
-        ensure!(sb.is_paused().await.ctx("health")?, "health does not say paused");
-        let again = sb.pause().await.ctx("pause again")?;
-        ensure!(again.rounds == 0 && again.stopped == report.stopped, "{again:?}");
-        let before = so_far(sb.clone()).await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = so_far(sb.clone()).await?;
-        ensure!(
-            before == after,
-            "the counter ran while paused: {} then {} bytes",
-            before.len(),
-            after.len()
-        );
-        match sb.commands().run("true").await {
-            Err(Error::SandboxPaused { op }) => ensure!(op == "exec", "{op}"),
-            other => return Err(format!("an exec in a paused sandbox: {other:?}")),
-        }
-        sb.files().write("while-paused", "ok").await.ctx("write while paused")?;
-        ensure!(
-            &sb.files().read("while-paused").await.ctx("read")?[..] == b"ok",
-            "read back"
-        );
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let machine = match crate::hooks().pause_stops_machine {
+            true => Some(paused_machine(&sb).await?),
+            false => {
+                paused_processes(&sb, &held, so_far).await?;
+                None
+            }
+        };
 
         let resumed = sb.resume().await.ctx("resume")?;
         ensure!(resumed.paused_for >= Duration::from_millis(1400), "{resumed:?}");
         ensure!(!sb.is_paused().await.ctx("health")?, "still paused");
+        if let Some((up_before, wall)) = machine {
+            // The machine's own clock stood still while it was paused.
+            let ran = uptime(&sb).await? - up_before;
+            let waited = wall.elapsed().as_secs_f64();
+            let stood_still = ran < waited - 1.0;
+            ensure!(
+                stood_still,
+                "the machine ran {ran:.2} s of the {waited:.2} s it was paused across"
+            );
+        }
         let out = collect_output(timed).await?;
         ensure!(
             out.0 == b"finished\n" && out.1.code == Some(0) && !out.1.timed_out,
@@ -119,6 +109,79 @@ pub(super) async fn pause_stops_every_process_and_resume_continues_them(f: Facto
         Ok(())
     })
     .await
+}
+
+/// A pause of the processes through the agent: each listed, none of them
+/// running on, while files and running commands' output can be read.
+async fn paused_processes<F, Fut>(sb: &Sandbox, held: &str, so_far: F) -> Result<(), String>
+where
+    F: Fn(Sandbox) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<u8>, String>>,
+{
+    let sb = sb.clone();
+    let report = sb.pause().await.ctx("pause")?;
+    ensure!(!report.stopped.is_empty() && report.rounds >= 1, "{report:?}");
+    ensure!(
+        !report.stopped.iter().any(|p| p.to_string() == held),
+        "the pause claims {held}, stopped before it: {report:?}"
+    );
+    ensure!(sb.is_paused().await.ctx("health")?, "health does not say paused");
+    let again = sb.pause().await.ctx("pause again")?;
+    ensure!(again.rounds == 0 && again.stopped == report.stopped, "{again:?}");
+    let before = so_far(sb.clone()).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = so_far(sb.clone()).await?;
+    ensure!(
+        before == after,
+        "the counter ran while paused: {} then {} bytes",
+        before.len(),
+        after.len()
+    );
+    match sb.commands().run("true").await {
+        Err(Error::SandboxPaused { op }) => ensure!(op == "exec", "{op}"),
+        other => return Err(format!("an exec in a paused sandbox: {other:?}")),
+    }
+    sb.files().write("while-paused", "ok").await.ctx("write while paused")?;
+    ensure!(
+        &sb.files().read("while-paused").await.ctx("read")?[..] == b"ok",
+        "read back"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    Ok(())
+}
+
+/// Seconds the sandbox's machine has run (its `/proc/uptime`).
+async fn uptime(sb: &Sandbox) -> Result<f64, String> {
+    let out = sh(sb, "cat /proc/uptime").await?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .ok_or_else(|| format!("no uptime in {text:?}"))
+}
+
+/// A pause of the whole machine: no process listed (the machine stopped,
+/// not they) and every operation refused while it lasts. Returns the
+/// machine's uptime and the host's instant before it, for the check that
+/// the machine's clock stood still.
+async fn paused_machine(sb: &Sandbox) -> Result<(f64, std::time::Instant), String> {
+    let up_before = uptime(sb).await?;
+    let wall = std::time::Instant::now();
+    let report = sb.pause().await.ctx("pause")?;
+    ensure!(report.stopped.is_empty() && report.rounds == 1, "{report:?}");
+    ensure!(sb.is_paused().await.ctx("is_paused")?, "not paused");
+    let again = sb.pause().await.ctx("pause again")?;
+    ensure!(again.rounds == 0, "{again:?}");
+    match sb.commands().run("true").await {
+        Err(Error::SandboxPaused { op }) => ensure!(op == "exec", "{op}"),
+        other => return Err(format!("an exec in a paused machine: {other:?}")),
+    }
+    match sb.files().read("anything").await {
+        Err(Error::SandboxPaused { .. }) => {}
+        other => return Err(format!("a read in a paused machine: {other:?}")),
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok((up_before, wall))
 }
 
 /// A stream's stdout and how it ended.

@@ -154,3 +154,44 @@ pub fn curl_rootfs(p: &MicroVmProvider) -> Result<PathBuf, String> {
     std::fs::rename(&part, &out).map_err(|e| e.to_string())?;
     Ok(out)
 }
+
+/// What a test of a microvm test binary is: an async body, its error
+/// reported with its whole chain of causes.
+pub type Body = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>>>;
+
+/// Runs `tests` under libtest conventions, each on a runtime of its own,
+/// `threads` at a time (none: libtest's default); every one is reported
+/// ignored, with the reason, where the machine cannot run the tier and
+/// nobody required it.
+pub fn run_trials(tests: Vec<(&'static str, Body)>, threads: Option<usize>) -> std::process::ExitCode {
+    use libtest_mimic::{Arguments, Failed, Trial};
+    let args = Arguments::from_args();
+    let unavailable = missing().filter(|_| std::env::var("NAMZU_REQUIRE_MICROVM").as_deref() != Ok("1"));
+    let trials = tests
+        .into_iter()
+        .map(|(name, body)| {
+            let trial = Trial::test(name, move || {
+                let rt = tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
+                rt.block_on(body()).map_err(|e| {
+                    // The whole chain: a tier's error says what in its source.
+                    let mut text = e.to_string();
+                    let mut cause = e.source();
+                    while let Some(c) = cause {
+                        text.push_str(&format!(": {c}"));
+                        cause = c.source();
+                    }
+                    Failed::from(text)
+                })
+            });
+            match &unavailable {
+                Some(why) => trial.with_ignored_flag(true).with_kind(format!("unavailable: {why}")),
+                None => trial,
+            }
+        })
+        .collect();
+    let args = Arguments {
+        test_threads: threads.or(args.test_threads),
+        ..args
+    };
+    libtest_mimic::run(&args, trials).exit_code()
+}

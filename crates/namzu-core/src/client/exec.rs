@@ -395,14 +395,23 @@ impl Stream for ExecStream {
             };
             let polled = out.poll_next_unpin(cx);
             if polled.is_pending() {
-                if let Some((_, timer)) = self.silence.as_mut() {
-                    if timer.as_mut().poll(cx).is_ready() {
-                        self.out = None;
-                        return Poll::Ready(Some(Err(Error::LinkLost {
-                            op: "exec".into(),
-                            message: "no word from the agent in three heartbeat intervals".into(),
-                        })));
+                let fired = match self.silence.as_mut() {
+                    Some((_, timer)) => timer.as_mut().poll(cx).is_ready(),
+                    None => false,
+                };
+                if fired && self.client.held() {
+                    // Held still on purpose: its silence counts from the end of the hold.
+                    if let Some((d, timer)) = self.silence.as_mut() {
+                        let d = *d;
+                        timer.as_mut().reset(tokio::time::Instant::now() + d);
+                        let _ = timer.as_mut().poll(cx);
                     }
+                } else if fired {
+                    self.out = None;
+                    return Poll::Ready(Some(Err(Error::LinkLost {
+                        op: "exec".into(),
+                        message: "no word from the agent in three heartbeat intervals".into(),
+                    })));
                 }
                 return Poll::Pending;
             }
@@ -587,17 +596,11 @@ async fn drive(
     let silence = client.inner.heartbeat.map(|d| d * 3);
     loop {
         let failure = loop {
-            let next = match silence {
-                Some(d) => match tokio::time::timeout(d, out.message()).await {
-                    Ok(n) => n,
-                    Err(_) => {
-                        break Error::LinkLost {
-                            op: "exec".into(),
-                            message: "no word from the agent in three heartbeat intervals".into(),
-                        }
-                    }
-                },
-                None => out.message().await,
+            let Some(next) = client.within(silence, out.message()).await else {
+                break Error::LinkLost {
+                    op: "exec".into(),
+                    message: "no word from the agent in three heartbeat intervals".into(),
+                };
             };
             let msg = match next {
                 Ok(Some(m)) => m,

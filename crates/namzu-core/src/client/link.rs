@@ -48,6 +48,12 @@ pub struct ClientOptions {
     /// ([`AgentInfo::child_status`]): the privilege probe of a fresh
     /// sandbox, riding the call every connect makes anyway.
     pub probe_child: bool,
+    /// The sandbox may be held still on purpose ([`LinkGuard::held`]: a VM
+    /// paused whole, silent for as long as the pause lasts). The link then
+    /// keeps alive by its own ping every `keepalive` instead of HTTP/2's,
+    /// and drops the connection only when an unanswered ping falls outside
+    /// a hold; streams count no silence during one.
+    pub holdable: bool,
 }
 
 impl Default for ClientOptions {
@@ -57,6 +63,7 @@ impl Default for ClientOptions {
             keepalive: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(10),
             probe_child: false,
+            holdable: false,
         }
     }
 }
@@ -121,6 +128,30 @@ pub(super) struct Inner {
     pub(super) boot: Arc<Boot>,
 }
 
+impl Inner {
+    pub(super) fn held(&self) -> bool {
+        self.guard.get().is_some_and(|g| g.held(&self.sandbox_id))
+    }
+}
+
+impl super::keepalive::Peer for Inner {
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+    fn held(&self) -> bool {
+        Inner::held(self)
+    }
+    fn ping(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut rpc = self.rpc.clone();
+        Box::pin(async move {
+            let _ = rpc.health(v1::HealthRequest { probe_child: false }).await;
+        })
+    }
+    fn name(&self) -> &str {
+        &self.sandbox_id
+    }
+}
+
 /// How a link opens an egress connection's own stream.
 pub(super) enum SideDial {
     /// A unix stream: spliced.
@@ -176,6 +207,15 @@ pub trait LinkGuard: Send + Sync {
     /// told to the caller in the error. `None`: nothing more.
     fn retire(&self, _sandbox_id: &str) -> Option<String> {
         None
+    }
+
+    /// Whether the sandbox is held still on purpose right now (a VM
+    /// paused whole): every operation is refused with
+    /// [`Error::SandboxPaused`], and on a link made with
+    /// [`ClientOptions::holdable`] its silence is not taken for a dead
+    /// peer's. Default: never.
+    fn held(&self, _sandbox_id: &str) -> bool {
+        false
     }
 }
 
@@ -404,24 +444,36 @@ impl AgentClient {
         let first = Arc::new(Mutex::new(Some(first)));
         let boot = Arc::new(Boot::default());
         let (redial_boot, sid, ask_hello) = (boot.clone(), sandbox_id.to_owned(), !matches!(how, Dial::Once));
+        let cutter = opts.holdable.then(super::keepalive::Cutter::default);
+        let cut = cutter.clone();
         let connector = tower::service_fn(move |_: Uri| {
             let first = first.lock().ok().and_then(|mut f| f.take());
             let (dialer, token, boot, sid) = (dialer.clone(), token.clone(), redial_boot.clone(), sid.clone());
+            let cut = cut.clone();
             async move {
                 let s = match first {
                     Some(s) => s,
                     None => redial(&dialer, &token, ask_hello.then_some((&*boot, sid.as_str()))).await?,
                 };
+                let s: Box<dyn LinkStreamObj> = match cut {
+                    Some(cut) => Box::new(cut.wrap(s)),
+                    None => s,
+                };
                 Ok::<_, io::Error>(TokioIo::new(s))
             }
         });
         // The URI is never resolved: the connector above supplies the stream.
-        let endpoint_cfg = Endpoint::from_static("http://namzu-agent")
-            .http2_keep_alive_interval(opts.keepalive)
-            .keep_alive_timeout(opts.keepalive)
-            .keep_alive_while_idle(true)
-            .initial_stream_window_size(Some(4 << 20))
-            .initial_connection_window_size(Some(8 << 20));
+        let endpoint_cfg = Endpoint::from_static("http://namzu-agent");
+        // A holdable link pings by itself (`super::keepalive`).
+        let endpoint_cfg = match opts.holdable {
+            true => endpoint_cfg,
+            false => endpoint_cfg
+                .http2_keep_alive_interval(opts.keepalive)
+                .keep_alive_timeout(opts.keepalive)
+                .keep_alive_while_idle(true),
+        }
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(8 << 20));
         let (channel, h) = match hello {
             // HTTP/2 starts with the first call: its preface and SETTINGS
             // travel with that call's frames instead of a round trip ahead.
@@ -480,7 +532,7 @@ impl AgentClient {
         let write_chunk = WRITE_CHUNK
             .min(agent_max.min(opts.max_message_bytes).saturating_sub(1024))
             .max(1);
-        Ok(Self {
+        let client = Self {
             inner: Arc::new(Inner {
                 rpc,
                 channel,
@@ -496,7 +548,11 @@ impl AgentClient {
                 side,
                 boot,
             }),
-        })
+        };
+        if let Some(cutter) = cutter {
+            super::keepalive::spawn(Arc::downgrade(&client.inner), opts.keepalive, cutter);
+        }
+        Ok(client)
     }
 
     /// What the agent said at connect time.
@@ -670,8 +726,36 @@ impl AgentClient {
             });
         }
         match self.inner.guard.get() {
-            Some(g) => g.check(&self.inner.sandbox_id),
+            Some(g) => {
+                g.check(&self.inner.sandbox_id)?;
+                if g.held(&self.inner.sandbox_id) {
+                    return Err(Error::SandboxPaused { op: _op.into() });
+                }
+                Ok(())
+            }
             None => Ok(()),
+        }
+    }
+
+    /// Whether the sandbox is held still on purpose ([`LinkGuard::held`]).
+    pub(super) fn held(&self) -> bool {
+        self.inner.held()
+    }
+
+    /// `next` within `silence` (none: unbounded), where silence while the
+    /// sandbox is held does not count; `None`: the peer was silent that
+    /// long outside a hold.
+    pub(super) async fn within<T>(&self, silence: Option<Duration>, next: impl Future<Output = T>) -> Option<T> {
+        let Some(d) = silence else {
+            return Some(next.await);
+        };
+        tokio::pin!(next);
+        loop {
+            match tokio::time::timeout(d, &mut next).await {
+                Ok(v) => return Some(v),
+                Err(_) if self.held() => continue,
+                Err(_) => return None,
+            }
         }
     }
 

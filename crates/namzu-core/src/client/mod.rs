@@ -22,6 +22,7 @@ mod boot;
 mod exec;
 mod executions;
 mod files;
+mod keepalive;
 mod link;
 mod sessions;
 mod side_read;

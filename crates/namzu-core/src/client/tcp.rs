@@ -76,22 +76,17 @@ impl AgentClient {
             }
         });
         let silence = every.map(|d| d * 3);
+        let link = self.clone();
         tokio::spawn(async move {
             loop {
-                let next = match silence {
-                    Some(d) => match tokio::time::timeout(d, out.message()).await {
-                        Ok(m) => m,
-                        Err(_) => {
-                            tracing::warn!(
-                                port,
-                                "tcp: no word from the agent in three heartbeat intervals; closing"
-                            );
-                            // The user's writes fail from here on.
-                            upload.abort();
-                            break;
-                        }
-                    },
-                    None => out.message().await,
+                let Some(next) = link.within(silence, out.message()).await else {
+                    tracing::warn!(
+                        port,
+                        "tcp: no word from the agent in three heartbeat intervals; closing"
+                    );
+                    // The user's writes fail from here on.
+                    upload.abort();
+                    break;
                 };
                 match next {
                     Ok(Some(v1::TcpOutput {

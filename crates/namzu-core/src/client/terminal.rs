@@ -164,25 +164,20 @@ impl Terminal {
             return None;
         }
         let msg = loop {
-            let got = match self.silence {
-                Some(d) => match tokio::time::timeout(d, self.out.message()).await {
-                    Ok(m) => m,
-                    Err(_) => {
-                        self.ended = true;
-                        tracing::warn!("terminal: no word from the agent in three heartbeat intervals");
-                        return Some(match &self.session {
-                            Some(id) => Err(Error::TerminalLinkLost {
-                                session_id: id.clone(),
-                                offset: self.next_offset,
-                            }),
-                            None => Ok(TerminalEvent::Exit(ExitStatus {
-                                code: Some(-1),
-                                ..Default::default()
-                            })),
-                        });
-                    }
-                },
-                None => self.out.message().await,
+            let (client, silence) = (self.client.clone(), self.silence);
+            let Some(got) = client.within(silence, self.out.message()).await else {
+                self.ended = true;
+                tracing::warn!("terminal: no word from the agent in three heartbeat intervals");
+                return Some(match &self.session {
+                    Some(id) => Err(Error::TerminalLinkLost {
+                        session_id: id.clone(),
+                        offset: self.next_offset,
+                    }),
+                    None => Ok(TerminalEvent::Exit(ExitStatus {
+                        code: Some(-1),
+                        ..Default::default()
+                    })),
+                });
             };
             if !matches!(
                 &got,

@@ -32,6 +32,22 @@ pub trait SandboxBackend: Any + Send + Sync {
         Err(crate::Error::cannot_suspend(self.tier(), "suspend"))
     }
 
+    /// Pauses the sandbox in place; see [`Sandbox::pause`](super::Sandbox::pause).
+    /// Default: its agent stops every process in it but itself.
+    async fn pause(&self) -> Result<crate::types::PauseReport> {
+        self.agent().pause().await
+    }
+
+    /// Continues what [`Self::pause`] stopped. Default: through its agent.
+    async fn resume(&self) -> Result<crate::types::ResumeReport> {
+        self.agent().resume().await
+    }
+
+    /// Whether the sandbox is paused. Default: its agent says.
+    async fn is_paused(&self) -> Result<bool> {
+        Ok(self.agent().health().await?.paused)
+    }
+
     /// Whether the sandbox is still there, by a check cheaper than a call
     /// to its agent (its processes, say); `None`: the tier has none.
     fn alive(&self) -> Option<bool> {

@@ -173,19 +173,25 @@ impl Sandbox {
     /// [`Error::SandboxPaused`](crate::Error::SandboxPaused)); files, reads
     /// of running commands' output, cancels and kills go on, and a
     /// command's timeout does not run. Pausing a paused sandbox is done.
+    ///
+    /// A tier may pause more than the processes: a microVM's whole machine
+    /// stops (its vCPUs; its memory stays). Then every operation is
+    /// refused with `SandboxPaused` until the resume, streams already open
+    /// wait (their silence meanwhile is not a dead agent's), and the
+    /// guest's clock is set to the host's when it continues.
     pub async fn pause(&self) -> Result<crate::types::PauseReport> {
-        self.agent().pause().await
+        self.backend.pause().await
     }
 
     /// Resumes a paused sandbox: what the pause stopped runs on where it
     /// was. Resuming a running sandbox is done.
     pub async fn resume(&self) -> Result<crate::types::ResumeReport> {
-        self.agent().resume().await
+        self.backend.resume().await
     }
 
-    /// Whether the sandbox is paused (asks its agent).
+    /// Whether the sandbox is paused.
     pub async fn is_paused(&self) -> Result<bool> {
-        Ok(self.agent().health().await?.paused)
+        self.backend.is_paused().await
     }
 
     /// Makes the workspace durable (sync to disk); returns how long it took.

@@ -242,7 +242,9 @@ pub async fn flush(
 /// Pause the sandbox: every process in it but its agent stopped in place.
 /// Until it is resumed nothing starts in it (commands, terminals, TCP:
 /// 409 `sandbox_paused`); files and running commands' output can still
-/// be read, and a command's timeout does not run.
+/// be read, and a command's timeout does not run. On microvm the whole VM
+/// stops: every operation answers 409 `sandbox_paused` until the resume,
+/// and streams already open wait for it.
 #[utoipa::path(post, operation_id = "pause", path = "/v1/sandboxes/{id}/pause", tag = "live", params(("id" = String, Path)),
     responses((status = 200, body = PauseView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn pause(
@@ -279,9 +281,7 @@ pub async fn resume(
             from_disk: true,
         }
     } else {
-        let (_, sb) = st.registry.sandbox(&owner, &id).await?;
-        let r = sb.resume().await?;
-        st.registry.set_state(&id, "running");
+        let r = st.registry.resume_paused(&owner, &id).await?;
         ResumeView {
             continued: r.continued,
             paused_ms: u64::try_from(r.paused_for.as_millis()).unwrap_or(u64::MAX),

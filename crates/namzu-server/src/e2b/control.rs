@@ -366,9 +366,7 @@ async fn wake(st: &AppState, owner: &str, id: &str) -> E2bResult<Record> {
     let rec = st.registry.get(owner, id)?;
     match rec.state.as_str() {
         "paused" => {
-            let (_, sb) = st.registry.sandbox(owner, id).await?;
-            sb.resume().await.map_err(ApiError::from)?;
-            st.registry.set_state(id, "running");
+            st.registry.resume_paused(owner, id).await?;
         }
         "suspended" => {
             st.registry.resume_suspended(owner, id).await?;

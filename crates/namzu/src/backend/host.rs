@@ -98,6 +98,7 @@ impl HostProvider {
             _child: Some(child),
             anchor,
             egress: None,
+            whole: None,
         }))
     }
 }
@@ -122,6 +123,7 @@ impl Provider for HostProvider {
             _child: None,
             anchor: meta.procs.first().copied(),
             egress: None,
+            whole: None,
         }))
     }
 

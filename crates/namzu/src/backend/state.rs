@@ -100,12 +100,12 @@ impl StateDir {
         provider: std::sync::Arc<dyn Provider>,
         agent_bin: &Path,
         egress_bin: Option<PathBuf>,
-    ) -> Result<crate::handle::Sandbox> {
+    ) -> Result<StateSandbox> {
         let (meta, client) = self.reattach(id, opts).await?;
         let dir = self.dir(id)?;
         let supervisor = self.supervisor(id, &dir, agent_bin).with_binary(egress_bin);
         supervisor.ensure().await?;
-        Ok(crate::handle::Sandbox::new(StateSandbox {
+        Ok(StateSandbox {
             id: id.into(),
             tier: self.tier,
             provider,
@@ -113,7 +113,8 @@ impl StateDir {
             _child: None,
             anchor: meta.procs.first().copied(),
             egress: Some(supervisor),
-        }))
+            whole: None,
+        })
     }
 
     pub fn dir(&self, id: &str) -> Result<PathBuf> {
@@ -467,6 +468,17 @@ pub(crate) struct StateSandbox {
     /// The sandbox's egress supervisor (started when its policy needs
     /// one); `None` on tiers without an egress boundary.
     pub egress: Option<crate::egress::supervisor::Supervisor>,
+    /// Where the tier pauses the whole sandbox itself (a VM's vCPUs);
+    /// `None`: its agent pauses the processes.
+    pub whole: Option<std::sync::Arc<dyn WholePause>>,
+}
+
+/// A pause of the whole sandbox, by its tier instead of its agent.
+#[async_trait::async_trait]
+pub(crate) trait WholePause: Send + Sync {
+    async fn pause(&self) -> Result<crate::types::PauseReport>;
+    async fn resume(&self) -> Result<crate::types::ResumeReport>;
+    fn is_paused(&self) -> bool;
 }
 
 impl StateSandbox {
@@ -499,6 +511,24 @@ impl SandboxBackend for StateSandbox {
     }
     fn alive(&self) -> Option<bool> {
         self.anchor.map(|p| p.is_live())
+    }
+    async fn pause(&self) -> Result<crate::types::PauseReport> {
+        match &self.whole {
+            Some(w) => w.pause().await,
+            None => self.client.pause().await,
+        }
+    }
+    async fn resume(&self) -> Result<crate::types::ResumeReport> {
+        match &self.whole {
+            Some(w) => w.resume().await,
+            None => self.client.resume().await,
+        }
+    }
+    async fn is_paused(&self) -> Result<bool> {
+        match &self.whole {
+            Some(w) => Ok(w.is_paused()),
+            None => Ok(self.client.health().await?.paused),
+        }
     }
     async fn set_network_policy(&self, policy: crate::egress::EgressPolicy) -> Result<()> {
         let supervisor = self.egress()?;

@@ -188,6 +188,11 @@ where
                     failures += 1;
                 }
             }
+            // A paused VM answers nothing until it continues: no failure.
+            Err(Error::SandboxPaused { .. }) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(sandbox = %id, "egress: cannot reach the agent: {e}");
                 failures += 1;

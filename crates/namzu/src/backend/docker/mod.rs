@@ -560,6 +560,7 @@ impl DockerProvider {
                 .dir(id)
                 .ok()
                 .map(|dir| self.state.supervisor(id, &dir, &self.agent_bin)),
+            whole: None,
         })
     }
 

@@ -347,6 +347,7 @@ impl LocalProvider {
                         .supervisor(id, dir, &self.agent_bin)
                         .with_binary(self.egress_bin.clone()),
                 ),
+                whole: None,
             }),
             Err(e) => {
                 // The launcher's descendants first: the sandbox's init
@@ -552,6 +553,7 @@ impl Provider for LocalProvider {
         self.state
             .reconnect(id, &self.client, provider, &self.agent_bin, self.egress_bin.clone())
             .await
+            .map(Sandbox::new)
     }
 
     async fn agent_link(&self, id: &str) -> Result<crate::client::AgentClient> {

@@ -15,8 +15,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+
+use super::run_state::{RunState, RUN_SOCKET};
 
 /// What the anchor runs, written by the provider as `anchor.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -38,6 +42,10 @@ pub struct AnchorSpec {
     /// see it.
     #[serde(default)]
     pub incoming: Option<PathBuf>,
+    /// The VMM's QMP socket: with it the anchor serves the VM's run state
+    /// (pause and continue, [`super::run_state`]).
+    #[serde(default)]
+    pub qmp: Option<PathBuf>,
 }
 
 /// The file descriptors the VMM finds its sockets on.
@@ -105,7 +113,7 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
     link_host.set_nonblocking(true)?;
     let link = tokio::net::UnixStream::from_std(link_host)?;
     ctl_host.set_nonblocking(true)?;
-    let ctl = tokio::net::UnixStream::from_std(ctl_host)?;
+    let (ctl_read, mut ctl) = tokio::net::UnixStream::from_std(ctl_host)?.into_split();
     let limits = namzu_proto::mux::MuxLimits {
         max_streams: spec.max_links,
         ..Default::default()
@@ -122,22 +130,40 @@ async fn anchor(spec: AnchorSpec) -> std::io::Result<i32> {
         served = async {
             // The session is this host's once the guest answered its sync
             // line (a restored guest leaves the session it had).
-            let link = start_session(ctl, link, token).await?;
+            let link = start_session(&mut ctl, ctl_read, link, token).await?;
             let (control, ready, _session) = namzu_proto::mux::client(link, limits);
             if ready.await.is_err() {
                 // The port closed before the agent said it serves: the VM
                 // is ending; its exit tells how.
                 return std::future::pending::<std::io::Result<()>>().await;
             }
-            let listener = namzu_agent_socket(&sock)?;
+            let run = match &spec.qmp {
+                Some(qmp) => {
+                    let run = RunState::new(qmp.clone(), spec.dir.clone(), Box::new(ctl));
+                    let listener = bind_socket(&spec.dir.join(RUN_SOCKET))?;
+                    tokio::spawn(run.clone().serve(listener));
+                    Some(run)
+                }
+                None => {
+                    // Held open for the VM's life: the guest reads the port.
+                    tokio::spawn(async move {
+                        let _held = ctl;
+                        std::future::pending::<()>().await
+                    });
+                    None
+                }
+            };
+            let listener = bind_socket(&sock)?;
             tracing::info!("the guest's agent serves");
-            serve_links(listener, control).await
+            serve_links(listener, control, run).await
         } => {
             tracing::error!(?served, "link listener ended");
             stop(&mut child).await
         }
     };
     let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(spec.dir.join(RUN_SOCKET));
+    let _ = std::fs::remove_file(spec.dir.join(super::run_state::PAUSED_FILE));
     // The console's last words (a panic, the agent's error) are kept.
     let _ = tokio::time::timeout(Duration::from_secs(2), console).await;
     Ok(code)
@@ -153,16 +179,14 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
 /// the host's marker written. The control port is kept open for the VM's
 /// life (the guest reads it for the next host's line).
 async fn start_session(
-    mut ctl: tokio::net::UnixStream,
+    ctl: &mut tokio::net::unix::OwnedWriteHalf,
+    mut ctl_read: tokio::net::unix::OwnedReadHalf,
     link: tokio::net::UnixStream,
     token: Vec<u8>,
 ) -> std::io::Result<namzu_proto::mux_sync::Rejoined<tokio::net::UnixStream>> {
-    use namzu_proto::mux_sync::{marker, skip_to, Side, SyncLine};
+    use namzu_proto::mux_sync::{marker, now_unix_ns, skip_to, Side, SyncLine};
     let nonce = rand::random::<u64>();
-    let unix_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let unix_ns = now_unix_ns();
     let seed: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
     ctl.write_all(
         &SyncLine {
@@ -177,7 +201,7 @@ async fn start_session(
     // Never closed by the anchor: the guest sees the port stay open.
     tokio::spawn(async move {
         let mut sink = [0u8; 256];
-        while matches!(tokio::io::AsyncReadExt::read(&mut ctl, &mut sink).await, Ok(n) if n > 0) {}
+        while matches!(tokio::io::AsyncReadExt::read(&mut ctl_read, &mut sink).await, Ok(n) if n > 0) {}
         std::future::pending::<()>().await;
     });
     let mut link = skip_to(link, &marker(Side::Guest, nonce), MAX_SKIP_BYTES).await?;
@@ -203,12 +227,14 @@ async fn stop(child: &mut tokio::process::Child) -> i32 {
     }
 }
 
-/// Binds the host's socket under a temporary name and renames it into
-/// place once it listens with its final mode: `agent.sock` appearing means
-/// the guest serves and a dial succeeds.
-fn namzu_agent_socket(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+/// Binds a host socket under a temporary name and renames it into place
+/// once it listens with its final mode (0600): `agent.sock` appearing
+/// means the guest serves and a dial succeeds.
+fn bind_socket(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = path.with_file_name(".agent.tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     let l = std::os::unix::net::UnixListener::bind(&tmp)?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
@@ -230,21 +256,56 @@ async fn state_gone(dir: &Path) {
 }
 
 /// Each host connection becomes one stream of the port, copied both ways
-/// until either side closes.
-async fn serve_links(listener: tokio::net::UnixListener, control: namzu_proto::mux::Control) -> std::io::Result<()> {
-    while let Some((mut conn, _)) = namzu_proto::accept::next(|| listener.accept(), "microvm link").await {
+/// until both sides close; what the host sends waits in the anchor while
+/// the VM is paused.
+async fn serve_links(
+    listener: tokio::net::UnixListener,
+    control: namzu_proto::mux::Control,
+    run: Option<Arc<RunState>>,
+) -> std::io::Result<()> {
+    while let Some((conn, _)) = namzu_proto::accept::next(|| listener.accept(), "microvm link").await {
         let mut control = control.clone();
+        let run = run.clone();
         tokio::spawn(async move {
             match control.open_stream().await {
-                Ok(mut stream) => {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut stream).await;
-                    let _ = stream.shutdown().await;
-                }
+                Ok(stream) => carry(conn, stream, run).await,
                 Err(e) => tracing::warn!("link refused: the port took no new stream: {e}"),
             }
         });
     }
     Ok(())
+}
+
+/// Copies one host connection and its stream both ways; bytes from the
+/// host go in only while the VM runs.
+async fn carry<S>(conn: tokio::net::UnixStream, stream: S, run: Option<Arc<RunState>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let (mut from_host, mut to_host) = conn.into_split();
+    let (mut from_guest, mut to_guest) = tokio::io::split(stream);
+    let inward = async {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = match from_host.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some(run) = &run {
+                run.wait_running().await;
+            }
+            if to_guest.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to_guest.shutdown().await;
+    };
+    let outward = async {
+        let _ = tokio::io::copy(&mut from_guest, &mut to_host).await;
+        let _ = to_host.shutdown().await;
+    };
+    tokio::join!(inward, outward);
 }
 
 /// Copies the guest's console into `path`, rotating it at `max` bytes.

@@ -21,8 +21,10 @@ pub mod anchor;
 pub mod boot;
 pub mod disk;
 mod error;
+mod hold;
 pub mod jail;
 pub mod qmp;
+pub mod run_state;
 mod snapshot;
 mod suspend;
 pub mod vmm;
@@ -92,6 +94,11 @@ pub struct MicroVmOptions {
     pub console_max_bytes: u64,
     /// Host links open at once into one VM.
     pub max_links: usize,
+    /// A link's keepalive: it pings the agent this often (never while the
+    /// VM is paused), and a ping unanswered for two of them outside a
+    /// pause drops the connection. Long, as the guest agent's own: every
+    /// link shares one port, so an answer may queue behind another stream.
+    pub link_keepalive: Duration,
     /// Open files per process in the guest (RLIMIT_NOFILE).
     pub max_open_files: u64,
     /// Largest file a process may write in the guest (RLIMIT_FSIZE).
@@ -116,6 +123,7 @@ impl Default for MicroVmOptions {
             boot_budget: Duration::from_secs(90),
             console_max_bytes: 1 << 20,
             max_links: 64,
+            link_keepalive: Duration::from_secs(60),
             max_open_files: 65_536,
             max_file_bytes: 16 << 30,
             max_processes: 4096,
@@ -185,18 +193,14 @@ impl MicroVmProvider {
             images: crate::image::ImageStore::new(&state_dir),
             state: StateDir::new(state_dir, Tier::MicroVm),
             agent_bin: agent_bin.into(),
-            // As the guest agent's own (namzu_agent::serve): every link
-            // shares one port, so a pong may queue behind another stream.
-            client: ClientOptions {
-                keepalive: Duration::from_secs(60),
-                ..ClientOptions::default()
-            },
+            client: link_options(&MicroVmOptions::default()),
             opts: MicroVmOptions::default(),
         }
     }
 
     /// Replaces the tier's options.
     pub fn options(mut self, opts: MicroVmOptions) -> Self {
+        self.client = link_options(&opts);
         self.opts = opts;
         self
     }
@@ -441,6 +445,37 @@ struct VmParts {
 }
 
 impl MicroVmProvider {
+    /// `sb` with its VM's pause: the handle's pause stops the whole VM, and
+    /// its link knows a paused VM's silence from a dead one's.
+    fn held(&self, mut sb: StateSandbox) -> StateSandbox {
+        let anchor = sb.anchor.map_or(0, |p| p.pid);
+        if let Some(hold) = self
+            .state
+            .dir(&sb.id)
+            .ok()
+            .and_then(|dir| hold::VmHold::of(&sb.id, dir, anchor))
+        {
+            sb.client.guard_with(hold.clone());
+            sb.whole = Some(hold);
+        }
+        sb
+    }
+
+    /// The pause of the VM of `id`, where its anchor serves one.
+    fn hold(&self, id: &str) -> Result<Option<Arc<hold::VmHold>>> {
+        let (dir, meta) = self.state.read_meta(id)?;
+        Ok(hold::VmHold::of(id, dir, meta.pid))
+    }
+
+    /// `SandboxPaused` for `op` while the VM of `id` is paused: its agent
+    /// cannot answer a connect until it continues.
+    fn refuse_paused(&self, id: &str, op: &str) -> Result<()> {
+        match self.hold(id)?.is_some_and(|h| h.paused()) {
+            true => Err(Error::SandboxPaused { op: op.into() }),
+            false => Ok(()),
+        }
+    }
+
     /// Writes the anchor's spec, starts it, and waits for the agent; with
     /// `incoming`, the VM restores that memory snapshot instead of booting.
     #[allow(clippy::too_many_arguments)]
@@ -505,6 +540,7 @@ impl MicroVmProvider {
                 root: dir.join("jail"),
             },
             incoming,
+            qmp: Some(config.control_socket.clone()),
         };
         let json = serde_json::to_vec_pretty(&spec).map_err(|e| Error::State {
             id: id.into(),
@@ -538,7 +574,7 @@ impl MicroVmProvider {
             Err(e) => Err(e),
         };
         match attached {
-            Ok(client) => Ok(StateSandbox {
+            Ok(client) => Ok(self.held(StateSandbox {
                 id: id.into(),
                 tier: Tier::MicroVm,
                 provider: Arc::new(self.clone()),
@@ -546,7 +582,8 @@ impl MicroVmProvider {
                 _child: Some(child),
                 anchor: meta.procs.first().copied(),
                 egress: Some(self.state.supervisor(id, dir, &self.agent_bin)),
-            }),
+                whole: None,
+            })),
             Err(e) => {
                 crate::backend::procid::kill_all(&crate::backend::procid::tree(meta.pid)).await;
                 let _ = child.start_kill();
@@ -605,6 +642,16 @@ fn tail(path: &Path, max: u64) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// How this tier's links are made.
+fn link_options(opts: &MicroVmOptions) -> ClientOptions {
+    ClientOptions {
+        keepalive: opts.link_keepalive,
+        // A paused VM says nothing for as long as the pause lasts.
+        holdable: true,
+        ..ClientOptions::default()
+    }
+}
+
 /// The last 4 KiB of a VM's console.
 pub fn console_tail(dir: &Path) -> String {
     tail(&dir.join("console.log"), 4096)
@@ -621,13 +668,21 @@ impl Provider for MicroVmProvider {
     }
 
     async fn connect(&self, id: &str) -> Result<Sandbox> {
-        self.state
+        self.refuse_paused(id, "connect")?;
+        let sb = self
+            .state
             .reconnect(id, &self.client, Arc::new(self.clone()), &self.agent_bin, None)
-            .await
+            .await?;
+        Ok(Sandbox::new(self.held(sb)))
     }
 
     async fn agent_link(&self, id: &str) -> Result<crate::client::AgentClient> {
-        Ok(self.state.reattach(id, &self.client).await?.1)
+        self.refuse_paused(id, "connect")?;
+        let client = self.state.reattach(id, &self.client).await?.1;
+        if let Some(hold) = self.hold(id)? {
+            client.guard_with(hold);
+        }
+        Ok(client)
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>> {

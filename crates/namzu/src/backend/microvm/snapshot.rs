@@ -196,6 +196,10 @@ impl MicroVmProvider {
         if meta.suspended_unix.is_some() {
             return Err(Error::SandboxSuspended { id: id.into() });
         }
+        // Its agent is asked to flush first, which a paused VM cannot.
+        if self.hold(id)?.is_some_and(|h| h.paused()) {
+            return Err(Error::SandboxPaused { op: "snapshot".into() });
+        }
         let record = meta.record::<VmRecord>().unwrap_or_default();
         let (Some(parts), Some(accel)) = (record.parts.clone(), record.accel) else {
             return Err(state_err(

@@ -92,6 +92,10 @@ impl MicroVmProvider {
         if record.parts.is_none() || !dir.join(GUEST_SPEC).exists() {
             return Err(state_err(id, "made by a namzu that kept no boot parts; cannot suspend"));
         }
+        // A paused VM continues first: its disk is flushed from inside.
+        if let Some(hold) = self.hold(id)?.filter(|h| h.paused()) {
+            hold.resume_vm().await?;
+        }
         self.suspend_with_memory(id, &dir, meta).await
     }
 
@@ -99,6 +103,11 @@ impl MicroVmProvider {
     pub(super) async fn resume_vm(&self, id: &str) -> Result<Sandbox> {
         let (dir, suspended) = self.state.read_meta(id)?;
         if suspended.suspended_unix.is_none() {
+            // A paused VM (paused by another process, say) continues.
+            if let Some(hold) = self.hold(id)?.filter(|h| h.paused()) {
+                hold.resume_vm().await?;
+                return self.connect(id).await;
+            }
             return Err(Error::NotSuspended { id: id.into() });
         }
         let record = suspended.record::<VmRecord>().unwrap_or_default();
@@ -116,7 +125,12 @@ impl MicroVmProvider {
         // The last boot's sockets: their listeners are gone, and the wait
         // for the guest takes a socket that exists for one that listens.
         let clear = || {
-            for stale in [dir.join("agent.sock"), vm_dir.join("qmp.sock")] {
+            for stale in [
+                dir.join("agent.sock"),
+                dir.join(run_state::RUN_SOCKET),
+                dir.join(run_state::PAUSED_FILE),
+                vm_dir.join("qmp.sock"),
+            ] {
                 let _ = std::fs::remove_file(stale);
             }
         };
