@@ -3,7 +3,9 @@
 //! (`Content-Length`, or `Transfer-Encoding: chunked` walked chunk by
 //! chunk), and which `Host` the request names. Bytes a client sends after
 //! its first request's body (a pipelined request to another host on the
-//! same CDN, say) are never forwarded.
+//! same CDN, say) are never forwarded. The head itself is parsed by
+//! `httparse` (hyper's parser, already in the agent for its gRPC server),
+//! and so are chunk sizes.
 
 /// How the body of a request is delimited.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +31,8 @@ pub enum HeadError {
     BadCoding(String),
     #[error("both Content-Length and Transfer-Encoding")]
     Ambiguous,
+    #[error("header {0} is not text")]
+    NotText(String),
 }
 
 /// `authority` (as in the URL) in a comparable form: lower case, without
@@ -42,21 +46,21 @@ fn canonical_authority(a: &str, default_port: u16) -> String {
     }
 }
 
-/// Checks the header lines of a request for `authority` (the checked
-/// target): at most one Host, naming it; returns the body framing.
-pub fn check_head<'a>(
-    lines: impl Iterator<Item = &'a str>,
-    authority: &str,
-    default_port: u16,
-) -> Result<Body, HeadError> {
+/// Checks the headers of a request (as `httparse` parsed them) for
+/// `authority` (the checked target): at most one Host, naming it; returns
+/// the body framing.
+pub fn check_head(headers: &[httparse::Header<'_>], authority: &str, default_port: u16) -> Result<Body, HeadError> {
     let want = canonical_authority(authority, default_port);
     let (mut host_seen, mut length, mut coding) = (false, None::<String>, None::<String>);
-    for l in lines {
-        let Some((name, value)) = l.split_once(':') else {
+    for h in headers {
+        let name = h.name.to_ascii_lowercase();
+        if !matches!(name.as_str(), "host" | "content-length" | "transfer-encoding") {
             continue;
-        };
-        let value = value.trim();
-        match name.trim().to_ascii_lowercase().as_str() {
+        }
+        let value = std::str::from_utf8(h.value)
+            .map_err(|_| HeadError::NotText(h.name.to_owned()))?
+            .trim();
+        match name.as_str() {
             "host" => {
                 if host_seen {
                     return Err(HeadError::DuplicateHost);
@@ -179,11 +183,10 @@ impl Chunked {
                             State::Trailers
                         }
                     } else {
-                        let size = line.split(';').next().unwrap_or_default().trim();
-                        match u64::from_str_radix(size, 16) {
-                            Ok(0) => State::Trailers,
-                            Ok(n) => State::Data(n),
-                            Err(_) => return Err("bad chunk size"),
+                        match httparse::parse_chunk_size(format!("{line}\r\n").as_bytes()) {
+                            Ok(httparse::Status::Complete((_, 0))) => State::Trailers,
+                            Ok(httparse::Status::Complete((_, n))) => State::Data(n),
+                            _ => return Err("bad chunk size"),
                         }
                     };
                 }
@@ -198,8 +201,19 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A request with these header lines, through `httparse`, checked
+    /// for `authority`.
+    fn head_for(lines: &[&str], authority: &str) -> Result<Body, HeadError> {
+        let text: String = lines.iter().map(|l| format!("{l}\r\n")).collect();
+        let raw = format!("GET http://{authority}/ HTTP/1.1\r\n{text}\r\n");
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(req.parse(raw.as_bytes()).unwrap().is_complete());
+        check_head(req.headers, authority, 80)
+    }
+
     fn head(lines: &[&str]) -> Result<Body, HeadError> {
-        check_head(lines.iter().copied(), "allowed.test", 80)
+        head_for(lines, "allowed.test")
     }
 
     #[test]
@@ -219,9 +233,15 @@ mod tests {
             head(&["Host: allowed.test", "Host: other.test"]),
             Err(HeadError::DuplicateHost)
         );
+        assert_eq!(head_for(&["Host: [2001:db8::1]"], "[2001:db8::1]:80"), Ok(Body::None));
+        // A Host that is not text names nothing.
+        let mut headers = [httparse::EMPTY_HEADER; 4];
+        let mut req = httparse::Request::new(&mut headers);
+        let raw = b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\xff\r\n\r\n";
+        assert!(req.parse(raw).unwrap().is_complete());
         assert_eq!(
-            check_head(["Host: [2001:db8::1]"].into_iter(), "[2001:db8::1]:80", 80),
-            Ok(Body::None)
+            check_head(req.headers, "allowed.test", 80),
+            Err(HeadError::NotText("Host".into()))
         );
     }
 

@@ -66,6 +66,32 @@ fn split_authority(a: &str, default_port: u16) -> Option<(String, u16)> {
     }
 }
 
+/// Header fields a request head may have; more is 431, as a head over
+/// `egress_max_head_bytes` is.
+const MAX_HEADERS: usize = 100;
+
+/// Where a request head read so far stands.
+enum Head {
+    /// Ends at this offset.
+    Complete(usize),
+    /// Needs more bytes.
+    Partial,
+    /// Too many header fields.
+    TooMany,
+    /// Not HTTP/1.x.
+    Bad(httparse::Error),
+}
+
+fn head_status(head: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::Request::new(&mut headers).parse(head) {
+        Ok(httparse::Status::Complete(n)) => Head::Complete(n),
+        Ok(httparse::Status::Partial) => Head::Partial,
+        Err(httparse::Error::TooManyHeaders) => Head::TooMany,
+        Err(e) => Head::Bad(e),
+    }
+}
+
 async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let end = loop {
@@ -75,9 +101,13 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
             return Ok(());
         }
         head.extend_from_slice(&buf[..n]);
-        let found = head.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+        let status = head_status(&head);
+        let found = match &status {
+            Head::Complete(end) => Some(*end),
+            _ => None,
+        };
         // The bound is on the head itself, however many reads brought it.
-        if found.unwrap_or(head.len()) > broker.max_head {
+        if found.unwrap_or(head.len()) > broker.max_head || matches!(status, Head::TooMany) {
             return respond(
                 &mut client,
                 "431 Request Header Fields Too Large",
@@ -85,20 +115,25 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
             )
             .await;
         }
-        if let Some(end) = found {
-            break end;
+        match status {
+            Head::Complete(end) => break end,
+            Head::Bad(e) => {
+                return respond(&mut client, "400 Bad Request", &format!("not an HTTP/1 request: {e}")).await
+            }
+            Head::Partial | Head::TooMany => {}
         }
     };
     let rest = head.split_off(end);
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let mut lines = text.split("\r\n");
-    let request = lines.next().unwrap_or_default();
-    let mut parts = request.split(' ');
-    let (method, target, version) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or("HTTP/1.1"),
-    );
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    if req.parse(&head).is_err() {
+        return respond(&mut client, "400 Bad Request", "not an HTTP/1 request").await;
+    }
+    let (method, target) = (req.method.unwrap_or_default(), req.path.unwrap_or_default());
+    let version = match req.version {
+        Some(0) => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    };
     if method.eq_ignore_ascii_case("CONNECT") {
         let Some((host, port)) = split_authority(target, 443) else {
             return respond(&mut client, "400 Bad Request", "CONNECT wants host:port").await;
@@ -130,8 +165,8 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
     // The Host the server sees is the one checked: a request naming
     // another (one allowlisted name on a shared CDN, another site in Host)
     // is refused before anything is asked.
-    let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-    let mut body = match super::http1::check_head(headers.iter().copied(), authority, 80) {
+    let headers = req.headers;
+    let mut body = match super::http1::check_head(headers, authority, 80) {
         Ok(b) => b,
         Err(e) => return respond(&mut client, "403 Forbidden", &format!("namzu egress refused: {e}")).await,
     };
@@ -140,19 +175,20 @@ async fn http_client(broker: Arc<Broker>, mut client: TcpStream) -> std::io::Res
             // Origin form to the server, our own Host, and exactly one
             // request: whatever the client sends after this request's body
             // is never forwarded.
-            let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
-            for l in headers {
-                let name = l.split(':').next().unwrap_or_default().trim().to_ascii_lowercase();
+            let mut first = format!("{method} {path} {version}\r\nHost: {authority}\r\n").into_bytes();
+            for h in headers.iter() {
+                let name = h.name.to_ascii_lowercase();
                 if !matches!(
                     name.as_str(),
                     "host" | "proxy-connection" | "proxy-authorization" | "connection" | "keep-alive"
                 ) {
-                    out.push_str(l);
-                    out.push_str("\r\n");
+                    first.extend_from_slice(h.name.as_bytes());
+                    first.extend_from_slice(b": ");
+                    first.extend_from_slice(h.value);
+                    first.extend_from_slice(b"\r\n");
                 }
             }
-            out.push_str("Connection: close\r\n\r\n");
-            let mut first = out.into_bytes();
+            first.extend_from_slice(b"Connection: close\r\n\r\n");
             let taken = match body.feed(&rest) {
                 Ok(n) => n,
                 Err(e) => return respond(&mut client, "400 Bad Request", e).await,

@@ -63,6 +63,10 @@ async fn limits_hold(env: &Env, sb: &Sandbox) -> Outcome {
     check("a head over egress_max_head_bytes", codes.starts_with("431"), &codes)?;
     let (codes, _) = curl(sb, &format!("-H 'X-Small: {}' http://allowed.test/", &big[..1000])).await;
     check("a head under it", codes.starts_with("200"), &codes)?;
+    // Small, but more header fields than the parser takes (100).
+    let many: String = (0..101).map(|i| format!("-H 'X-{i}: 1' ")).collect();
+    let (codes, _) = curl(sb, &format!("{many}http://allowed.test/")).await;
+    check("a head of 101 fields", codes.starts_with("431"), &codes)?;
 
     let pid = supervisor_pid(env, sb.id())?;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).map_err(|e| e.to_string())?;
