@@ -221,6 +221,62 @@ async fn oci_layouts_import_with_digests_checked() {
     assert!(store2.list().unwrap().is_empty());
 }
 
+/// A multi-platform image (an index of indexes, as `docker buildx` and
+/// registries make them): linux/amd64 is taken, the arm64 manifest beside
+/// it never applied; with no amd64 manifest the import is refused by name.
+#[tokio::test]
+async fn a_multi_platform_index_gives_its_linux_amd64_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = oci_layout(dir.path());
+    let blobs = layout.join("blobs/sha256");
+    let put = |data: &[u8]| {
+        let d = hex(data);
+        std::fs::write(blobs.join(&d), data).unwrap();
+        (format!("sha256:{d}"), data.len())
+    };
+    let top: serde_json::Value = serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let amd64 = &top["manifests"][0];
+    let arm_layer = gzip(&tar_of(&[("arm64-only", b"wrong platform", 0o644)]));
+    let arm_config = br#"{"architecture":"arm64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let (ac, acn) = put(arm_config);
+    let (al, aln) = put(&arm_layer);
+    let arm = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": ac, "size": acn},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": al, "size": aln}],
+    })
+    .to_string();
+    let (am, amn) = put(arm.as_bytes());
+    let nested = |with_amd64: bool| {
+        let mut manifests = vec![serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": am, "size": amn,
+            "platform": {"architecture": "arm64", "os": "linux"}})];
+        if with_amd64 {
+            manifests.push(serde_json::json!({
+                "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": amd64["digest"], "size": amd64["size"],
+                "platform": {"architecture": "amd64", "os": "linux"}}));
+        }
+        let inner = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests}).to_string();
+        let (d, n) = put(inner.as_bytes());
+        let outer = serde_json::json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.index.v1+json", "digest": d, "size": n,
+            "annotations": {"org.opencontainers.image.ref.name": "test/multi:1"}}]});
+        std::fs::write(layout.join("index.json"), outer.to_string()).unwrap();
+    };
+    nested(false);
+    let store = ImageStore::new(dir.path());
+    match store.import(&layout, None, &|_, _| {}) {
+        Err(Error::NotAnImage { reason, .. }) => assert!(reason.contains("linux/amd64"), "{reason}"),
+        other => panic!("an index without linux/amd64: {other:?}"),
+    }
+    nested(true);
+    let info = store.import(&layout, None, &|_, _| {}).unwrap();
+    assert_eq!(info.names, ["test/multi:1"]);
+    assert!(!info.rootfs.join("arm64-only").exists(), "the arm64 layer was applied");
+    check_sandbox_from(dir.path(), "test/multi:1").await;
+}
+
 #[tokio::test]
 async fn what_is_not_an_image_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();

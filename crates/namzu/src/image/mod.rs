@@ -21,6 +21,7 @@
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
+use oci_spec::image::{Arch, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -73,34 +74,6 @@ struct DockerManifest {
     repo_tags: Option<Vec<String>>,
     #[serde(rename = "Layers")]
     layers: Vec<String>,
-}
-
-#[derive(Deserialize)]
-struct OciDescriptor {
-    #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
-    #[serde(default)]
-    annotations: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    platform: Option<OciPlatform>,
-}
-
-#[derive(Deserialize)]
-struct OciPlatform {
-    architecture: String,
-    os: String,
-}
-
-#[derive(Deserialize)]
-struct OciIndex {
-    manifests: Vec<OciDescriptor>,
-}
-
-#[derive(Deserialize)]
-struct OciManifest {
-    config: OciDescriptor,
-    layers: Vec<OciDescriptor>,
 }
 
 fn sha256_file(path: &Path) -> std::io::Result<String> {
@@ -267,26 +240,15 @@ impl ImageStore {
     /// without a kept config (a rootfs directory, an older import) runs as
     /// root with the usual PATH.
     pub fn runtime_config(rootfs: &Path) -> RuntimeConfig {
-        #[derive(Deserialize, Default)]
-        struct Inner {
-            #[serde(rename = "User", default)]
-            user: Option<String>,
-            #[serde(rename = "Env", default)]
-            env: Option<Vec<String>>,
-        }
-        #[derive(Deserialize)]
-        struct Outer {
-            #[serde(default)]
-            config: Option<Inner>,
-        }
         let inner = rootfs
             .parent()
-            .and_then(|d| std::fs::read(d.join("config.json")).ok())
-            .and_then(|b| serde_json::from_slice::<Outer>(&b).ok())
-            .and_then(|o| o.config)
+            .and_then(|d| std::fs::File::open(d.join("config.json")).ok())
+            .and_then(|f| ImageConfiguration::from_reader(std::io::BufReader::new(f)).ok())
+            .and_then(|c| c.config().clone())
             .unwrap_or_default();
         let mut env: Vec<(String, String)> = inner
-            .env
+            .env()
+            .clone()
             .unwrap_or_default()
             .iter()
             .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
@@ -298,7 +260,11 @@ impl ImageStore {
             ));
         }
         RuntimeConfig {
-            user: inner.user.filter(|u| !u.is_empty()).unwrap_or_else(|| "0".into()),
+            user: inner
+                .user()
+                .clone()
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| "0".into()),
             env,
         }
     }
@@ -350,42 +316,47 @@ impl ImageStore {
             }
             Ok(p)
         };
-        let index: OciIndex = serde_json::from_slice(&read(&layout.join("index.json"))?)
+        let index = ImageIndex::from_reader(&read(&layout.join("index.json"))?[..])
             .map_err(|e| not_an_image(file, format!("index.json: {e}")))?;
         let mut names = Vec::new();
         let mut desc = index
-            .manifests
-            .into_iter()
-            .next()
+            .manifests()
+            .first()
+            .cloned()
             .ok_or_else(|| not_an_image(file, "index.json lists no manifest"))?;
-        if let Some(n) = desc
-            .annotations
-            .get("io.containerd.image.name")
-            .or(desc.annotations.get("org.opencontainers.image.ref.name"))
-        {
+        if let Some(n) = desc.annotations().as_ref().and_then(|a| {
+            a.get("io.containerd.image.name")
+                .or(a.get(oci_spec::image::ANNOTATION_REF_NAME))
+        }) {
             names.push(n.clone());
         }
-        // A nested index (multi-platform): take linux/amd64.
-        if desc.media_type.contains("index") {
-            let nested: OciIndex = serde_json::from_slice(&read(&blob(&desc.digest)?)?)
+        // A nested index (multi-platform, OCI's or Docker's list): take
+        // linux/amd64.
+        let nested = match desc.media_type() {
+            MediaType::ImageIndex => true,
+            other => other.to_string().contains("manifest.list"),
+        };
+        if nested {
+            let nested = ImageIndex::from_reader(&read(&blob(desc.digest().as_ref())?)?[..])
                 .map_err(|e| not_an_image(file, format!("nested index: {e}")))?;
             desc = nested
-                .manifests
-                .into_iter()
+                .manifests()
+                .iter()
                 .find(|m| {
-                    m.platform
+                    m.platform()
                         .as_ref()
-                        .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
+                        .is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == Arch::Amd64)
                 })
+                .cloned()
                 .ok_or_else(|| not_an_image(file, "no linux/amd64 manifest in the index"))?;
         }
-        let manifest: OciManifest = serde_json::from_slice(&read(&blob(&desc.digest)?)?)
+        let manifest = ImageManifest::from_reader(&read(&blob(desc.digest().as_ref())?)?[..])
             .map_err(|e| not_an_image(file, format!("manifest: {e}")))?;
-        let config = blob(&manifest.config.digest)?;
+        let config = blob(manifest.config().digest().as_ref())?;
         let layers = manifest
-            .layers
+            .layers()
             .iter()
-            .map(|l| blob(&l.digest))
+            .map(|l| blob(l.digest().as_ref()))
             .collect::<Result<Vec<_>>>()?;
         Ok((config, layers, names))
     }
