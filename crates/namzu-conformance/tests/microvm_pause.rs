@@ -21,10 +21,10 @@ type R = Result<(), Box<dyn std::error::Error>>;
 /// The link's keepalive here: a ping a second, so a dead agent is found
 /// within three.
 const KEEPALIVE: Duration = Duration::from_secs(1);
-/// The agent's heartbeat here: a stream silent for three (1.5 s) is lost.
-const HEARTBEAT_MS: u64 = 500;
+/// The agent's heartbeat here: a stream silent for three (3 s) is lost.
+const HEARTBEAT_MS: u64 = 1000;
 /// Longer than both bounds together.
-const PAUSE: Duration = Duration::from_secs(6);
+const PAUSE: Duration = Duration::from_secs(8);
 
 fn provider() -> Result<MicroVmProvider, String> {
     Ok(microvm::provider("pause")?.options(MicroVmOptions {
@@ -63,8 +63,8 @@ async fn rest(
     Err("the stream ended without an exit".into())
 }
 
-/// A command streaming across a pause six times the link's keepalive and
-/// four times its silence bound loses nothing and ends well; while paused
+/// A command streaming across a pause eight times the link's keepalive and
+/// over twice its silence bound loses nothing and ends well; while paused
 /// nothing arrives, and a connect, a command and a snapshot are refused
 /// with `SandboxPaused`.
 async fn a_stream_open_across_a_pause_goes_on_after_it() -> R {

@@ -202,9 +202,10 @@ pub async fn the_supervisor_survives_running_out_of_descriptors(env: &Env) -> Ou
         format!("for i in $(seq 80); do curl -sN -m 10 http://{PUB1}:{STREAM_PORT}/ >/dev/null 2>&1 & done; wait"),
     );
     let mut log = String::new();
-    // Up to 30 s: an emulated guest (the microvm tier under TCG) starts 80
-    // curls far slower than a container does.
-    for _ in 0..300 {
+    // Up to 60 s: an emulated guest (the microvm tier under TCG) starts 80
+    // curls far slower than a container does (a CI run on a slow day did
+    // not get there in 30 s).
+    for _ in 0..600 {
         log = std::fs::read_to_string((env.log_of)(&id)).unwrap_or_default();
         if log.contains("Too many open files") {
             break;

@@ -113,6 +113,7 @@ impl AgentClient {
             canceller,
             input_task: Some(input_task),
             silence: silence_timer(self.inner.heartbeat),
+            after_hold: false,
         })
     }
 
@@ -278,6 +279,7 @@ impl AgentClient {
             canceller,
             input_task: None,
             silence: None,
+            after_hold: false,
         }
     }
 
@@ -319,6 +321,8 @@ pub struct ExecStream {
     /// Three heartbeat intervals, and the timer that runs out when the
     /// agent says nothing for that long.
     silence: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
+    /// The silence timer last ran out while the sandbox was held.
+    after_hold: bool,
 }
 
 fn silence_timer(heartbeat: Option<Duration>) -> Option<(Duration, Pin<Box<tokio::time::Sleep>>)> {
@@ -353,6 +357,7 @@ impl ExecStream {
             canceller,
             input_task: None,
             silence: None,
+            after_hold: false,
         }
     }
 }
@@ -399,8 +404,11 @@ impl Stream for ExecStream {
                     Some((_, timer)) => timer.as_mut().poll(cx).is_ready(),
                     None => false,
                 };
-                if fired && self.client.held() {
-                    // Held still on purpose: its silence counts from the end of the hold.
+                let held = fired && self.client.held();
+                // Held still on purpose, or the hold ended within the last
+                // interval: silence counts from a whole interval after it.
+                if held || (fired && std::mem::take(&mut self.after_hold)) {
+                    self.after_hold |= held;
                     if let Some((d, timer)) = self.silence.as_mut() {
                         let d = *d;
                         timer.as_mut().reset(tokio::time::Instant::now() + d);

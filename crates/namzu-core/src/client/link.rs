@@ -743,17 +743,20 @@ impl AgentClient {
     }
 
     /// `next` within `silence` (none: unbounded), where silence while the
-    /// sandbox is held does not count; `None`: the peer was silent that
-    /// long outside a hold.
+    /// sandbox is held does not count, nor the interval in which a hold
+    /// ended; `None`: the peer was silent that long outside a hold.
     pub(super) async fn within<T>(&self, silence: Option<Duration>, next: impl Future<Output = T>) -> Option<T> {
         let Some(d) = silence else {
             return Some(next.await);
         };
         tokio::pin!(next);
+        let mut after_hold = false;
         loop {
             match tokio::time::timeout(d, &mut next).await {
                 Ok(v) => return Some(v),
-                Err(_) if self.held() => continue,
+                Err(_) if self.held() => after_hold = true,
+                // The hold ended within the last interval: a whole one more.
+                Err(_) if std::mem::take(&mut after_hold) => {}
                 Err(_) => return None,
             }
         }
