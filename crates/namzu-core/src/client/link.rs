@@ -128,51 +128,12 @@ pub(super) struct Inner {
     pub(super) boot: Arc<Boot>,
 }
 
-impl Inner {
-    pub(super) fn held(&self) -> bool {
-        self.guard.get().is_some_and(|g| g.held(&self.sandbox_id))
-    }
-}
-
-impl super::keepalive::Peer for Inner {
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-    fn held(&self) -> bool {
-        Inner::held(self)
-    }
-    fn ping(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let mut rpc = self.rpc.clone();
-        Box::pin(async move {
-            let _ = rpc.health(v1::HealthRequest { probe_child: false }).await;
-        })
-    }
-    fn name(&self) -> &str {
-        &self.sandbox_id
-    }
-}
-
 /// How a link opens an egress connection's own stream.
 pub(super) enum SideDial {
     /// A unix stream: spliced.
     Unix(UnixDialer),
     /// Any other cheap dial.
     Other(Dialer),
-}
-
-/// An egress connection's own stream to the agent.
-pub enum EgressStream {
-    /// On a unix socket, so the host can splice it; `handoff`: opened with
-    /// the handoff form, so the agent's offer ([`namzu_proto::handoff`])
-    /// comes first.
-    Unix {
-        /// The stream, past its preface.
-        stream: tokio::net::UnixStream,
-        /// Whether the agent's handoff offer comes first.
-        handoff: bool,
-    },
-    /// On another transport.
-    Other(Box<dyn LinkStreamObj>),
 }
 
 /// The same token at every dial.
@@ -596,93 +557,6 @@ impl AgentClient {
         Ok(h.into_inner().child_status)
     }
 
-    /// Opens a byte stream of its own for egress ask `ask` (the egress form
-    /// of the preface): the host's end of that connection, raw, instead of
-    /// an `EgressSplice` call. `None` where the link cannot dial cheaply or
-    /// the agent does not offer it.
-    pub async fn open_egress_stream(&self, ask: u64) -> Option<Result<EgressStream>> {
-        let (dial, token) = self.inner.side.as_ref()?;
-        if !self.inner.features.contains(feat::EGRESS_STREAM) {
-            return None;
-        }
-        let endpoint = || format!("egress stream of {}", self.inner.sandbox_id);
-        let opened = async {
-            let connect = |source| Error::Connect {
-                endpoint: endpoint(),
-                source,
-            };
-            let refused = |source| Error::Preface {
-                endpoint: endpoint(),
-                source,
-            };
-            Ok(match dial {
-                SideDial::Unix(dial) => {
-                    let handoff = self.inner.features.contains(feat::EGRESS_HANDOFF);
-                    let mut s = dial().await.map_err(connect)?;
-                    namzu_proto::preface::offer_egress(&mut s, &token(), ask, handoff)
-                        .await
-                        .map_err(refused)?;
-                    EgressStream::Unix { stream: s, handoff }
-                }
-                SideDial::Other(dialer) => {
-                    let mut s = dialer().await.map_err(connect)?;
-                    namzu_proto::preface::offer_egress(&mut s, &token(), ask, false)
-                        .await
-                        .map_err(refused)?;
-                    EgressStream::Other(s)
-                }
-            })
-        };
-        Some(opened.await)
-    }
-
-    /// Opens a unix stream of its own for a streamed read (the read form
-    /// of the preface, with `request` an encoded `ReadFileStreamRequest`).
-    /// `None` where the link is not a unix socket or the agent does not
-    /// offer it.
-    pub(super) async fn open_side_read(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
-        self.open_side(false, request).await
-    }
-
-    /// Opens a unix stream of its own for a write (the write form of the
-    /// preface, with `request` an encoded `WriteBegin`); `None` as for
-    /// [`Self::open_side_read`].
-    pub(super) async fn open_side_write(&self, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
-        self.open_side(true, request).await
-    }
-
-    async fn open_side(&self, write: bool, request: &[u8]) -> Option<Result<tokio::net::UnixStream>> {
-        let (SideDial::Unix(dial), token) = self.inner.side.as_ref()? else {
-            return None;
-        };
-        let (feature, what) = if write {
-            (feat::FILES_WRITE_SIDE, "write")
-        } else {
-            (feat::FILES_READ_SIDE, "read")
-        };
-        if !self.inner.features.contains(feature) {
-            return None;
-        }
-        let endpoint = || format!("{what} stream of {}", self.inner.sandbox_id);
-        let opened = async {
-            let mut s = dial().await.map_err(|source| Error::Connect {
-                endpoint: endpoint(),
-                source,
-            })?;
-            let offered = if write {
-                namzu_proto::preface::offer_write(&mut s, &token(), request).await
-            } else {
-                namzu_proto::preface::offer_read(&mut s, &token(), request).await
-            };
-            offered.map_err(|source| Error::Preface {
-                endpoint: endpoint(),
-                source,
-            })?;
-            Ok(s)
-        };
-        Some(opened.await)
-    }
-
     /// Marks the link unusable: every later op fails with
     /// [`Error::SandboxDestroyed`].
     pub fn close(&self) {
@@ -734,31 +608,6 @@ impl AgentClient {
                 Ok(())
             }
             None => Ok(()),
-        }
-    }
-
-    /// Whether the sandbox is held still on purpose ([`LinkGuard::held`]).
-    pub(super) fn held(&self) -> bool {
-        self.inner.held()
-    }
-
-    /// `next` within `silence` (none: unbounded), where silence while the
-    /// sandbox is held does not count, nor the interval in which a hold
-    /// ended; `None`: the peer was silent that long outside a hold.
-    pub(super) async fn within<T>(&self, silence: Option<Duration>, next: impl Future<Output = T>) -> Option<T> {
-        let Some(d) = silence else {
-            return Some(next.await);
-        };
-        tokio::pin!(next);
-        let mut after_hold = false;
-        loop {
-            match tokio::time::timeout(d, &mut next).await {
-                Ok(v) => return Some(v),
-                Err(_) if self.held() => after_hold = true,
-                // The hold ended within the last interval: a whole one more.
-                Err(_) if std::mem::take(&mut after_hold) => {}
-                Err(_) => return None,
-            }
         }
     }
 

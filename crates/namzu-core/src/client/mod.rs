@@ -22,9 +22,11 @@ mod boot;
 mod exec;
 mod executions;
 mod files;
+mod hold;
 mod keepalive;
 mod link;
 mod sessions;
+mod side;
 mod side_read;
 mod side_write;
 mod tcp;
@@ -35,7 +37,8 @@ pub use back::BackListener;
 pub use boot::AgentRestartObserver;
 pub use exec::ExecStream;
 pub use link::{
-    AgentClient, ByteStream, ClientOptions, EgressStream, FileInfoStream, LinkGuard, LinkStream, LinkStreamObj,
-    WatchStream, WRITE_CHUNK,
+    AgentClient, ByteStream, ClientOptions, FileInfoStream, LinkGuard, LinkStream, LinkStreamObj, WatchStream,
+    WRITE_CHUNK,
 };
+pub use side::EgressStream;
 pub use terminal::Terminal;
