@@ -45,6 +45,21 @@ fn spec() -> SandboxSpec {
     }
 }
 
+/// Runs `body` with the provider, a fresh VM and its id; the VM is
+/// destroyed whatever the body returned.
+async fn on_vm<F, Fut>(body: F) -> R
+where
+    F: FnOnce(MicroVmProvider, namzu::Sandbox, String) -> Fut,
+    Fut: std::future::Future<Output = R>,
+{
+    let p = provider()?;
+    let sb = p.create(spec()).await?;
+    let id = sb.id().to_owned();
+    let result = body(p.clone(), sb, id.clone()).await;
+    let _ = p.destroy(&id).await;
+    result
+}
+
 /// Prints 1 to 30, a line every 0.1 s.
 const COUNT: &str = "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo $i; sleep 0.1; done";
 
@@ -68,10 +83,7 @@ async fn rest(
 /// nothing arrives, and a connect, a command and a snapshot are refused
 /// with `SandboxPaused`.
 async fn a_stream_open_across_a_pause_goes_on_after_it() -> R {
-    let p = provider()?;
-    let sb = p.create(spec()).await?;
-    let id = sb.id().to_owned();
-    let result = async {
+    on_vm(|p, sb, id| async move {
         let mut s = sb.commands().stream(ExecRequest::shell(COUNT)).await?;
         let mut out = Vec::new();
         while !out.contains(&b'\n') {
@@ -110,10 +122,8 @@ async fn a_stream_open_across_a_pause_goes_on_after_it() -> R {
             .parse()?;
         assert!((guest - now).abs() < 2.0, "guest clock {guest}, host {now}");
         R::Ok(())
-    }
-    .await;
-    let _ = p.destroy(&id).await;
-    result
+    })
+    .await
 }
 
 /// The VMM of sandbox `id`, by its command line.
@@ -131,11 +141,8 @@ fn vmm_pid(id: &str) -> Option<nix::unistd::Pid> {
 /// is a dead agent's: the stream is lost within its silence bound.
 async fn silence_outside_a_pause_is_still_a_dead_agent() -> R {
     use nix::sys::signal::{kill, Signal};
-    let p = provider()?;
-    let sb = p.create(spec()).await?;
-    let id = sb.id().to_owned();
-    let vmm = vmm_pid(&id).ok_or("no VMM process found")?;
-    let result = async {
+    on_vm(|_, sb, id| async move {
+        let vmm = vmm_pid(&id).ok_or("no VMM process found")?;
         let mut s = sb.commands().stream(ExecRequest::shell("sleep 60")).await?;
         kill(vmm, Signal::SIGSTOP)?;
         let ended = tokio::time::timeout(Duration::from_secs(20), s.next()).await;
@@ -146,21 +153,15 @@ async fn silence_outside_a_pause_is_still_a_dead_agent() -> R {
         }
         assert!(!sb.is_paused().await?, "a stop behind namzu's back reads as a pause");
         R::Ok(())
-    }
-    .await;
-    let _ = kill(vmm, Signal::SIGCONT);
-    let _ = p.destroy(&id).await;
-    result
+    })
+    .await
 }
 
 /// A suspend of a paused VM continues it first (its disk is flushed from
 /// inside), then keeps its memory: a process started before the pause
 /// runs on after the resume.
 async fn a_paused_vm_suspends_and_resumes_running() -> R {
-    let p = provider()?;
-    let sb = p.create(spec()).await?;
-    let id = sb.id().to_owned();
-    let result = async {
+    on_vm(|p, sb, id| async move {
         let pid = sb
             .commands()
             .run("sleep 600 >/dev/null 2>&1 </dev/null & echo $!")
@@ -175,20 +176,15 @@ async fn a_paused_vm_suspends_and_resumes_running() -> R {
         let alive = back.commands().run(format!("kill -0 {pid}").as_str()).await?;
         assert!(alive.status.success(), "the process of before the pause is gone");
         R::Ok(())
-    }
-    .await;
-    let _ = p.destroy(&id).await;
-    result
+    })
+    .await
 }
 
 /// A VM whose anchor was killed while it was paused is dead, not paused:
 /// the file the anchor left behind does not outlive it.
 async fn a_pause_outlives_no_anchor() -> R {
     use nix::sys::signal::{kill, Signal};
-    let p = provider()?;
-    let sb = p.create(spec()).await?;
-    let id = sb.id().to_owned();
-    let result = async {
+    on_vm(|p, sb, id| async move {
         sb.pause().await?;
         let meta: serde_json::Value =
             serde_json::from_slice(&std::fs::read(p.state_root().join(&id).join("meta.json"))?)?;
@@ -207,10 +203,8 @@ async fn a_pause_outlives_no_anchor() -> R {
             ),
         }
         R::Ok(())
-    }
-    .await;
-    let _ = p.destroy(&id).await;
-    result
+    })
+    .await
 }
 
 fn main() -> std::process::ExitCode {
