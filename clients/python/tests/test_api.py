@@ -102,7 +102,10 @@ def test_options_a_tier_cannot_honour_are_refused_by_name(alice):
     err(alice.post("/v1/sandboxes", json={"tier": "docker"}), 422, "tier_unavailable", "tier")
     err(alice.post("/v1/sandboxes", json={"tier": "bogus"}), 400, "invalid_argument", "tier")
     err(alice.post("/v1/sandboxes", json={"network": {"mode": "sometimes"}}), 400, "invalid_argument", "network.mode")
-    err(alice.post("/v1/sandboxes", json={"image": "no-such-image:1"}), 422, "image_not_found", "image")
+    # An id is looked up, never pulled; a registry reference is pulled,
+    # and a registry nobody answers for is told apart from a missing image.
+    err(alice.post("/v1/sandboxes", json={"image": "sha256:" + "0" * 64}), 422, "image_not_found", "image")
+    err(alice.post("/v1/sandboxes", json={"image": "127.0.0.1:1/no-such-image:1"}), 502, "registry_unreachable", "image")
     # Nothing was left behind by the refusals.
     assert alice.get("/v1/sandboxes", params={"limit": 1000}).json()["sandboxes"] == [] or all(
         s["tier"] == "local" for s in alice.get("/v1/sandboxes").json()["sandboxes"]

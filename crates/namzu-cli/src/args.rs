@@ -26,10 +26,11 @@ pub struct ExecArgs {
 /// Root filesystem, runtime and resource limits of a new sandbox.
 #[derive(clap::Args, Clone, Default)]
 pub struct ResourceArgs {
-    /// local: an imported image (name or sha256:id) or a rootfs directory;
-    /// default: a read-only view of the host's /usr and friends.
+    /// local: an image (pulled from its registry unless cached, or imported;
+    /// name or sha256:id) or a rootfs directory; default: a read-only view
+    /// of the host's /usr and friends.
     /// docker: an image reference (required), pulled if the daemon lacks it.
-    /// microvm: an imported image (required), booted from its disk.
+    /// microvm: an image as on local (required), booted from its disk.
     #[arg(long)]
     pub image: Option<String>,
     /// docker: the OCI runtime, runc (the daemon's default) or runsc (gVisor).

@@ -329,8 +329,9 @@ async fn missing_parts_are_typed_errors() -> R {
     };
     let e = p.create(not_image).await.err().ok_or("booted a file")?;
     assert!(matches!(e, Error::NotAnImage { .. }), "{e:?}");
+    // An id is never pulled: missing from the cache, it is missing.
     let unknown = SandboxSpec {
-        image: Some("no-such-image:1".into()),
+        image: Some(format!("sha256:{}", "0".repeat(64))),
         ..Default::default()
     };
     let e = p.create(unknown).await.err().ok_or("booted a missing image")?;

@@ -314,10 +314,93 @@ pub enum Error {
         reason: crate::image::Refusal,
     },
     /// No imported image by that name or id.
-    #[error("no image {reference:?} (import it with `namzu image import FILE`)")]
+    #[error(
+        "no image {reference:?} (pull it with `namzu image pull REF` or import it with `namzu image import FILE`)"
+    )]
     ImageNotFound {
         /// The image reference.
         reference: String,
+    },
+    /// The registry has no image by that name and tag (or digest).
+    #[error("registry {registry} has no image {reference}")]
+    ImageNotInRegistry {
+        /// The image reference, as pulled.
+        reference: String,
+        /// The registry asked.
+        registry: String,
+    },
+    /// The registry refused access: the credentials found were refused, or
+    /// it asked for credentials and none were configured.
+    #[error("registry {registry} refused to let {} pull {reference}: {reason}", user.as_deref().map_or("an anonymous client".to_owned(), |u| format!("user {u:?}")))]
+    RegistryAuthRefused {
+        /// The image reference, as pulled.
+        reference: String,
+        /// The registry asked.
+        registry: String,
+        /// The user whose credentials were sent, `None` when anonymous.
+        user: Option<String>,
+        /// What the registry said, for humans.
+        reason: String,
+    },
+    /// The registry could not be reached (no route, refused, TLS, timeout).
+    #[error("registry {registry} is unreachable: {reason}")]
+    RegistryUnreachable {
+        /// The registry asked.
+        registry: String,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// The registry answered something that is not a valid image.
+    #[error("registry {registry}: {reason}")]
+    RegistryProtocol {
+        /// The registry asked.
+        registry: String,
+        /// What was wrong, for humans.
+        reason: String,
+    },
+    /// A blob's content did not hash to its digest (or ran past its size);
+    /// nothing of it was kept.
+    #[error("{reference}: blob {digest} is corrupt: {reason}")]
+    ImageBlobCorrupt {
+        /// The image reference, as pulled.
+        reference: String,
+        /// The digest the manifest names.
+        digest: String,
+        /// What arrived instead, for humans.
+        reason: String,
+    },
+    /// A blob's download broke off; what arrived is kept and the next pull
+    /// resumes from it.
+    #[error("{reference}: the download of blob {digest} broke off after {received} of {size} bytes (pull again to resume): {reason}")]
+    ImagePullInterrupted {
+        /// The image reference, as pulled.
+        reference: String,
+        /// The blob's digest.
+        digest: String,
+        /// Bytes of it now kept.
+        received: u64,
+        /// Its size, as the manifest gives it.
+        size: u64,
+        /// Why, for humans.
+        reason: String,
+    },
+    /// A multi-platform image has no manifest for this platform.
+    #[error("{reference} has no image for {platform} (it has {})", if available.is_empty() { "none".to_owned() } else { available.join(", ") })]
+    ImagePlatformMissing {
+        /// The image reference, as pulled.
+        reference: String,
+        /// The platform wanted (`linux/amd64`).
+        platform: String,
+        /// The platforms the index lists.
+        available: Vec<String>,
+    },
+    /// The image is used by sandboxes; it was not removed.
+    #[error("image {reference} is in use by sandbox(es) {}", sandboxes.join(", "))]
+    ImageInUse {
+        /// The image reference.
+        reference: String,
+        /// The sandboxes using it.
+        sandboxes: Vec<String>,
     },
     /// The tier cannot be used here (its daemon is down, or it is not built).
     #[error("tier {tier} is not available: {reason}")]

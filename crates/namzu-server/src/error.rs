@@ -149,6 +149,16 @@ pub fn library_error(e: &namzu::Error) -> ApiError {
         E::ImageNotFound { .. } | E::NotAnImage { .. } => {
             (S::UNPROCESSABLE_ENTITY, "image_not_found", Some("image".into()))
         }
+        E::ImageNotInRegistry { .. } => (S::UNPROCESSABLE_ENTITY, "image_not_found", Some("image".into())),
+        E::ImagePlatformMissing { .. } => (S::UNPROCESSABLE_ENTITY, "image_platform_missing", Some("image".into())),
+        E::RegistryAuthRefused { .. } => (S::UNPROCESSABLE_ENTITY, "registry_auth_refused", Some("image".into())),
+        E::RegistryUnreachable { .. } | E::ImagePullInterrupted { .. } => {
+            (S::BAD_GATEWAY, "registry_unreachable", Some("image".into()))
+        }
+        E::RegistryProtocol { .. } | E::ImageBlobCorrupt { .. } => {
+            (S::BAD_GATEWAY, "registry_error", Some("image".into()))
+        }
+        E::ImageInUse { .. } => (S::CONFLICT, "image_in_use", Some("image".into())),
         E::TierUnavailable { .. } => (S::UNPROCESSABLE_ENTITY, "tier_unavailable", Some("tier".into())),
         E::SandboxDestroyed { .. } | E::SandboxNotFound { .. } | E::SandboxGone { .. } => {
             (S::NOT_FOUND, "sandbox_not_found", None)

@@ -150,7 +150,12 @@ async fn tier_provider(
         _ if !kube.is_empty() => Err(Fail(format!(
             "--kube-namespace, --warm-pool, --template, --kube-address, --claim-label and --ready-timeout apply to --tier kubernetes, not {tier}"
         ))),
-        _ => create_provider(state_dir, tier, resources).await,
+        _ => {
+            if let (Tier::Local | Tier::MicroVm, Some(image)) = (tier, &resources.image) {
+                super::image::ensure(state_dir, image).await?;
+            }
+            create_provider(state_dir, tier, resources).await
+        }
     }
 }
 

@@ -38,6 +38,9 @@ pub fn eligible(tier: Tier, resources: &ResourceArgs, kube: &KubeArgs) -> bool {
 
 /// Runs `exec` in a one-command sandbox of `resources`.
 pub fn run(state_dir: &Option<PathBuf>, resources: &ResourceArgs, exec: ExecArgs) -> Result<ExitCode, Fail> {
+    if let Some(image) = &resources.image {
+        super::image::ensure_blocking(state_dir, image)?;
+    }
     let spec = resources.spec(Vec::new())?;
     let timeout = match exec.timeout {
         Some(t) if !(t.is_finite() && t > 0.0) => {

@@ -1,12 +1,16 @@
-//! Images for the `local` tier: `docker save` tarballs and OCI image layouts
+//! Images for the daemonless tiers (local, microvm): pulled from a registry
+//! ([`pull`]), or imported from `docker save` tarballs and OCI image layouts
 //! (a directory or a tar of one), unpacked into a content-addressed cache.
 //!
 //! Layout under `<state>/images/`:
 //! * `sha256/<id>/rootfs/` — the unpacked root filesystem of the image whose
 //!   config blob hashes to `<id>` (the image id, as Docker computes it);
 //! * `sha256/<id>/config.json` — that image's config (its user, its env);
+//! * `sha256/<id>/image.json` — its size, its registry digest, its layers;
 //! * `refs/<name>` — a name (`repo:tag`) pointing at an id;
-//! * `tmp/` — staging, removed after each import.
+//! * `blobs/sha256/<hex>` — pulled blobs, shared by every image listing them
+//!   ([`blob`]); `locks/` their download and unpack locks;
+//! * `tmp/` — staging, removed after each import or pull.
 //!
 //! Import verifies every OCI blob against its digest, applies layers in
 //! order with whiteouts (`.wh.NAME` deletes, `.wh..wh..opq` empties a
@@ -27,7 +31,12 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+pub mod blob;
+pub mod cache;
 pub mod layer;
+pub mod pull;
+
+pub use pull::{Platform, PullEvent, PullOptions, PullPolicy};
 
 /// An image in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +47,11 @@ pub struct ImageInfo {
     pub names: Vec<String>,
     /// Its unpacked root filesystem.
     pub rootfs: PathBuf,
+    /// The registry's digest of its manifest (`sha256:…`), for a pulled
+    /// image.
+    pub digest: Option<String>,
+    /// Bytes of its unpacked root filesystem.
+    pub size: u64,
 }
 
 /// What an image's config asks of the process it runs.
@@ -53,6 +67,7 @@ pub struct RuntimeConfig {
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    pull: PullOptions,
 }
 
 fn not_an_image(path: &Path, reason: impl Into<String>) -> Error {
@@ -106,7 +121,19 @@ impl ImageStore {
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
         Self {
             root: state_dir.into().join("images"),
+            pull: PullOptions::default(),
         }
+    }
+
+    /// The same store, pulling with `opts`.
+    pub fn with_pull_options(mut self, opts: PullOptions) -> Self {
+        self.pull = opts;
+        self
+    }
+
+    /// How this store pulls.
+    pub fn pull_options(&self) -> &PullOptions {
+        &self.pull
     }
 
     /// Imports a `docker save` tarball, an OCI layout tarball, or an OCI
@@ -156,46 +183,91 @@ impl ImageStore {
             ));
         };
         let id = sha256_file(&config).map_err(local(OP))?;
-        let dir = self.root.join("sha256").join(&id);
-        if !dir.join("rootfs").is_dir() {
-            std::fs::create_dir_all(self.root.join("sha256")).map_err(local(OP))?;
-            let partial = tempfile::Builder::new()
-                .prefix("partial-")
-                .tempdir_in(self.root.join("tmp"))
-                .map_err(local(OP))?;
-            let rootfs = partial.path().join("rootfs");
-            std::fs::create_dir(&rootfs).map_err(local(OP))?;
-            for layer in &layers {
-                apply_layer(file, layer, &rootfs)?;
-            }
-            // Kept for the tiers that run the image's own user and
-            // environment (the microvm tier).
-            std::fs::copy(&config, partial.path().join("config.json")).map_err(local(OP))?;
-            // One rename publishes the image; a concurrent identical import
-            // that won the race is just as good.
-            match std::fs::rename(partial.path(), &dir) {
-                Ok(()) => {
-                    let _ = partial.keep();
-                }
-                Err(_) if dir.join("rootfs").is_dir() => {}
-                Err(e) => return Err(local(OP)(e)),
-            }
-        }
+        let apply = |layer: &Path, rootfs: &Path| apply_layer(file, layer, rootfs);
+        let (dir, meta) = self.publish(&id, &config, &layers, None, &apply)?;
         let names: Vec<String> = match name {
             Some(n) => vec![n.to_owned()],
             None => names.into_iter().filter(|n| ref_file(n).is_some()).collect(),
         };
-        std::fs::create_dir_all(self.root.join("refs")).map_err(local(OP))?;
         for n in &names {
-            if let Some(f) = ref_file(n) {
-                std::fs::write(self.root.join("refs").join(f), &id).map_err(local(OP))?;
-            }
+            self.tag(n, &id)?;
         }
         Ok(ImageInfo {
             id: format!("sha256:{id}"),
             names,
             rootfs: dir.join("rootfs"),
+            digest: meta.digest,
+            size: meta.size,
         })
+    }
+
+    /// Unpacks `layers` in order with `apply` into a new rootfs for image
+    /// `id` (with its config and an `image.json`) and publishes it by one
+    /// rename; an image already there is kept as it is.
+    pub(crate) fn publish(
+        &self,
+        id: &str,
+        config: &Path,
+        layers: &[PathBuf],
+        digest: Option<&str>,
+        apply: &dyn Fn(&Path, &Path) -> Result<()>,
+    ) -> Result<(PathBuf, cache::Meta)> {
+        const OP: &str = "image unpack";
+        let dir = self.root.join("sha256").join(id);
+        if dir.join("rootfs").is_dir() {
+            return Ok((dir.clone(), cache::Meta::read(&dir)));
+        }
+        std::fs::create_dir_all(self.root.join("sha256")).map_err(local(OP))?;
+        std::fs::create_dir_all(self.root.join("tmp")).map_err(local(OP))?;
+        let partial = tempfile::Builder::new()
+            .prefix("partial-")
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(local(OP))?;
+        let rootfs = partial.path().join("rootfs");
+        std::fs::create_dir(&rootfs).map_err(local(OP))?;
+        for layer in layers {
+            apply(layer, &rootfs)?;
+        }
+        // Kept for the tiers that run the image's own user and environment
+        // (the microvm tier).
+        std::fs::copy(config, partial.path().join("config.json")).map_err(local(OP))?;
+        let meta = cache::Meta {
+            digest: digest.map(str::to_owned),
+            layers: layers
+                .iter()
+                .chain(std::iter::once(&config.to_path_buf()))
+                .filter_map(|l| l.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .filter(|n| n.len() == 64)
+                .map(|n| format!("sha256:{n}"))
+                .collect(),
+            size: cache::tree_size(&rootfs),
+        };
+        meta.write(partial.path()).map_err(local(OP))?;
+        // One rename publishes the image; a concurrent identical import
+        // that won the race is just as good.
+        match std::fs::rename(partial.path(), &dir) {
+            Ok(()) => {
+                let _ = partial.keep();
+                Ok((dir, meta))
+            }
+            Err(_) if dir.join("rootfs").is_dir() => Ok((dir.clone(), cache::Meta::read(&dir))),
+            Err(e) => Err(local(OP)(e)),
+        }
+    }
+
+    /// Points `name` at image `id`, replacing what it named before.
+    pub(crate) fn tag(&self, name: &str, id: &str) -> Result<()> {
+        const OP: &str = "image tag";
+        let f = ref_file(name).ok_or_else(|| Error::InvalidArgument {
+            op: OP.into(),
+            message: format!("invalid image name {name:?}"),
+        })?;
+        std::fs::create_dir_all(self.root.join("refs")).map_err(local(OP))?;
+        // Written aside and renamed: a reader never sees half an id.
+        let tmp = self.root.join("refs").join(format!(".{f}.{}", std::process::id()));
+        std::fs::write(&tmp, id).map_err(local(OP))?;
+        std::fs::rename(&tmp, self.root.join("refs").join(f)).map_err(local(OP))
     }
 
     /// The rootfs for a name, an id (`sha256:…`), or a rootfs directory.
@@ -213,26 +285,31 @@ impl ImageStore {
         }
         let id = match reference.strip_prefix("sha256:") {
             Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => hex.to_owned(),
-            _ => {
-                let f = ref_file(reference).ok_or_else(|| Error::ImageNotFound {
-                    reference: reference.into(),
-                })?;
-                std::fs::read_to_string(self.root.join("refs").join(f))
-                    .map_err(|_| Error::ImageNotFound {
-                        reference: reference.into(),
-                    })?
-                    .trim()
-                    .to_owned()
-            }
+            _ => self.named(reference).ok_or_else(|| Error::ImageNotFound {
+                reference: reference.into(),
+            })?,
         };
-        let rootfs = self.root.join("sha256").join(id).join("rootfs");
+        let dir = self.root.join("sha256").join(id);
+        let rootfs = dir.join("rootfs");
         if rootfs.is_dir() {
+            cache::touch(&dir);
             Ok(rootfs)
         } else {
             Err(Error::ImageNotFound {
                 reference: reference.into(),
             })
         }
+    }
+
+    /// The id a name points at: the name as given, else its canonical
+    /// registry form (`alpine` → `docker.io/library/alpine:latest`).
+    fn named(&self, reference: &str) -> Option<String> {
+        let read = |name: &str| {
+            let f = ref_file(name)?;
+            let id = std::fs::read_to_string(self.root.join("refs").join(f)).ok()?;
+            Some(id.trim().to_owned())
+        };
+        read(reference).or_else(|| read(&pull::canonical(reference)?))
     }
 
     /// The user and environment the image's config asks for (`User`,
@@ -277,14 +354,23 @@ impl ImageStore {
         };
         for e in rd.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
+            if !e.path().join("rootfs").is_dir() {
+                continue;
+            }
+            let meta = cache::Meta::read(&e.path());
             out.push(ImageInfo {
                 id: format!("sha256:{id}"),
                 names: Vec::new(),
                 rootfs: e.path().join("rootfs"),
+                digest: meta.digest,
+                size: meta.size,
             });
         }
         if let Ok(rd) = std::fs::read_dir(self.root.join("refs")) {
-            for e in rd.flatten() {
+            for e in rd
+                .flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            {
                 let target = std::fs::read_to_string(e.path()).unwrap_or_default();
                 if let Some(img) = out.iter_mut().find(|i| i.id == format!("sha256:{}", target.trim())) {
                     img.names.push(e.file_name().to_string_lossy().replace("%2F", "/"));
@@ -378,8 +464,8 @@ fn docker(file: &Path, layout: &Path) -> Result<(PathBuf, Vec<PathBuf>, Vec<Stri
 }
 
 /// Applies one layer (tar, or gzip'd tar) onto `rootfs`, beneath it by
-/// file descriptor (see [`layer`]).
-fn apply_layer(file: &Path, layer: &Path, rootfs: &Path) -> Result<()> {
+/// file descriptor (see [`layer`]). `file` names the image in errors.
+pub(crate) fn apply_layer(file: &Path, layer: &Path, rootfs: &Path) -> Result<()> {
     let bad = |e: std::io::Error| not_an_image(file, format!("layer {}: {e}", layer.display()));
     let mut f = std::fs::File::open(layer).map_err(bad)?;
     let mut magic = [0u8; 2];

@@ -136,6 +136,12 @@ impl LocalProvider {
         self
     }
 
+    /// How `--image` references missing from the cache are pulled.
+    pub fn pull_options(mut self, opts: crate::image::PullOptions) -> Self {
+        self.images = self.images.with_pull_options(opts);
+        self
+    }
+
     /// Replaces the tier's options.
     pub fn options(mut self, opts: LocalOptions) -> Self {
         self.opts = opts;
@@ -231,10 +237,20 @@ impl LocalProvider {
             }
             None => ordinary_user_maps(),
         };
+        // An image's own environment (its config's `Env`) under the spec's.
+        let mut env = Vec::new();
         let rootfs = match &spec.image {
-            Some(reference) => Some(path_string(&self.images.resolve(reference)?)),
+            Some(reference) => {
+                let rootfs = self.images.resolve(reference)?;
+                env = crate::image::ImageStore::runtime_config(&rootfs).env;
+                Some(path_string(&rootfs))
+            }
             None => None,
         };
+        for (k, v) in &spec.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
         let (_, hard_nofile) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_err(|e| Error::LocalIo {
                 op: OP.into(),
@@ -260,7 +276,7 @@ impl LocalProvider {
             deny_setgroups,
             map_helpers,
             hostname: "namzu".into(),
-            env: spec.env.clone(),
+            env,
             rlimits: vec![
                 Rlimit::Nofile(self.opts.max_open_files.min(hard_nofile)),
                 Rlimit::Fsize(self.opts.max_file_bytes),
@@ -476,6 +492,10 @@ impl LocalProvider {
         }
         if let Some(bytes) = spec.resources.disk_bytes {
             crate::backend::disk::check(Tier::Local, bytes)?;
+        }
+        if let Some(reference) = &spec.image {
+            // Pulled (as the store's policy says) before any state exists.
+            self.images.ensure(reference, &|_| {}).await?;
         }
         let (id, dir, _token, made) = self.state.create(token)?;
         crate::timeline::mark("create.state-dir");

@@ -198,6 +198,12 @@ impl MicroVmProvider {
         }
     }
 
+    /// How images missing from the cache are pulled.
+    pub fn pull_options(mut self, opts: crate::image::PullOptions) -> Self {
+        self.images = self.images.with_pull_options(opts);
+        self
+    }
+
     /// Replaces the tier's options.
     pub fn options(mut self, opts: MicroVmOptions) -> Self {
         self.client = link_options(&opts);
@@ -286,7 +292,7 @@ impl MicroVmProvider {
             .clone()
             .or_else(|| self.opts.default_image.clone())
             .ok_or_else(|| refuse("image", "a VM boots an image: name one (namzu image import)"))?;
-        let rootfs = self.images.resolve(&image)?;
+        let rootfs = self.images.ensure(&image, &|_| {}).await?;
         let kernel = boot::Kernel::find(
             self.opts.kernel.as_deref(),
             self.state.root().parent().unwrap_or(self.state.root()),
