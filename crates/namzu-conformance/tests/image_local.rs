@@ -297,10 +297,12 @@ async fn what_is_not_an_image_is_refused_by_name() {
         other => panic!("{other:?}"),
     }
     // Never pulled (the registry tests pull): a name the cache lacks.
-    let provider = LocalProvider::new(dir.path()).unwrap().pull_options(namzu::image::PullOptions {
-        policy: namzu::image::PullPolicy::Never,
-        ..Default::default()
-    });
+    let provider = LocalProvider::new(dir.path())
+        .unwrap()
+        .pull_options(namzu::image::PullOptions {
+            policy: namzu::image::PullPolicy::Never,
+            ..Default::default()
+        });
     let r = provider
         .create(SandboxSpec {
             image: Some("no/such:image".into()),

@@ -149,7 +149,7 @@ pub async fn run(state_dir: &Option<PathBuf>, cmd: ImageCmd) -> Result<ExitCode,
 /// has it, with a bar per layer on stderr.
 pub async fn ensure(state_dir: &Option<PathBuf>, reference: &str) -> Result<(), Fail> {
     let store = store(state_dir);
-    if store.resolve(reference).is_ok() || namzu::image::pull::canonical(reference).is_none() {
+    if store.resolve(reference).is_ok() || namzu::image::canonical(reference).is_none() {
         return Ok(());
     }
     let bars = Bars::default();
@@ -162,7 +162,7 @@ pub async fn ensure(state_dir: &Option<PathBuf>, reference: &str) -> Result<(), 
 /// [`ensure`] from a caller without a runtime (the one-command path): the
 /// cached case costs one lookup, no runtime.
 pub fn ensure_blocking(state_dir: &Option<PathBuf>, reference: &str) -> Result<(), Fail> {
-    if store(state_dir).resolve(reference).is_ok() || namzu::image::pull::canonical(reference).is_none() {
+    if store(state_dir).resolve(reference).is_ok() || namzu::image::canonical(reference).is_none() {
         return Ok(());
     }
     tokio::runtime::Builder::new_current_thread()

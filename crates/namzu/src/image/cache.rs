@@ -153,7 +153,7 @@ impl ImageStore {
                 let name = img
                     .names
                     .iter()
-                    .find(|n| *n == reference || Some((*n).clone()) == super::pull::canonical(reference))
+                    .find(|n| *n == reference || Some((*n).clone()) == super::canonical(reference))
                     .cloned()
                     .unwrap_or_else(|| reference.to_owned());
                 (img, vec![name])

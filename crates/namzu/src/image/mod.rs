@@ -25,6 +25,7 @@
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
+use oci_client::Reference;
 use oci_spec::image::{Arch, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -34,9 +35,10 @@ use crate::error::{Error, Result};
 pub mod blob;
 pub mod cache;
 pub mod layer;
+pub mod options;
 pub mod pull;
 
-pub use pull::{Platform, PullEvent, PullOptions, PullPolicy};
+pub use options::{Platform, PullEvent, PullOptions, PullPolicy};
 
 /// An image in the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +105,15 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
         h.update(&buf[..n]);
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The canonical registry form of a reference (`alpine` →
+/// `docker.io/library/alpine:latest`), `None` when it is not one.
+pub fn canonical(reference: &str) -> Option<String> {
+    if reference.starts_with('/') || reference.starts_with("sha256:") {
+        return None;
+    }
+    Reference::try_from(reference).ok().map(|r| r.whole())
 }
 
 /// A name usable as a file name: `repo/name:tag` → `repo%2Fname:tag`.
@@ -309,7 +320,7 @@ impl ImageStore {
             let id = std::fs::read_to_string(self.root.join("refs").join(f)).ok()?;
             Some(id.trim().to_owned())
         };
-        read(reference).or_else(|| read(&pull::canonical(reference)?))
+        read(reference).or_else(|| read(&canonical(reference)?))
     }
 
     /// The user and environment the image's config asks for (`User`,
