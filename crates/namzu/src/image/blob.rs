@@ -6,7 +6,7 @@
 //!   arrives, and is renamed into place only once its length and digest
 //!   match the descriptor. Bytes past the descriptor's size, or a digest
 //!   that does not match, drop the partial and fail as
-//!   [`Error::ImageBlobCorrupt`] naming the digest;
+//!   [`Error::ImageBlobCorrupt`](crate::Error::ImageBlobCorrupt) naming the digest;
 //! * one download per digest at a time, across threads and processes: the
 //!   download holds `locks/<hex>` (`flock`), and a pull that waited on it
 //!   finds the blob there and fetches nothing;
