@@ -32,6 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+mod auth;
 pub mod blob;
 pub mod cache;
 pub mod layer;

@@ -19,7 +19,8 @@
 //! * credentials come from docker's config (`$DOCKER_CONFIG/config.json` or
 //!   `~/.docker/config.json`, its `credHelpers` and `credsStore` included)
 //!   and are sent as the registry's challenge asks: basic, or exchanged for
-//!   a bearer token at its realm. Plain HTTP is spoken only to loopback
+//!   a bearer token at its realm; an identity token (OAuth2 refresh token)
+//!   is exchanged at the realm first. Plain HTTP is spoken only to loopback
 //!   registries (as docker does) and to ones named in
 //!   [`PullOptions::insecure_registries`];
 //! * blobs are fetched from the registry only, never from a descriptor's
@@ -37,6 +38,7 @@ use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use oci_spec::image::{ImageIndex, ImageManifest};
 
+use super::auth::{self, chain, Credential, ExchangeFailure};
 pub use super::options::{Platform, PullEvent, PullOptions, PullPolicy};
 use super::{canonical, local, ImageInfo, ImageStore};
 use crate::error::{Error, Result};
@@ -159,6 +161,13 @@ impl Pulling<'_> {
         }
     }
 
+    fn unreachable(&self, reason: String) -> Error {
+        Error::RegistryUnreachable {
+            registry: self.registry.clone(),
+            reason,
+        }
+    }
+
     fn absent(&self) -> Error {
         Error::ImageNotInRegistry {
             reference: self.reference.clone(),
@@ -198,26 +207,11 @@ impl Pulling<'_> {
                 ..
             } => self.refused(message),
             O::RequestError(r) if r.is_connect() || r.is_timeout() || r.status().is_none() && r.is_request() => {
-                Error::RegistryUnreachable {
-                    registry: self.registry.clone(),
-                    reason: chain(&r),
-                }
+                self.unreachable(chain(&r))
             }
             other => self.protocol(other.to_string()),
         }
     }
-}
-
-/// An error with its causes, for humans.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn is_loopback(registry: &str) -> bool {
@@ -227,31 +221,6 @@ fn is_loopback(registry: &str) -> bool {
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The credentials docker's config holds for `registry`.
-fn credentials(config_dir: Option<&Path>, registry: &str) -> std::result::Result<RegistryAuth, String> {
-    use docker_credential::{CredentialRetrievalError as C, DockerCredential};
-    let dir = config_dir.map(Path::to_path_buf).or_else(|| {
-        std::env::var_os("DOCKER_CONFIG")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker")))
-    });
-    let Some(Ok(f)) = dir.map(|d| std::fs::File::open(d.join("config.json"))) else {
-        return Ok(RegistryAuth::Anonymous);
-    };
-    // Docker Hub's credentials are filed under its v1 address.
-    let server = match registry {
-        "docker.io" | "index.docker.io" | "registry-1.docker.io" => "https://index.docker.io/v1/",
-        other => other,
-    };
-    match docker_credential::get_credential_from_reader(std::io::BufReader::new(f), server) {
-        Ok(DockerCredential::UsernamePassword(u, p)) => Ok(RegistryAuth::Basic(u, p)),
-        Ok(DockerCredential::IdentityToken(t)) => Ok(RegistryAuth::Bearer(t)),
-        Err(C::NoCredentialConfigured) => Ok(RegistryAuth::Anonymous),
-        Err(C::ConfigReadError) => Err("docker config.json is not valid JSON".into()),
-        Err(e) => Err(format!("docker credentials for {registry}: {e}")),
-    }
 }
 
 impl ImageStore {
@@ -284,19 +253,20 @@ impl ImageStore {
         })?;
         let registry = image.resolve_registry().to_owned();
         let opts = &self.pull;
-        let auth = credentials(opts.docker_config.as_deref(), image.registry()).map_err(|reason| {
-            Error::RegistryAuthRefused {
-                reference: reference.into(),
-                registry: registry.clone(),
-                user: None,
-                reason,
-            }
-        })?;
+        let credential =
+            auth::from_docker_config(opts.docker_config.as_deref(), image.registry()).map_err(|reason| {
+                Error::RegistryAuthRefused {
+                    reference: reference.into(),
+                    registry: registry.clone(),
+                    user: None,
+                    reason,
+                }
+            })?;
         let p = Pulling {
             reference: reference.into(),
             registry: registry.clone(),
-            user: match &auth {
-                RegistryAuth::Basic(u, _) => Some(u.clone()),
+            user: match &credential {
+                Credential::Basic(u, _) => Some(u.clone()),
                 _ => None,
             },
             progress,
@@ -308,6 +278,20 @@ impl ImageStore {
                 .insecure_registries
                 .iter()
                 .any(|r| *r == registry || r == image.registry());
+        let auth = match credential {
+            Credential::Anonymous => RegistryAuth::Anonymous,
+            Credential::Basic(u, pw) => RegistryAuth::Basic(u, pw),
+            Credential::Identity(t) => {
+                let base = format!("{}://{registry}", if plain { "http" } else { "https" });
+                auth::exchange_identity_token(opts, &base, image.repository(), &t)
+                    .await
+                    .map_err(|e| match e {
+                        ExchangeFailure::Refused(r) => p.refused(r),
+                        ExchangeFailure::Unreachable(r) => p.unreachable(r),
+                        ExchangeFailure::Protocol(r) => p.protocol(r),
+                    })?
+            }
+        };
         let client = Client::new(ClientConfig {
             protocol: if plain {
                 ClientProtocol::HttpsExcept(vec![registry.clone()])

@@ -235,11 +235,16 @@ fn free_port() -> u16 {
 
 /// A docker config directory holding `user:password` for `registry`.
 pub fn docker_config(registry: &str, user: &str, password: &str) -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    docker_config_with(registry, serde_json::json!({"auth": auth}))
+}
+
+/// A docker config directory holding `entry` under `auths.registry`.
+pub fn docker_config_with(registry: &str, entry: serde_json::Value) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
     std::fs::write(
         d.path().join("config.json"),
-        serde_json::json!({"auths": {registry: {"auth": auth}}}).to_string(),
+        serde_json::json!({"auths": {registry: entry}}).to_string(),
     )
     .unwrap();
     d
@@ -272,7 +277,7 @@ impl TokenRegistry {
         let issued = Arc::new(Mutex::new(0));
         let state = Arc::new((signer, x5c, issued.clone(), user, password));
         let app = axum::Router::new()
-            .route("/token", axum::routing::get(token))
+            .route("/token", axum::routing::get(token).post(refresh))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let realm = format!("http://{}/token", listener.local_addr().unwrap());
@@ -301,18 +306,52 @@ async fn token(
     axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    let (signer, x5c, issued, user, password) = &*st;
+    let (_, _, _, user, password) = &*st;
     let b64 = base64::engine::general_purpose::STANDARD;
     let want = format!("Basic {}", b64.encode(format!("{user}:{password}")));
     if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(want.as_str()) {
+        return refuse("bad credentials");
+    }
+    let jwt = sign(&st, q.get("scope"));
+    json(serde_json::json!({"token": jwt, "expires_in": 300}))
+}
+
+/// The OAuth2 side (what `docker login` gets an identity token from): a
+/// POSTed form trading the refresh token `refresh-PASSWORD` for an access
+/// token.
+async fn refresh(State(st): State<TokenState>, axum::Form(f): axum::Form<HashMap<String, String>>) -> Response {
+    let password = st.4;
+    if f.get("grant_type").map(String::as_str) != Some("refresh_token") {
         return Response::builder()
-            .status(401)
-            .body(Body::from("bad credentials"))
+            .status(400)
+            .body(Body::from("unsupported grant_type"))
             .unwrap();
     }
-    // scope=repository:NAME:pull,push
-    let access: Vec<serde_json::Value> = q
-        .get("scope")
+    if f.get("refresh_token") != Some(&format!("refresh-{password}"))
+        || f.get("service").map(String::as_str) != Some("namzu-test")
+    {
+        return refuse("invalid refresh token");
+    }
+    let jwt = sign(&st, f.get("scope"));
+    json(serde_json::json!({"access_token": jwt, "expires_in": 300, "scope": f.get("scope")}))
+}
+
+fn refuse(why: &'static str) -> Response {
+    Response::builder().status(401).body(Body::from(why)).unwrap()
+}
+
+fn json(v: serde_json::Value) -> Response {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from(v.to_string()))
+        .unwrap()
+}
+
+/// A JWT granting `scope` (`repository:NAME:pull,push`), signed by the key
+/// the registry trusts.
+fn sign(st: &TokenState, scope: Option<&String>) -> String {
+    let (signer, x5c, issued, user, _) = &**st;
+    let access: Vec<serde_json::Value> = scope
         .into_iter()
         .filter_map(|s| {
             let mut parts = s.splitn(3, ':');
@@ -338,14 +377,8 @@ async fn token(
     let sig = signer
         .sign(&ring::rand::SystemRandom::new(), signing_input.as_bytes())
         .unwrap();
-    let jwt = format!("{signing_input}.{}", url.encode(sig.as_ref()));
     *issued.lock().unwrap() += 1;
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(Body::from(
-            serde_json::json!({"token": jwt, "expires_in": 300}).to_string(),
-        ))
-        .unwrap()
+    format!("{signing_input}.{}", url.encode(sig.as_ref()))
 }
 
 fn rand_id() -> u64 {

@@ -287,6 +287,48 @@ async fn token_auth_exchanges_the_credentials_for_a_bearer_token() {
 }
 
 #[tokio::test]
+async fn an_identity_token_is_exchanged_at_the_realm_and_never_sent_to_the_registry() {
+    if !lab::ready() {
+        return;
+    }
+    let tr = TokenRegistry::start("carol", "id-pass").await;
+    let reg = tr.registry.addr.clone();
+    let repo = unique("identity");
+    let (l, d) = layer(&[("who", b"identity")]);
+    let auth = RegistryAuth::Basic("carol".into(), "id-pass".into());
+    let pushed = push(&reg, &repo, "1", "amd64", &[l], &[d], &auth).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let with = |cfg: &tempfile::TempDir| {
+        store(&dir).with_pull_options(PullOptions {
+            docker_config: Some(cfg.path().to_path_buf()),
+            ..PullOptions::default()
+        })
+    };
+    let before = *tr.issued.lock().unwrap();
+    let wrong = lab::docker_config_with(&reg, serde_json::json!({"identitytoken": "refresh-stolen"}));
+    match with(&wrong).pull(&pushed.reference, &quiet).await {
+        Err(Error::RegistryAuthRefused { reason, .. }) => {
+            assert!(reason.contains("invalid refresh token"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(*tr.issued.lock().unwrap(), before, "no token for a wrong refresh token");
+    assert!(matches!(
+        store(&dir).resolve(&pushed.reference),
+        Err(Error::ImageNotFound { .. })
+    ));
+
+    let right = lab::docker_config_with(&reg, serde_json::json!({"identitytoken": "refresh-id-pass"}));
+    let info = with(&right).pull(&pushed.reference, &quiet).await.unwrap();
+    assert_eq!(std::fs::read(info.rootfs.join("who")).unwrap(), b"identity");
+    assert!(
+        *tr.issued.lock().unwrap() > before,
+        "the pull ran on an exchanged token"
+    );
+}
+
+#[tokio::test]
 async fn an_interrupted_pull_leaves_no_image_and_the_next_resumes_where_it_broke() {
     if !lab::ready() {
         return;
