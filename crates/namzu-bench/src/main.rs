@@ -204,6 +204,9 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     let n = iters.min(50);
     let mut creates = Vec::with_capacity(n);
     let mut destroys = Vec::with_capacity(n);
+    let (mut bwraps, mut unshares) = (Some(Vec::with_capacity(n)), Some(Vec::with_capacity(n)));
+    // Round by round, so the machine's drift (this VM's moves ±20 % within
+    // minutes) weighs on namzu and the alternatives alike.
     for _ in 0..n {
         let t = Instant::now();
         let sb = provider.create(SandboxSpec::default()).await?;
@@ -212,11 +215,18 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         sb.destroy().await?;
         destroys.push(t.elapsed());
+        for (alt, argv) in [(&mut bwraps, cold::BWRAP), (&mut unshares, cold::UNSHARE)] {
+            if let Some(v) = alt.as_mut() {
+                match time_command(argv, 1) {
+                    Some(d) => v.push(d),
+                    None => *alt = None,
+                }
+            }
+        }
     }
     let create = median(creates);
     let destroy = median(destroys);
-    let bwrap = time_command(cold::BWRAP, n);
-    let unshare = time_command(cold::UNSHARE, n);
+    let (bwrap, unshare) = (bwraps.map(median), unshares.map(median));
 
     let sb = provider.create(SandboxSpec::default()).await?;
     let (exec_ns, exec_host) = exec_rtt(&sb, iters).await?;
@@ -271,6 +281,50 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
         pss >> 10,
         pss / 100
     );
+    println!();
+    Ok(())
+}
+
+/// Create + first `exec true` with this build's agent (A) and another
+/// (B), alternating, with `unshare … true` between them: how a change to
+/// the agent moves the cold start, free of the machine's drift. The host
+/// side is this build's for both.
+async fn agent_ab(other: std::path::PathBuf, n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let a = LocalProvider::new(state.path())?;
+    let b = LocalProvider::with_agent(state.path(), &other);
+    let (mut ta, mut tb, mut tu) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n + 3 {
+        for (p, v) in [(&a, &mut ta), (&b, &mut tb)] {
+            let t = Instant::now();
+            let sb = p.create(SandboxSpec::default()).await?;
+            sb.commands().run(ExecRequest::new("true")).await?;
+            let d = t.elapsed();
+            sb.destroy().await?;
+            if i >= 3 {
+                v.push(d);
+            }
+        }
+        if let Some(d) = time_command(cold::UNSHARE, 1) {
+            tu.push(d);
+        }
+    }
+    let (ma, mb) = (median(ta), median(tb));
+    let mu = (!tu.is_empty()).then(|| median(tu));
+    println!(
+        "## create + first `exec true`, this agent (A) against {} (B), {n} rounds",
+        other.display()
+    );
+    println!();
+    println!("| agent | median | against unshare |");
+    println!("|---|---|---|");
+    for (name, m) in [("A", ma), ("B", mb)] {
+        let r = mu.map(|u| ratio(m, u)).unwrap_or_default();
+        println!("| {name} | {} | {r} |", fmt_dur(m));
+    }
+    if let Some(u) = mu {
+        println!("| `unshare … true` | {} | |", fmt_dur(u));
+    }
     println!();
     Ok(())
 }
@@ -381,12 +435,34 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", d.as_micros());
         return Ok(());
     }
-    println!("# namzu benchmark (release build)");
+    let fast = std::env::current_exe().is_ok_and(|p| p.components().any(|c| c.as_os_str() == "fast"));
+    println!(
+        "# namzu benchmark ({})",
+        if fast {
+            "optimised build without LTO"
+        } else {
+            "release build"
+        }
+    );
     println!();
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("cold") {
         let state = tempfile::tempdir()?;
         cold::cli_cold_start(state.path(), iters.min(300));
         return Ok(());
+    }
+    // `NAMZU_BENCH_ONLY=stages`: where a cold start's time goes, only.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("stages") {
+        return startup_stages(30).await;
+    }
+    // `NAMZU_BENCH_ONLY=agent-ab NAMZU_BENCH_AGENT_B=PATH`: this build's
+    // agent against another, create + first exec round by round.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("agent-ab") {
+        let other = std::env::var_os("NAMZU_BENCH_AGENT_B").ok_or("NAMZU_BENCH_AGENT_B: the other agent binary")?;
+        return agent_ab(other.into(), iters.min(200)).await;
+    }
+    // `NAMZU_BENCH_ONLY=local`: the local tier's create, exec and memory.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("local") {
+        return local_tier(iters).await;
     }
     // `NAMZU_BENCH_ONLY=pause`: pause and resume on the local tier only.
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("pause") {

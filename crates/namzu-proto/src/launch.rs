@@ -97,6 +97,32 @@ pub struct LaunchSpec {
     /// them), put back before anything is served; `None`: they start empty.
     #[serde(default)]
     pub restore: Option<String>,
+    /// Where the launcher writes the identities of the sandbox's processes
+    /// (itself, its namespace child, the sandbox's init: a `pid start` line
+    /// each, start in clock ticks after boot) as soon as it knows them,
+    /// while the init is still building the sandbox; `None`: not written,
+    /// and the host reads them from `/proc` itself.
+    #[serde(default)]
+    pub procs_file: Option<String>,
+}
+
+/// The text of a [`LaunchSpec::procs_file`]: one `pid start` line per
+/// process, in order from the launcher down.
+pub fn procs_to_text(procs: &[(u32, u64)]) -> String {
+    procs.iter().map(|(pid, start)| format!("{pid} {start}\n")).collect()
+}
+
+/// Reads [`procs_to_text`]'s text back; `None` if any line is not two
+/// numbers, or there is none.
+pub fn procs_from_text(text: &str) -> Option<Vec<(u32, u64)>> {
+    let procs = text
+        .lines()
+        .map(|line| {
+            let (pid, start) = line.split_once(' ')?;
+            Some((pid.parse().ok()?, start.parse().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!procs.is_empty()).then_some(procs)
 }
 
 /// The sandbox's writable tmpfs's that a suspend saves and a resume puts
@@ -143,3 +169,19 @@ pub const BASE_DISK_LABEL: &str = "namzu-base";
 pub const RW_DISK_LABEL: &str = "namzu-rw";
 /// The list of kernel modules to load, in order, inside the initramfs.
 pub const GUEST_MODULES_LIST: &str = "etc/namzu/modules";
+
+#[cfg(test)]
+mod procs_text_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn identities_round_trip_and_a_torn_or_empty_file_is_refused() {
+        let procs = [(41, 7_000_001), (42, 7_000_002), (43, 7_000_002)];
+        let text = procs_to_text(&procs);
+        assert_eq!(procs_from_text(&text).unwrap(), procs);
+        for bad in ["", "41\n", "41 7000001\n42 ", "41 x\n", "-1 5\n", "41 7000001 9\n"] {
+            assert_eq!(procs_from_text(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -201,3 +201,73 @@ async fn a_suspend_that_cannot_archive_leaves_the_sandbox_running_where_it_was()
     assert!(me.alive && !me.suspended, "{me:?}");
     sb.destroy().await.unwrap();
 }
+
+/// `pid` and every process descending from it, as `/proc` has them now:
+/// (pid, start time in clock ticks after boot), parents before children.
+fn proc_tree(pid: u64) -> Vec<(u64, u64)> {
+    let start = |pid: u64| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let (_, rest) = stat.rsplit_once(')').unwrap();
+        rest.split_whitespace().nth(19).unwrap().parse().unwrap()
+    };
+    let mut out = vec![(pid, start(pid))];
+    let mut i = 0;
+    while i < out.len() {
+        for task in std::fs::read_dir(format!("/proc/{}/task", out[i].0)).unwrap().flatten() {
+            let kids = std::fs::read_to_string(task.path().join("children")).unwrap();
+            for kid in kids.split_whitespace() {
+                let kid: u64 = kid.parse().unwrap();
+                out.push((kid, start(kid)));
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// What meta.json records of the sandbox's processes (pid, start).
+fn recorded(dir: &Path) -> (u64, Vec<(u64, u64)>) {
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let procs = meta["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["pid"].as_u64().unwrap(), p["start"].as_u64().unwrap()))
+        .collect();
+    (meta["pid"].as_u64().unwrap(), procs)
+}
+
+#[tokio::test]
+async fn the_processes_recorded_are_the_launchers_tree_and_a_resume_records_its_own() {
+    let state = tempfile::tempdir().unwrap();
+    let p = provider(state.path());
+    let sb = p.create(SandboxSpec::default()).await.unwrap();
+    let id = sb.id().to_owned();
+    let dir = state.path().join("local").join(&id);
+    // The launcher, its namespace child and the sandbox's init: what the
+    // launcher wrote while the init built the sandbox is what /proc has.
+    let (anchor, first) = recorded(&dir);
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert_eq!(first[0].0, anchor);
+    assert_eq!(first, proc_tree(anchor));
+    sb.suspend().await.unwrap();
+    // A forged list left in the directory (as an earlier launch's would
+    // be) must not stand in for the next launch's.
+    let me = proc_tree(u64::from(std::process::id()))[0];
+    std::fs::write(dir.join("procs"), format!("{} {}\n", me.0, me.1)).unwrap();
+    let sb = p.resume(&id).await.unwrap();
+    let (anchor, again) = recorded(&dir);
+    assert_eq!(again, proc_tree(anchor));
+    assert_eq!(again.len(), 3, "{again:?}");
+    assert!(again.iter().all(|p| !first.contains(p) && *p != me), "{again:?}");
+    // And they are what destroy ends: none of them runs after it (the
+    // launcher, this process's child, may be a zombie until reaped).
+    sb.destroy().await.unwrap();
+    for (pid, start) in again {
+        let runs = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            let fields: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+            fields[0] != "Z" && fields[19] == start.to_string()
+        });
+        assert!(!runs, "process {pid} outlived destroy");
+    }
+}

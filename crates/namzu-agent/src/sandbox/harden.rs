@@ -129,11 +129,26 @@ fn arch() -> Result<seccompiler::TargetArch, HardenError> {
         .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
 }
 
-/// The EPERM filter: denied syscalls, and clone with a namespace flag.
-pub fn eperm_filter() -> Result<BpfProgram, HardenError> {
+/// The argument rules, compiled by seccompiler: `clone` with a namespace
+/// flag, `socket(AF_VSOCK)` and the making of device nodes answer EPERM.
+/// Four syscalls: the chain seccompiler makes stays short.
+pub fn args_filter() -> Result<BpfProgram, HardenError> {
+    compile(arg_rules()?, libc::EPERM)
+}
+
+/// Compiles `rules` with seccompiler: a match answers `errno`, anything
+/// else is allowed, another arch kills.
+pub fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram, HardenError> {
     let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        denied_syscalls().into_iter().map(|(_, nr)| (nr, vec![])).collect();
+    let filter =
+        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno as u32), arch()?).map_err(se)?;
+    filter.try_into().map_err(se)
+}
+
+/// [`args_filter`]'s rules, by syscall number.
+pub fn arg_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, HardenError> {
+    let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let clone_rules = CLONE_NS_FLAGS
         .iter()
         .map(|&flag| {
@@ -177,69 +192,89 @@ pub fn eperm_filter() -> Result<BpfProgram, HardenError> {
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(nr, device_rules);
     }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch()?,
-    )
-    .map_err(se)?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
-}
-
-/// `clone3` answers ENOSYS: its flags live in memory a filter cannot read,
-/// and libc falls back to `clone` on ENOSYS.
-fn clone3_filter() -> Result<BpfProgram, HardenError> {
-    let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, vec![])].into_iter().collect();
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch()?,
-    )
-    .map_err(se)?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+    Ok(rules)
 }
 
 /// The bit that marks an x32-ABI syscall number on x86_64.
 pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-/// On x86_64, every x32-ABI syscall answers ENOSYS. seccompiler's filters
-/// check the audit arch (x32 shares AUDIT_ARCH_X86_64) and then match
-/// syscall numbers exactly, so `ptrace | 0x40000000` would fall through to
-/// their default, Allow. Another arch is left to those filters (they kill
-/// the process on a mismatch).
-pub fn x32_filter() -> BpfProgram {
-    use seccompiler::sock_filter;
-    const LD_W_ABS: u16 = 0x20;
-    const JEQ_K: u16 = 0x15;
-    const JGE_K: u16 = 0x35;
-    const RET_K: u16 = 0x06;
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
-    vec![
+/// The audit arch of this build's native syscalls.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const RET_K: u16 = 0x06;
+
+fn op(code: u16, jt: u8, jf: u8, k: u32) -> seccompiler::sock_filter {
+    seccompiler::sock_filter { code, jt, jf, k }
+}
+
+/// The number rules, as one program: another arch kills the process; on
+/// x86_64 every x32-ABI number (`nr | 0x40000000`, same audit arch, which
+/// no per-number rule would match) answers ENOSYS; `clone3` answers ENOSYS
+/// (its flags live in memory a filter cannot read, and libc falls back to
+/// `clone` on ENOSYS); each of [`denied_syscalls`] answers EPERM, found by
+/// a binary search; everything else is allowed.
+///
+/// Written here rather than by seccompiler, which chains one comparison
+/// per syscall: the kernel runs each new filter once for every syscall
+/// number as it installs it (to cache which numbers it always allows), so
+/// the cost of a chain of fifty lands on every sandbox's start.
+pub fn deny_filter() -> Result<BpfProgram, HardenError> {
+    let mut nrs: Vec<u32> = denied_syscalls()
+        .into_iter()
+        .map(|(name, nr)| u32::try_from(nr).map_err(|_| HardenError::Seccomp(format!("{name}: number {nr}"))))
+        .collect::<Result<_, _>>()?;
+    nrs.sort_unstable();
+    nrs.dedup();
+    let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+    let mut prog = vec![
         op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        op(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        op(JEQ_K, 1, 0, AUDIT_ARCH),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
         op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        op(JGE_K, 0, 1, X32_SYSCALL_BIT),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-    ]
+    ];
+    if cfg!(target_arch = "x86_64") {
+        prog.extend([op(JGE_K, 0, 1, X32_SYSCALL_BIT), op(RET_K, 0, 0, enosys)]);
+    }
+    let clone3 = u32::try_from(libc::SYS_clone3).map_err(|_| HardenError::Seccomp("clone3's number".into()))?;
+    prog.extend([op(JEQ_K, 0, 1, clone3), op(RET_K, 0, 0, enosys)]);
+    search(&nrs, &mut prog)?;
+    Ok(prog)
+}
+
+/// Appends a search of the sorted `nrs` for the number in A: EPERM when it
+/// is one of them, Allow otherwise. Each leaf returns itself, so every
+/// jump is forward past a subtree, never to a shared end.
+fn search(nrs: &[u32], prog: &mut BpfProgram) -> Result<(), HardenError> {
+    let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    match nrs {
+        [] => prog.push(op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW)),
+        [nr] => prog.extend([
+            op(JEQ_K, 0, 1, *nr),
+            op(RET_K, 0, 0, eperm),
+            op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ]),
+        _ => {
+            let (below, from) = nrs.split_at(nrs.len() / 2);
+            let at = prog.len();
+            prog.push(op(JGE_K, 0, 0, from[0]));
+            search(below, prog)?;
+            prog[at].jt = u8::try_from(prog.len() - at - 1)
+                .map_err(|_| HardenError::Seccomp("too many denied syscalls for one BPF jump".into()))?;
+            search(from, prog)?;
+        }
+    }
+    Ok(())
 }
 
 /// Every filter [`apply_seccomp`] installs, in installation order.
 pub fn filters() -> Result<Vec<BpfProgram>, HardenError> {
-    let mut all = vec![clone3_filter()?, eperm_filter()?];
-    if cfg!(target_arch = "x86_64") {
-        all.push(x32_filter());
-    }
-    Ok(all)
+    Ok(vec![deny_filter()?, args_filter()?])
 }
 
 /// The Landlock ABI the running kernel offers (0: none).
@@ -362,8 +397,10 @@ pub fn apply(spec: &LaunchSpec) -> Result<Vec<(String, String)>, HardenError> {
 /// kernel answers with the most restrictive. Needs no_new_privs set.
 pub fn apply_seccomp() -> Result<String, HardenError> {
     let se = |e: seccompiler::Error| HardenError::Seccomp(e.to_string());
-    for f in filters()? {
-        seccompiler::apply_filter(&f).map_err(se)?;
+    let all = filters()?;
+    crate::timeline::mark("harden.seccomp-compiled");
+    for f in &all {
+        seccompiler::apply_filter(f).map_err(se)?;
     }
     Ok(format!(
         "{} syscalls EPERM, clone with namespace flags EPERM, socket(AF_VSOCK) EPERM, clone3 ENOSYS{}",

@@ -143,6 +143,14 @@ fn supervise(
         // C failed before forking G; its status says why (logged by C).
         return Ok(wait_exit(c));
     };
+    if let Some(path) = &spec.procs_file {
+        // Now, while G builds the sandbox on the other core, rather than
+        // by the host walking /proc once G serves. The host falls back to
+        // that walk should this fail.
+        if let Err(e) = write_procs(Path::new(path), &[nix::unistd::getpid(), c, g]) {
+            tracing::warn!("launcher: the processes' identities: {e}");
+        }
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -177,6 +185,25 @@ fn supervise(
     });
     let _ = std::fs::remove_file(&spec.socket);
     Ok(code)
+}
+
+/// Writes the identities of `pids` (pid and start time) to `path`, whole
+/// or not at all (a rename).
+fn write_procs(path: &Path, pids: &[Pid]) -> std::io::Result<()> {
+    let start = |pid: Pid| -> std::io::Result<(u32, u64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Field 22; the command name (field 2) may hold spaces and ')'.
+        let start = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("/proc/{pid}/stat has no start time")))?;
+        Ok((pid.as_raw().unsigned_abs(), start))
+    };
+    let procs = pids.iter().map(|&p| start(p)).collect::<std::io::Result<Vec<_>>>()?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, namzu_proto::launch::procs_to_text(&procs))?;
+    std::fs::rename(&tmp, path)
 }
 
 /// L's part of C's start: puts C in the sandbox's cgroups, writes its

@@ -61,6 +61,15 @@ pub fn tree(root: u32) -> Vec<ProcId> {
     tree_by_children(root).unwrap_or_else(|| tree_by_scan(root))
 }
 
+/// The identities a launcher wrote to `path` (`LaunchSpec::procs_file`:
+/// itself, its namespace child, the sandbox's init), if the file is whole
+/// and names `launcher` first: a file left by an earlier launch does not.
+pub fn from_launcher(path: &std::path::Path, launcher: u32) -> Option<Vec<ProcId>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let procs = namzu_proto::launch::procs_from_text(&text)?;
+    (procs.first()?.0 == launcher).then(|| procs.into_iter().map(|(pid, start)| ProcId { pid, start }).collect())
+}
+
 /// The children of every thread of `pid`; `None` where the kernel has no
 /// `children` files (CONFIG_PROC_CHILDREN).
 fn children(pid: u32) -> Option<Vec<u32>> {

@@ -41,6 +41,10 @@ pub use once::{OnceCleanup, OnceIo, OnceOutcome, OnceRequest};
 /// (beneath the tier's state directory; see `namzu_agent::sandbox::etc`).
 pub const ETC_CACHE: &str = ".etc";
 
+/// The file in a sandbox's directory where its launcher writes the
+/// identities of the sandbox's processes (`LaunchSpec::procs_file`).
+const PROCS_FILE: &str = "procs";
+
 /// What the local tier keeps in a sandbox's state record.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct LocalRecord {
@@ -291,6 +295,7 @@ impl LocalProvider {
             tcp_listen,
             etc_cache: Some(path_string(&self.state.root().join(ETC_CACHE))),
             restore: None,
+            procs_file: Some(path_string(&dir.join(PROCS_FILE))),
         };
         let cgroups = crate::backend::cgroup::create(id, &spec.resources)?;
         crate::timeline::mark("create.cgroups");
@@ -316,6 +321,12 @@ impl LocalProvider {
             message: e.to_string(),
         })?;
         std::fs::write(dir.join("spec.json"), json).map_err(io(OP))?;
+        // A resume launches again in the same directory: the last launch's
+        // identities must not stand in for this one's.
+        match std::fs::remove_file(dir.join(PROCS_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(OP)(e)),
+            _ => {}
+        }
         crate::timeline::mark("create.spec-written");
         let mut cmd = tokio::process::Command::new(&self.agent_bin);
         cmd.arg("--launch")
@@ -344,7 +355,10 @@ impl LocalProvider {
         let attached = match wait_for_agent(&self.state, dir, id, &mut child, &opts).await {
             Ok(client) => {
                 crate::timeline::replay(&client.info().startup);
-                let recorded = self.state.record_processes(dir, &mut meta).map(|()| client);
+                let recorded = self
+                    .state
+                    .record_launched(dir, &dir.join(PROCS_FILE), &mut meta)
+                    .map(|()| client);
                 crate::timeline::mark("create.processes-recorded");
                 recorded
             }
