@@ -202,14 +202,20 @@ async fn a_suspend_that_cannot_archive_leaves_the_sandbox_running_where_it_was()
     sb.destroy().await.unwrap();
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (state first,
+/// start time at 19); `None` once the process is gone.
+fn stat_fields(pid: u64) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_owned).collect())
+}
+
+fn start(pid: u64) -> u64 {
+    stat_fields(pid).unwrap()[19].parse().unwrap()
+}
+
 /// `pid` and every process descending from it, as `/proc` has them now:
 /// (pid, start time in clock ticks after boot), parents before children.
 fn proc_tree(pid: u64) -> Vec<(u64, u64)> {
-    let start = |pid: u64| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let (_, rest) = stat.rsplit_once(')').unwrap();
-        rest.split_whitespace().nth(19).unwrap().parse().unwrap()
-    };
     let mut out = vec![(pid, start(pid))];
     let mut i = 0;
     while i < out.len() {
@@ -253,7 +259,8 @@ async fn the_processes_recorded_are_the_launchers_tree_and_a_resume_records_its_
     sb.suspend().await.unwrap();
     // A forged list left in the directory (as an earlier launch's would
     // be) must not stand in for the next launch's.
-    let me = proc_tree(u64::from(std::process::id()))[0];
+    let me = u64::from(std::process::id());
+    let me = (me, start(me));
     std::fs::write(dir.join("procs"), format!("{} {}\n", me.0, me.1)).unwrap();
     let sb = p.resume(&id).await.unwrap();
     let (anchor, again) = recorded(&dir);
@@ -264,10 +271,7 @@ async fn the_processes_recorded_are_the_launchers_tree_and_a_resume_records_its_
     // launcher, this process's child, may be a zombie until reaped).
     sb.destroy().await.unwrap();
     for (pid, start) in again {
-        let runs = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            let fields: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
-            fields[0] != "Z" && fields[19] == start.to_string()
-        });
+        let runs = stat_fields(pid).is_some_and(|f| f[0] != "Z" && f[19] == start.to_string());
         assert!(!runs, "process {pid} outlived destroy");
     }
 }

@@ -138,7 +138,7 @@ pub fn args_filter() -> Result<BpfProgram, HardenError> {
 
 /// Compiles `rules` with seccompiler: a match answers `errno`, anything
 /// else is allowed, another arch kills.
-pub fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram, HardenError> {
+fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram, HardenError> {
     let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
     let filter =
         SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno as u32), arch()?).map_err(se)?;
@@ -146,7 +146,7 @@ pub fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<Bpf
 }
 
 /// [`args_filter`]'s rules, by syscall number.
-pub fn arg_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, HardenError> {
+fn arg_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, HardenError> {
     let se = |e: seccompiler::BackendError| HardenError::Seccomp(e.to_string());
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let clone_rules = CLONE_NS_FLAGS

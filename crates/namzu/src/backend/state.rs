@@ -187,16 +187,6 @@ impl StateDir {
         self.write_meta(dir, meta)
     }
 
-    /// As [`Self::record_processes`], taking the identities from `procs`
-    /// where the launcher wrote them there (`LaunchSpec::procs_file`) and
-    /// they start with the launcher this process spawned; from `/proc`
-    /// otherwise.
-    pub fn record_launched(&self, dir: &Path, procs: &Path, meta: &mut Meta) -> Result<()> {
-        meta.procs = crate::backend::procid::from_launcher(procs, meta.pid)
-            .unwrap_or_else(|| crate::backend::procid::tree(meta.pid));
-        self.write_meta(dir, meta)
-    }
-
     pub fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<()> {
         let json = serde_json::to_vec_pretty(meta).map_err(|e| Error::State {
             id: meta.id.clone(),

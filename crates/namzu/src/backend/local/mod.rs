@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
 
 use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
-use crate::backend::{check_spec, find_agent_binary, privilege_probe};
+use crate::backend::{check_spec, find_agent_binary, privilege_probe, procid};
 use crate::client::ClientOptions;
 use crate::error::{Error, Result};
 use crate::handle::{Sandbox, SandboxBackend};
@@ -355,10 +355,11 @@ impl LocalProvider {
         let attached = match wait_for_agent(&self.state, dir, id, &mut child, &opts).await {
             Ok(client) => {
                 crate::timeline::replay(&client.info().startup);
-                let recorded = self
-                    .state
-                    .record_launched(dir, &dir.join(PROCS_FILE), &mut meta)
-                    .map(|()| client);
+                // As the launcher wrote them while the init built the
+                // sandbox; from /proc where it did not.
+                meta.procs =
+                    procid::from_launcher(&dir.join(PROCS_FILE), meta.pid).unwrap_or_else(|| procid::tree(meta.pid));
+                let recorded = self.state.write_meta(dir, &meta).map(|()| client);
                 crate::timeline::mark("create.processes-recorded");
                 recorded
             }
