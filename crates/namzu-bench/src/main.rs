@@ -29,6 +29,7 @@ use namzu::{ExecRequest, Provider, Sandbox, SandboxSpec, WriteOptions};
 use tokio::io::AsyncReadExt;
 
 mod cold;
+mod first;
 mod pause;
 mod pool;
 mod raw;
@@ -449,6 +450,11 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         let state = tempfile::tempdir()?;
         cold::cli_cold_start(state.path(), iters.min(300));
         return Ok(());
+    }
+    // `NAMZU_BENCH_ONLY=first-exec`: the first command of a fresh sandbox
+    // next to the ones after it, with the agent's CPU and faults.
+    if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("first-exec") {
+        return first::bench(iters.min(100)).await;
     }
     // `NAMZU_BENCH_ONLY=stages`: where a cold start's time goes, only.
     if std::env::var("NAMZU_BENCH_ONLY").as_deref() == Ok("stages") {
