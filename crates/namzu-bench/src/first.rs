@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use namzu::backend::local::LocalProvider;
 use namzu::{ExecRequest, Provider, SandboxSpec};
 
+use crate::median;
+
 /// CPU time of every thread of `pid` (`self` for this process), from
 /// `schedstat` (nanoseconds on a CPU).
 fn cpu(pid: &str) -> Duration {
@@ -40,17 +42,12 @@ fn faults(pid: &str) -> u64 {
 }
 
 /// One exec's figures.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Exec {
     wall: Duration,
     agent_cpu: Duration,
     agent_faults: u64,
     host_cpu: Duration,
-}
-
-fn median<T: Copy + Ord>(mut v: Vec<T>) -> T {
-    v.sort();
-    v[v.len() / 2]
 }
 
 pub async fn bench(sandboxes: usize) -> Result<(), Box<dyn std::error::Error>> {
@@ -69,12 +66,7 @@ pub async fn bench(sandboxes: usize) -> Result<(), Box<dyn std::error::Error>> {
             .last()
             .map(|p| p.pid.to_string())
             .ok_or("no process recorded for the sandbox")?;
-        let mut row = [Exec {
-            wall: Duration::ZERO,
-            agent_cpu: Duration::ZERO,
-            agent_faults: 0,
-            host_cpu: Duration::ZERO,
-        }; EXECS];
+        let mut row = [Exec::default(); EXECS];
         for slot in &mut row {
             let (a0, f0, h0) = (cpu(&agent), faults(&agent), cpu("self"));
             let t = Instant::now();

@@ -38,7 +38,8 @@ use raw::raw_socket_write;
 
 const GIB: u64 = 1 << 30;
 
-fn median(mut v: Vec<Duration>) -> Duration {
+/// The middle value (the upper one of an even count); `v` is not empty.
+fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v.sort();
     v[v.len() / 2]
 }
