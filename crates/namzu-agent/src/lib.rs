@@ -11,6 +11,8 @@
 //! * [`op_error`]: an operation's typed error and its status;
 //! * [`fence`]: the retiring fence in front of every RPC;
 //! * [`exec`]: executions — reservation, streaming, timeout, confirmed kills;
+//! * [`side_exec`]: a command on a stream of its own (the exec form of the
+//!   preface), beside the side reads and writes;
 //! * [`reaper`]: the single `waitpid` owner (the agent is a subreaper);
 //! * [`spawn`]: commands started with posix_spawn (a vfork, not a fork);
 //! * [`files`]: atomic writes, bounded reads, walks — through [`jail`];
@@ -63,6 +65,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod service;
 pub mod sessions;
+pub mod side_exec;
 mod side_read;
 mod side_write;
 pub mod spawn;

@@ -465,12 +465,13 @@ fn run(args: Args) -> Result<(), String> {
     };
     let default_cwd = args.cwd.unwrap_or_else(|| roots[0].clone());
     let mut disabled_features = namzu_agent::config::disabled_features_from_env();
-    // Side reads and writes run on a unix socket of the host's; a link
+    // Side reads, writes and commands run on a unix socket of the host's; a link
     // that is not one (a VM's multiplexed port, TCP) has no such socket,
     // so the features are not offered there.
     if !matches!(listen, namzu_agent::serve::Listen::Unix(_)) {
         disabled_features.push(namzu_proto::features::FILES_READ_SIDE.to_owned());
         disabled_features.push(namzu_proto::features::FILES_WRITE_SIDE.to_owned());
+        disabled_features.push(namzu_proto::features::EXEC_SIDE.to_owned());
     }
     let cfg = AgentConfig {
         roots,

@@ -186,11 +186,18 @@ impl Gate {
                             .map_err(|s| s.message().to_owned())?;
                         Some(prost::Message::encode_to_vec(&h))
                     }
-                    Offer::Plain | Offer::Egress { .. } | Offer::Read { .. } | Offer::Write { .. } => None,
+                    Offer::Plain
+                    | Offer::Egress { .. }
+                    | Offer::Read { .. }
+                    | Offer::Write { .. }
+                    | Offer::Exec { .. } => None,
                 };
-                preface::answer(&mut io, hello.as_deref())
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // A command's acceptance leaves with its first frame.
+                if !matches!(offer, Offer::Exec { .. }) {
+                    preface::answer(&mut io, hello.as_deref())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 Ok::<_, String>((io, offer))
             };
             let outcome = tokio::time::timeout(me.deadline, admitted).await;
@@ -208,6 +215,10 @@ impl Gate {
                 Ok(Ok((io, namzu_proto::preface::Offer::Write { request }))) => {
                     let peer = io.into_unix().map_err(|b| b as Pin<Box<dyn AsyncWrite + Send>>);
                     crate::side_write::serve(me.service.clone(), me.side_writes.clone(), peer, request).await;
+                }
+                Ok(Ok((io, namzu_proto::preface::Offer::Exec { request }))) => {
+                    let peer = io.into_unix().map_err(|b| b as Pin<Box<dyn AsyncWrite + Send>>);
+                    crate::side_exec::serve(me.service.clone(), peer, request).await;
                 }
                 Ok(Ok((io, _))) => {
                     let _ = me.links.send(Ok(Conn { io: io.boxed(), closed })).await;

@@ -84,6 +84,64 @@ impl AgentService {
         self.feature(op, namzu_proto::features::FILES_READ_SIDE)
     }
 
+    /// Refuses a command on a stream of its own when that feature is
+    /// withheld.
+    pub(crate) fn side_exec_enabled(&self, op: &str) -> Result<(), Status> {
+        self.feature(op, namzu_proto::features::EXEC_SIDE)
+    }
+
+    /// The retiring fence for a stream of its own, which no tower layer
+    /// stands in front of: refused as [`crate::fence`] refuses an RPC.
+    pub(crate) fn side_fence(&self, op: &str) -> Result<(), Status> {
+        if self.execs.retiring() {
+            return Err(agent_err(
+                Kind::Retiring,
+                op,
+                "agent is retiring after an unconfirmed kill; only health and cancel are served",
+            )
+            .into_status());
+        }
+        Ok(())
+    }
+
+    /// Starts a command whose `start` was read, on the link or on a
+    /// stream of its own, with the checks and errors of `Exec`. Returns
+    /// the first output message (`Started`, or why not) already received,
+    /// so that it leaves in one write with whatever precedes it, and the
+    /// receiver of the rest.
+    pub(crate) async fn start_exec(
+        &self,
+        mut start: v1::ExecStart,
+        input: crate::exec::InputStream,
+    ) -> Result<
+        (
+            Option<Result<ExecOutput, Status>>,
+            mpsc::Receiver<Result<ExecOutput, Status>>,
+        ),
+        Status,
+    > {
+        self.admit("exec", namzu_proto::features::EXEC)?;
+        crate::pause::refuse("exec").map_err(IntoStatus::into_status)?;
+        if start.stdin_stream {
+            self.feature("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
+        }
+        if start.detachable {
+            self.feature("exec", namzu_proto::features::EXEC_ATTACH)?;
+        }
+        // No reservation: nobody can cancel before `Started` names the id, so
+        // reserving here saves the caller a round trip.
+        if start.execution_id.is_empty() && !start.detachable {
+            start.execution_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
+        }
+        let (tx, mut rx) = mpsc::channel(16);
+        tokio::spawn(self.execs.clone().run(start, input, tx));
+        // The answer waits for the first message (`Started`, or why not):
+        // the response's head (or a side stream's acceptance) and it leave
+        // in one write, and the host wakes once for them instead of twice.
+        let first = rx.recv().await;
+        Ok((first, rx))
+    }
+
     /// A side write's start, with the checks and errors of `WriteFile`'s
     /// begin: the target located and its temporary made.
     pub(crate) async fn begin_side_write(
@@ -91,6 +149,7 @@ impl AgentService {
         begin: namzu_proto::v1::WriteBegin,
     ) -> Result<files::PendingWrite, Status> {
         const OP: &str = "write_file";
+        self.side_fence(OP)?;
         self.admit(OP, namzu_proto::features::FILES_WRITE)?;
         self.feature(OP, namzu_proto::features::FILES_WRITE_SIDE)?;
         let max = self.limits().max_write_bytes;
@@ -208,35 +267,18 @@ impl Agent for AgentService {
     type ExecStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<ExecOutput, Status>> + Send>>;
 
     async fn exec(&self, req: Request<Streaming<ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
-        self.admit("exec", namzu_proto::features::EXEC)?;
-        crate::pause::refuse("exec").map_err(IntoStatus::into_status)?;
         let mut input = req.into_inner();
-        let mut start = match input.next().await {
+        let start = match input.next().await {
             Some(Ok(ExecInput {
                 msg: Some(exec_input::Msg::Start(s)),
             })) => s,
             Some(Err(e)) => return Err(e),
             _ => return Err(agent_err(Kind::Protocol, "exec", "first message must be start").into_status()),
         };
-        if start.stdin_stream {
-            self.feature("exec", namzu_proto::features::EXEC_STDIN_STREAM)?;
-        }
-        if start.detachable {
-            self.feature("exec", namzu_proto::features::EXEC_ATTACH)?;
-        }
-        // No reservation: nobody can cancel before `Started` names the id, so
-        // reserving here saves the caller a round trip.
-        if start.execution_id.is_empty() && !start.detachable {
-            start.execution_id = self.execs.reserve(None).map_err(IntoStatus::into_status)?.0;
-        }
-        let (tx, mut rx) = mpsc::channel(16);
-        tokio::spawn(self.execs.clone().run(start, Box::pin(input), tx));
-        // The response's head waits for the first message (`Started`, or
-        // why not): both leave in one write, and the host wakes once for
-        // them instead of twice.
-        let first = rx.recv().await;
-        let rest = ReceiverStream::new(rx);
-        Ok(Response::new(Box::pin(futures::stream::iter(first).chain(rest))))
+        let (first, rest) = self.start_exec(start, Box::pin(input)).await?;
+        Ok(Response::new(Box::pin(
+            futures::stream::iter(first).chain(ReceiverStream::new(rest)),
+        )))
     }
 
     type AttachExecStream = ReceiverStream<Result<ExecOutput, Status>>;

@@ -34,6 +34,7 @@ pub async fn serve(
         return;
     };
     let opened = async {
+        service.side_fence(OP)?;
         service.side_reads_enabled(OP)?;
         let r: ReadFileStreamRequest = prost::Message::decode(request.as_slice())
             .map_err(|e| Status::invalid_argument(format!("bad read request: {e}")))?;

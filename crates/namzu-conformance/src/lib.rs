@@ -205,7 +205,7 @@ pub fn run_main_with(
 /// lost (or gained) fails the suite instead of turning cases into
 /// "ignored".
 pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
-    use namzu::features::{ALL, EGRESS, EGRESS_HANDOFF, EGRESS_STREAM, FILES_READ_SIDE, FILES_WRITE_SIDE};
+    use namzu::features::{ALL, EGRESS, EGRESS_HANDOFF, EGRESS_STREAM, EXEC_SIDE, FILES_READ_SIDE, FILES_WRITE_SIDE};
     let with_egress = || {
         ALL.iter()
             .copied()
@@ -217,7 +217,7 @@ pub fn expected_features(backend: &str) -> Option<Vec<&'static str>> {
     let not_unix = || {
         ALL.iter()
             .copied()
-            .filter(|f| *f != FILES_READ_SIDE && *f != FILES_WRITE_SIDE)
+            .filter(|f| *f != FILES_READ_SIDE && *f != FILES_WRITE_SIDE && *f != EXEC_SIDE)
             .chain([EGRESS, EGRESS_STREAM, EGRESS_HANDOFF])
             .collect()
     };

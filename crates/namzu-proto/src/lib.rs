@@ -210,6 +210,11 @@ pub mod features {
     /// A write may travel on a byte stream of its own (the write form of
     /// the preface), framed by [`crate::side_read`].
     pub const FILES_WRITE_SIDE: &str = "files.write-side";
+    /// A command whose stdin does not stream may run on a byte stream of
+    /// its own (the exec form of the preface), its output framed by
+    /// [`crate::side_read`]: one write and one wake a message instead of
+    /// HTTP/2 and gRPC framing on the shared link.
+    pub const EXEC_SIDE: &str = "exec.side";
 
     /// Everything this version of the agent serves.
     pub const ALL: &[&str] = &[
@@ -218,6 +223,7 @@ pub mod features {
         EXEC_CANCEL,
         EXEC_ATTACH,
         EXEC_LIST,
+        EXEC_SIDE,
         FILES_WRITE,
         FILES_READ,
         FILES_READ_STREAM,

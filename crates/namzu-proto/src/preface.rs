@@ -13,6 +13,9 @@
 //!
 //! host -> agent:  "NZE2" | as NZE1
 //! agent -> host:  0x00   (accepted; the stream carries ask `ask` after a handoff, [`crate::handoff`])
+//!
+//! host -> agent:  "NZR1" / "NZW1" / "NZX1" | token_len: u16 | token | request_len: u32 | request
+//! agent -> host:  0x00   (accepted; the stream carries that read's, write's or command's frames, [`crate::side_read`])
 //! ```
 //!
 //! The second form asks the agent to say at once what `Health` would say
@@ -51,6 +54,10 @@ pub const MAGIC_READ: [u8; 4] = *b"NZR1";
 /// The write form: as the read form, with an encoded `WriteBegin`; the
 /// stream then carries that write's frames ([`crate::side_read`]).
 pub const MAGIC_WRITE: [u8; 4] = *b"NZW1";
+/// The exec form: as the read form, with an encoded `ExecStart`; the
+/// stream then carries that command's output as frames
+/// ([`crate::side_read`]).
+pub const MAGIC_EXEC: [u8; 4] = *b"NZX1";
 /// Hello flag: fork a probe child and report its status, as Health's
 /// `probe_child` does.
 pub const HELLO_PROBE_CHILD: u8 = 1;
@@ -100,6 +107,17 @@ pub enum Offer {
     Read { request: Vec<u8> },
     /// `NZW1`: a streamed write on this stream; the encoded `WriteBegin`.
     Write { request: Vec<u8> },
+    /// `NZX1`: a command whose output travels on this stream; the encoded
+    /// `ExecStart`.
+    Exec { request: Vec<u8> },
+}
+
+impl Offer {
+    /// Whether the stream, once accepted, carries one side operation's
+    /// frames (a read, a write or a command) rather than HTTP/2 or egress.
+    pub fn carries_request(&self) -> bool {
+        matches!(self, Offer::Read { .. } | Offer::Write { .. } | Offer::Exec { .. })
+    }
 }
 
 /// Parses a complete or partial preface held in `buf`.
@@ -171,7 +189,7 @@ where
     let trailer = match magic {
         MAGIC_HELLO => 1,
         MAGIC_EGRESS | MAGIC_EGRESS_HANDOFF => 8,
-        MAGIC_READ | MAGIC_WRITE => 4,
+        MAGIC_READ | MAGIC_WRITE | MAGIC_EXEC => 4,
         _ => 0,
     };
     if trailer > 0 {
@@ -188,7 +206,7 @@ where
     let mut rest = [0u8; 8];
     read_exact(stream, &mut rest[..trailer]).await?;
     let mut request = Vec::new();
-    if magic == MAGIC_READ || magic == MAGIC_WRITE {
+    if trailer == 4 {
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         if len > crate::side_read::MAX_REQUEST_BYTES {
             return Err(PrefaceError::BadLength(len));
@@ -209,6 +227,7 @@ where
         },
         MAGIC_READ => Offer::Read { request },
         MAGIC_WRITE => Offer::Write { request },
+        MAGIC_EXEC => Offer::Exec { request },
         _ => Offer::Plain,
     })
 }
@@ -242,7 +261,7 @@ where
 {
     match read_offer(stream, expected, max_token_bytes).await? {
         Offer::Plain => answer(stream, None).await,
-        Offer::Hello { .. } | Offer::Egress { .. } | Offer::Read { .. } | Offer::Write { .. } => {
+        Offer::Hello { .. } | Offer::Egress { .. } | Offer::Read { .. } | Offer::Write { .. } | Offer::Exec { .. } => {
             Err(PrefaceError::BadMagic)
         }
     }
@@ -313,10 +332,27 @@ where
     offer_side(stream, MAGIC_WRITE, token, request).await
 }
 
+/// Host side: the exec form, with `request` an encoded `ExecStart`. The
+/// agent runs the command once it has checked the token, and answers its
+/// acceptance together with the first frame.
+pub async fn offer_exec<S>(stream: &mut S, token: &[u8], request: &[u8]) -> Result<(), PrefaceError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    offer_side(stream, MAGIC_EXEC, token, request).await
+}
+
 async fn offer_side<S>(stream: &mut S, magic: [u8; 4], token: &[u8], request: &[u8]) -> Result<(), PrefaceError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    send_and_accept(stream, &side_offer(magic, token, request)?).await
+}
+
+/// The bytes of a side form of the preface (`magic` one of the read,
+/// write or exec forms'), for a host that writes them itself and then
+/// waits with [`read_acceptance`].
+pub fn side_offer(magic: [u8; 4], token: &[u8], request: &[u8]) -> Result<Vec<u8>, PrefaceError> {
     if request.len() > crate::side_read::MAX_REQUEST_BYTES {
         return Err(PrefaceError::BadLength(request.len()));
     }
@@ -324,7 +360,13 @@ where
     bytes[..4].copy_from_slice(&magic);
     bytes.extend_from_slice(&(request.len() as u32).to_be_bytes());
     bytes.extend_from_slice(request);
-    send_and_accept(stream, &bytes).await
+    Ok(bytes)
+}
+
+/// Host side: the agent's answer to a preface already written;
+/// [`PrefaceError::Refused`] for a refusal or a close.
+pub async fn read_acceptance<S: AsyncRead + Unpin>(stream: &mut S) -> Result<(), PrefaceError> {
+    read_accepted(stream).await
 }
 
 /// Host side: sends the hello form of the preface and returns the agent's
@@ -438,6 +480,21 @@ mod tests {
             served.await.unwrap(),
             Offer::Write {
                 request: b"encoded begin".to_vec()
+            }
+        );
+        let (mut host, mut agent) = tokio::io::duplex(4096);
+        let served = tokio::spawn(async move {
+            let offer = read_offer(&mut agent, b"tok", 16).await.unwrap();
+            answer(&mut agent, None).await.unwrap();
+            offer
+        });
+        offer_exec(&mut host, b"tok", b"encoded start").await.unwrap();
+        let offer = served.await.unwrap();
+        assert!(offer.carries_request());
+        assert_eq!(
+            offer,
+            Offer::Exec {
+                request: b"encoded start".to_vec()
             }
         );
         // A request length past the bound is refused before it is read.

@@ -16,6 +16,14 @@
 //! written (u64) and the file's mode (u32), or `ERROR`. A write whose stream
 //! ends before the host's `END` replaces nothing.
 //!
+//! The exec form (`NZX1`) carries one command: the agent answers its
+//! acceptance together with the first frame, then sends [`DATA`] frames,
+//! each one encoded `ExecOutput` (`Started` first, then output, `Exit`
+//! last) as the link's `Exec` call would have streamed them, or an
+//! [`ERROR`] where the call would have failed. The host sends nothing
+//! after the preface: its end closing is the call dropped, and the agent
+//! kills the command as it does when an `Exec` call is reset.
+//!
 //! A stream that closes anywhere else (mid-frame, or with no `END`) is
 //! broken, never a short file. Frames let the sender learn a length before
 //! it sends (a file's size at that moment) and still fail with a typed

@@ -1,6 +1,7 @@
 //! Commands: run, stream, detachable executions (reserve, attach by offset, cancel), and the stream a running command is read through.
 
 use super::link::*;
+use super::side_exec::OutputStream;
 
 impl AgentClient {
     /// Runs a command and collects its output.
@@ -58,17 +59,37 @@ impl AgentClient {
         } else {
             None
         };
-        // The forwarder keeps the request half open for the whole call; the
-        // stream aborts it when dropped, which lets HTTP/2 reset the call so
-        // the agent kills the command instead of running it unwatched.
-        let (input, input_task) = exec_input_stream(start, stdin_stream, self.inner.heartbeat);
-        let mut out = self
-            .rpc()
-            .exec(input)
-            .await
-            .map_err(|s| self.status(OP, s))?
-            .into_inner();
-        let pid = match out.message().await.map_err(|s| self.status(OP, s))? {
+        // A command with nothing to stream in, on a local socket, runs on a
+        // stream of its own ([`super::side_exec`]); any other on the link.
+        let side = if stdin_stream.is_none() && !reserve_first {
+            let mut own = start.clone();
+            // Its socket closing says the host is gone; no beats needed.
+            own.host_heartbeats = false;
+            self.side_exec(&own).await?
+        } else {
+            None
+        };
+        let (first, out, input_task) = match side {
+            Some((first, out)) => (Some(first), out, None),
+            None => {
+                // The forwarder keeps the request half open for the whole
+                // call; the stream aborts it when dropped, which lets HTTP/2
+                // reset the call so the agent kills the command instead of
+                // running it unwatched.
+                let (input, input_task) = exec_input_stream(start, stdin_stream, self.inner.heartbeat);
+                let out = self
+                    .rpc()
+                    .exec(input)
+                    .await
+                    .map_err(|s| self.status(OP, s))?
+                    .into_inner();
+                let me = self.clone();
+                let mut out: OutputStream = Box::pin(out.map(move |m| m.map_err(|s| me.status(OP, s))));
+                let first = out.next().await.transpose()?;
+                (first, out, Some(input_task))
+            }
+        };
+        let pid = match first {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Started(s)),
             }) => {
@@ -86,7 +107,9 @@ impl AgentClient {
             Some(v1::ExecOutput {
                 msg: Some(exec_output::Msg::Exit(x)),
             }) => {
-                input_task.abort();
+                if let Some(t) = input_task {
+                    t.abort();
+                }
                 return Ok(ExecStream::finished(
                     self.clone(),
                     execution_id,
@@ -111,7 +134,7 @@ impl AgentClient {
             next_offset: 0,
             pending_exit: None,
             canceller,
-            input_task: Some(input_task),
+            input_task,
             silence: silence_timer(self.inner.heartbeat),
             after_hold: false,
         })
@@ -309,7 +332,7 @@ pub struct ExecStream {
     /// knew this command.
     pub boot_id: String,
     client: AgentClient,
-    out: Option<tonic::Streaming<v1::ExecOutput>>,
+    out: Option<OutputStream>,
     /// A detachable execution's events, each with the log offset after it,
     /// fed by a task that reattaches.
     driven: Option<(mpsc::Receiver<Driven>, tokio::task::JoinHandle<()>)>,
@@ -441,7 +464,7 @@ impl Stream for ExecStream {
 impl ExecStream {
     fn map_polled(
         mut self: Pin<&mut Self>,
-        polled: std::task::Poll<Option<std::result::Result<v1::ExecOutput, tonic::Status>>>,
+        polled: std::task::Poll<Option<Result<v1::ExecOutput>>>,
     ) -> std::task::Poll<Option<Result<ExecEvent>>> {
         use std::task::Poll;
         match polled {
@@ -453,9 +476,8 @@ impl ExecStream {
                     message: "stream ended before the exit".into(),
                 })))
             }
-            Poll::Ready(Some(Err(s))) => {
+            Poll::Ready(Some(Err(e))) => {
                 self.out = None;
-                let e = self.client.status("exec", s);
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(Some(Ok(msg))) => match msg.msg {

@@ -92,8 +92,9 @@ pub(super) enum Dial {
     Again,
     /// Dials again, cheaply enough for a stream per egress connection.
     Cheap,
-    /// Unix streams: as `Cheap`, and spliced.
-    Unix(UnixDialer),
+    /// Unix streams: as `Cheap`, and spliced; with the socket's path where
+    /// there is one to connect to directly.
+    Unix(UnixDialer, Option<Arc<Path>>),
 }
 
 /// Object-safe form of [`LinkStream`], so one client type serves every
@@ -115,6 +116,9 @@ pub(super) struct Inner {
     /// Upload chunk: [`WRITE_CHUNK`], or less if the agent's message limit
     /// is smaller.
     pub(super) write_chunk: usize,
+    /// Largest message this host reads (`max_message_bytes`), on the link
+    /// or framed on a stream of its own.
+    pub(super) max_message_bytes: usize,
     /// The agent's heartbeat interval (`None`: it sends none, or is too
     /// old to): both ends beat at it and give up after three silent ones.
     pub(super) heartbeat: Option<Duration>,
@@ -130,8 +134,9 @@ pub(super) struct Inner {
 
 /// How a link opens an egress connection's own stream.
 pub(super) enum SideDial {
-    /// A unix stream: spliced.
-    Unix(UnixDialer),
+    /// A unix stream: spliced; the path, where a stream is a plain
+    /// connect to it (see [`super::side`]).
+    Unix(UnixDialer, Option<Arc<Path>>),
     /// Any other cheap dial.
     Other(Dialer),
 }
@@ -281,7 +286,8 @@ impl AgentClient {
     pub async fn connect_unix(sandbox_id: &str, path: &Path, token: Vec<u8>, opts: ClientOptions) -> Result<Self> {
         let p = path.to_path_buf();
         let dial: UnixDialer = Arc::new(move || Box::pin(tokio::net::UnixStream::connect(p.clone())));
-        Self::connect_unix_dialer(sandbox_id, &path.display().to_string(), token, opts, dial).await
+        let at: Arc<Path> = path.into();
+        Self::connect_unix_dialer(sandbox_id, &path.display().to_string(), token, opts, dial, Some(at)).await
     }
 
     /// Connects to an agent that dials this host back, through `listener`
@@ -298,7 +304,7 @@ impl AgentClient {
             let l = listener.clone();
             Box::pin(async move { l.dial().await })
         });
-        Self::connect_unix_dialer(sandbox_id, &endpoint, token, opts, dial).await
+        Self::connect_unix_dialer(sandbox_id, &endpoint, token, opts, dial, None).await
     }
 
     async fn connect_unix_dialer(
@@ -307,6 +313,7 @@ impl AgentClient {
         token: Vec<u8>,
         opts: ClientOptions,
         dial: UnixDialer,
+        path: Option<Arc<Path>>,
     ) -> Result<Self> {
         let d = dial.clone();
         // A dial cheap enough to make per egress connection: the link may
@@ -317,7 +324,7 @@ impl AgentClient {
             fixed_token(token),
             opts,
             boxed_dialer(move || d()),
-            Dial::Unix(dial),
+            Dial::Unix(dial, path),
         )
         .await
     }
@@ -355,7 +362,7 @@ impl AgentClient {
         let hello = !matches!(how, Dial::Once);
         let side = match &how {
             Dial::Cheap => Some((SideDial::Other(dialer.clone()), token.clone())),
-            Dial::Unix(dial) => Some((SideDial::Unix(dial.clone()), token.clone())),
+            Dial::Unix(dial, path) => Some((SideDial::Unix(dial.clone(), path.clone()), token.clone())),
             Dial::Once | Dial::Again => None,
         };
         use namzu_proto::preface::{self, PrefaceError};
@@ -504,6 +511,7 @@ impl AgentClient {
                 closed: AtomicBool::new(false),
                 sandbox_id: sandbox_id.into(),
                 write_chunk,
+                max_message_bytes: opts.max_message_bytes,
                 heartbeat,
                 guard: std::sync::OnceLock::new(),
                 side,

@@ -27,6 +27,7 @@ mod keepalive;
 mod link;
 mod sessions;
 mod side;
+mod side_exec;
 mod side_read;
 mod side_write;
 mod tcp;

@@ -10,6 +10,7 @@ mod pod_entry;
 mod pod_tls;
 mod preface;
 mod reattach;
+mod side_exec;
 mod side_read;
 mod side_write;
 
