@@ -56,9 +56,69 @@ enum Slot {
     Finished,
 }
 
+impl Slot {
+    /// Counts against `max_execs`.
+    fn live(&self) -> bool {
+        matches!(self, Slot::Reserved(_) | Slot::Running(_))
+    }
+}
+
+/// The slots by id, with how many are live and how many reserved kept as
+/// they change, so an exec's admission costs the same with 1,024 finished
+/// records kept as with none.
+#[derive(Default)]
+struct Slots {
+    map: HashMap<String, Slot>,
+    live: u64,
+    reserved: u64,
+}
+
+impl Slots {
+    fn count(&mut self, slot: &Slot, by: i64) {
+        if slot.live() {
+            self.live = self.live.wrapping_add_signed(by);
+        }
+        if matches!(slot, Slot::Reserved(_)) {
+            self.reserved = self.reserved.wrapping_add_signed(by);
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<&Slot> {
+        self.map.get(id)
+    }
+
+    fn insert(&mut self, id: String, slot: Slot) {
+        self.count(&slot, 1);
+        if let Some(old) = self.map.insert(id, slot) {
+            self.count(&old, -1);
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(old) = self.map.remove(id) {
+            self.count(&old, -1);
+        }
+    }
+
+    /// Drops reservations older than `ttl`; a walk only while any is held.
+    fn expire_reserved(&mut self, now: Instant, ttl: Duration) {
+        if self.reserved == 0 {
+            return;
+        }
+        self.map
+            .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > ttl));
+        self.reserved = self.map.values().filter(|s| matches!(s, Slot::Reserved(_))).count() as u64;
+        self.live = self.map.values().filter(|s| s.live()).count() as u64;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, &Slot)> {
+        self.map.iter()
+    }
+}
+
 #[derive(Default)]
 struct Table {
-    slots: HashMap<String, Slot>,
+    slots: Slots,
     finished: VecDeque<String>,
     /// Retained logs of detachable executions, by name.
     logs: HashMap<String, Arc<ExecLog>>,
@@ -150,8 +210,7 @@ impl Execs {
         // Unused reservations expire, so a host that reserves and vanishes
         // cannot exhaust `max_execs`.
         let ttl = Duration::from_millis(self.limits.reservation_ttl_ms);
-        t.slots
-            .retain(|_, s| !matches!(s, Slot::Reserved(at) if now.duration_since(*at) > ttl));
+        t.slots.expire_reserved(now, ttl);
         self.prune_logs(&mut t);
         if let Some(n) = name {
             if t.logs.contains_key(n) {
@@ -179,12 +238,7 @@ impl Execs {
 
     /// Refuses a new execution when `max_execs` are reserved or running.
     fn check_capacity(&self, t: &Table, op: &str) -> Result<(), OpError> {
-        let live = t
-            .slots
-            .values()
-            .filter(|s| matches!(s, Slot::Reserved(_) | Slot::Running(_)))
-            .count();
-        if live as u64 >= self.limits.max_execs {
+        if t.slots.live >= self.limits.max_execs {
             let mut e = agent_err(Kind::LimitExceeded, op, "too many executions");
             e.limit_name = namzu_proto::limits::MAX_EXECS.into();
             e.limit = self.limits.max_execs;
@@ -243,7 +297,7 @@ impl Execs {
     pub fn list(&self) -> Vec<v1::ExecRecord> {
         let t = self.table();
         let mut out: Vec<v1::ExecRecord> = Vec::new();
-        for (id, slot) in &t.slots {
+        for (id, slot) in t.slots.iter() {
             let state = match slot {
                 Slot::Reserved(_) => "reserved",
                 Slot::Running(_) => "running",

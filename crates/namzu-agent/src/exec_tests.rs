@@ -47,3 +47,45 @@ async fn cancel_of_a_reservation_is_remembered_and_unknown_ids_are_typed() {
     assert_eq!(err.kind(), Kind::UnknownExec);
     assert_eq!(err.execution_id, "x-nope");
 }
+
+/// The live count moves with every change of a slot: a cancelled
+/// reservation, a finished execution and an expired reservation each give
+/// their place back, a re-reserved name takes one once, and finished
+/// records kept take none.
+#[test]
+fn capacity_follows_every_slot_change() {
+    let e = execs(2, 60_000);
+    let (a, _) = e.reserve(None).unwrap();
+    e.reserve(Some("job")).unwrap();
+    e.reserve(Some("job")).unwrap();
+    assert_eq!(e.reserve(None).unwrap_err().kind(), Kind::LimitExceeded);
+    // Cancelled before it started: no longer live.
+    {
+        let mut t = e.table();
+        t.slots.insert(a.clone(), Slot::CancelledBeforeStart);
+    }
+    let (b, _) = e.reserve(None).unwrap();
+    assert_eq!(e.reserve(None).unwrap_err().kind(), Kind::LimitExceeded);
+    e.finish(&a);
+    e.finish(&b);
+    e.finish("job");
+    // Three finished records are kept, and two places are free.
+    assert_eq!(e.table().slots.map.len(), 3);
+    e.reserve(None).unwrap();
+    e.reserve(None).unwrap();
+    assert_eq!(e.reserve(None).unwrap_err().kind(), Kind::LimitExceeded);
+}
+
+#[test]
+fn expired_reservations_give_their_places_back() {
+    let e = execs(2, 1_000);
+    e.reserve(None).unwrap();
+    e.reserve(None).unwrap();
+    assert_eq!(e.reserve(None).unwrap_err().kind(), Kind::LimitExceeded);
+    std::thread::sleep(Duration::from_millis(1_100));
+    // Both expire at the next reservation, which then takes one place.
+    e.reserve(None).unwrap();
+    e.reserve(None).unwrap();
+    let t = e.table();
+    assert_eq!((t.slots.live, t.slots.reserved), (2, 2));
+}

@@ -103,27 +103,45 @@ pub fn resolve(program: &OsStr, path: Option<&OsStr>) -> std::io::Result<PathBuf
 /// Starts `spec`. The error is the one the exec (or the lookup, or a file
 /// action such as the chdir) failed with.
 pub fn spawn(spec: &SpawnSpec<'_>) -> std::io::Result<Spawned> {
-    let (stdin_child, stdin_ours) = if spec.stdin_piped {
+    let (stdin_pipe, stdin_ours) = if spec.stdin_piped {
         let (r, w) = pipe()?;
-        (r, Some(w))
+        (Some(r), Some(w))
     } else {
-        let null = rustix::fs::open(
-            "/dev/null",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
-        (null, None)
+        (None, None)
+    };
+    let stdin_child = match &stdin_pipe {
+        Some(r) => r.as_fd(),
+        None => dev_null()?,
     };
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    let pid = spawn_onto(spec, [stdin_child.as_fd(), out_w.as_fd(), err_w.as_fd()])?;
-    drop((stdin_child, out_w, err_w));
+    let pid = spawn_onto(spec, [stdin_child, out_w.as_fd(), err_w.as_fd()])?;
+    drop((stdin_pipe, out_w, err_w));
     Ok(Spawned {
         pid,
         stdin: stdin_ours,
         stdout: out_r,
         stderr: err_r,
     })
+}
+
+/// `/dev/null` for reading, opened at the first command that needs it and
+/// kept (close-on-exec): every command without stdin gets a copy, which
+/// spares each one an open and a close. The copies share one open file,
+/// whose only state a command can change is its status flags, and no flag
+/// changes what reading `/dev/null` gives.
+fn dev_null() -> std::io::Result<BorrowedFd<'static>> {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd.as_fd());
+    }
+    let fd = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    // A racing opener's descriptor is dropped; either is the same file.
+    Ok(NULL.get_or_init(|| fd).as_fd())
 }
 
 /// Starts `spec` with `stdio` as its stdin, stdout and stderr (the caller
@@ -374,6 +392,33 @@ mod tests {
         );
         assert_eq!(lines[3], "SigIgn:\t0000000000000000");
         assert_eq!((err.as_str(), code), ("err\n", 3));
+    }
+
+    /// Commands without stdin read end-of-file from the one kept
+    /// `/dev/null`, even after one of them set its stdin non-blocking, and
+    /// every one gets a copy of the same descriptor (the other tests of
+    /// this process open descriptors meanwhile, so none is counted).
+    #[test]
+    fn commands_without_stdin_share_one_dev_null() {
+        let spec = |script: &'static str| SpawnSpec {
+            program: OsStr::new("sh"),
+            args: vec![OsStr::new("-c"), OsStr::new(script)],
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: Path::new("/"),
+            stdin_piped: false,
+        };
+        assert_eq!(run(&spec("wc -c; readlink /proc/self/fd/0")).0, "0\n/dev/null\n");
+        let kept = dev_null().unwrap().as_raw_fd();
+        // A command may set O_NONBLOCK on its stdin, which is the one shared
+        // open file: later commands must still read end-of-file, not EAGAIN.
+        let file = dev_null().unwrap();
+        let flags = rustix::fs::fcntl_getfl(file).unwrap();
+        rustix::fs::fcntl_setfl(file, flags | rustix::fs::OFlags::NONBLOCK).unwrap();
+        assert_eq!(run(&spec("wc -c")).0, "0\n");
+        for _ in 0..5 {
+            assert_eq!(run(&spec("wc -c")).0, "0\n");
+        }
+        assert_eq!(dev_null().unwrap().as_raw_fd(), kept, "a new /dev/null for a command");
     }
 
     #[test]

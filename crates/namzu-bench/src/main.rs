@@ -78,20 +78,18 @@ fn raw_socket_read(src: &Path) -> std::io::Result<Duration> {
     Ok(t0.elapsed())
 }
 
-/// Median exec round trip of `true` in `sb`, and of fork+exec on the host.
+/// Median exec round trip of `true` in `sb`, and of fork+exec on the host,
+/// one of each in turn so the machine's drift falls on both alike.
 async fn exec_rtt(sb: &Sandbox, iters: usize) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
     for _ in 0..20 {
         sb.commands().run(ExecRequest::new("true")).await?;
         std::process::Command::new("true").status()?;
     }
-    let mut ns = Vec::with_capacity(iters);
+    let (mut ns, mut host) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     for _ in 0..iters {
         let t = Instant::now();
         sb.commands().run(ExecRequest::new("true")).await?;
         ns.push(t.elapsed());
-    }
-    let mut host = Vec::with_capacity(iters);
-    for _ in 0..iters {
         let t = Instant::now();
         std::process::Command::new("true").status()?;
         host.push(t.elapsed());
@@ -133,7 +131,7 @@ async fn host_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     println!("| what | namzu | alternative | alternative is | ratio |");
     println!("|---|---|---|---|---|");
     println!(
-        "| exec `true`, round trip | {} | {} | fork+exec on the host | {} |",
+        "| exec `true`, round trip | {} | {} | fork+exec on the host, in turn | {} |",
         fmt_dur(exec_ns),
         fmt_dur(exec_host),
         ratio(exec_ns, exec_host)
@@ -273,7 +271,7 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("| destroy | {} | | |", fmt_dur(destroy));
     println!(
-        "| exec `true`, round trip, live sandbox | {} | fork+exec on the host: {} | {} |",
+        "| exec `true`, round trip, live sandbox | {} | fork+exec on the host, in turn: {} | {} |",
         fmt_dur(exec_ns),
         fmt_dur(exec_host),
         ratio(exec_ns, exec_host)
@@ -327,6 +325,53 @@ async fn agent_ab(other: std::path::PathBuf, n: usize) -> Result<(), Box<dyn std
     if let Some(u) = mu {
         println!("| `unshare … true` | {} | |", fmt_dur(u));
     }
+    println!();
+    exec_ab(&a, &b, &other, n).await
+}
+
+/// The exec round trip of `true` in a live sandbox of each agent, and
+/// fork+exec on the host, one of each in turn so the machine's drift falls
+/// on all three alike (after 25 of each to warm up): the median of each.
+async fn exec_ab(
+    a: &LocalProvider,
+    b: &LocalProvider,
+    other: &Path,
+    n: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (sa, sb) = (
+        a.create(SandboxSpec::default()).await?,
+        b.create(SandboxSpec::default()).await?,
+    );
+    let (mut ta, mut tb, mut th) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n.max(100) + 25 {
+        for (s, v) in [(&sa, &mut ta), (&sb, &mut tb)] {
+            let t = Instant::now();
+            s.commands().run(ExecRequest::new("true")).await?;
+            if i >= 25 {
+                v.push(t.elapsed());
+            }
+        }
+        let t = Instant::now();
+        std::process::Command::new("true").status()?;
+        if i >= 25 {
+            th.push(t.elapsed());
+        }
+    }
+    sa.destroy().await?;
+    sb.destroy().await?;
+    let count = ta.len();
+    let (ma, mb, mh) = (median(ta), median(tb), median(th));
+    println!(
+        "## exec `true` round trip, this agent (A) against {} (B), {count} each, interleaved",
+        other.display()
+    );
+    println!();
+    println!("| agent | median | against host fork+exec |");
+    println!("|---|---|---|");
+    for (name, m) in [("A", ma), ("B", mb)] {
+        println!("| {name} | {} | {} |", fmt_dur(m), ratio(m, mh));
+    }
+    println!("| host fork+exec | {} | |", fmt_dur(mh));
     println!();
     Ok(())
 }
