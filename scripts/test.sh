@@ -8,6 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Network labs a killed run left behind (the egress tests' and benches'
+# namespaces; their veths hold routes on the host): removed before anything
+# here reaches a registry, which such a route could shadow.
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
+    for ns in $(ip netns list 2>/dev/null | awk '/^nz-(egress|bench)-/ { print $1 }'); do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
+fi
+
 # What the tests need from the system, installed if missing (root, apt):
 # newuidmap/newgidmap for the subordinate-id-range test of the local tier.
 if [ "$(id -u)" = 0 ] && ! command -v newuidmap >/dev/null && command -v apt-get >/dev/null; then

@@ -1,6 +1,6 @@
 //! A real network for the egress tests: a network namespace joined to the
 //! host by a veth pair (iproute2), holding test hosts at public-looking
-//! addresses (TEST-NET-3, 203.0.113.0/24) and one at a private address, each
+//! addresses (TEST-NET-2, 198.51.100.0/24) and one at a private address, each
 //! running real servers: HTTP that answers with the name of the address it
 //! was reached at, a stream that ticks until closed, and TLS (`openssl
 //! s_server`, with a certificate made for the run). The names tests use are
@@ -17,10 +17,18 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The public-looking range the lab claims on the host (TEST-NET-2). Not
+/// TEST-NET-3 or TEST-NET-1: machines of this workplace sit at 192.0.2.0/24
+/// and reach their package registries through 203.0.113.80, and a lab (or
+/// one a killed run left behind) holding that range cut the host off from
+/// them. [`NetLab::start`] refuses a range the host already talks to.
+pub const PUB_NET: &str = "198.51.100.0/24";
+/// The host's own address in [`PUB_NET`].
+pub const HOST_PUB: &str = "198.51.100.1";
 /// The first public-looking test host.
-pub const PUB1: &str = "203.0.113.10";
+pub const PUB1: &str = "198.51.100.10";
 /// The second.
-pub const PUB2: &str = "203.0.113.11";
+pub const PUB2: &str = "198.51.100.11";
 /// A private test host (the DNS-rebinding target).
 pub const PRIVATE: &str = "10.231.0.10";
 /// A link-local test host (169.254.0.0/16, like cloud metadata services).
@@ -56,13 +64,43 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Whether the host may route `net` to the lab: not if a route of its own
+/// (other than the default) already covers it, nor if a socket on the host
+/// is talking to an address in it — a proxy, a registry, a resolver — which
+/// the lab's route would take away.
+fn claimable(net: &str) -> Result<(), String> {
+    let routes = Command::new("ip")
+        .args(["-4", "route", "show", "match", net])
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    let routed: Vec<String> = String::from_utf8_lossy(&routes.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("default"))
+        .map(str::to_owned)
+        .collect();
+    if !routed.is_empty() {
+        return Err(format!("{net} is already routed on this host: {}", routed.join("; ")));
+    }
+    let socks = Command::new("ss")
+        .args(["-Htun", "dst", net])
+        .output()
+        .map_err(|e| format!("ss: {e}"))?;
+    let talking = String::from_utf8_lossy(&socks.stdout).trim().to_owned();
+    if !talking.is_empty() {
+        return Err(format!(
+            "this host is talking to {net}, which the lab would take away: {talking}"
+        ));
+    }
+    Ok(())
+}
+
 impl NetLab {
     /// Why the lab cannot be built here, if it cannot.
     pub fn available() -> Result<(), String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("needs root (network namespaces and veth)".into());
         }
-        for tool in ["ip", "openssl", "curl"] {
+        for tool in ["ip", "ss", "openssl", "curl"] {
             let found = Command::new("sh")
                 .args(["-c", &format!("command -v {tool}")])
                 .stdout(Stdio::null())
@@ -104,10 +142,11 @@ impl NetLab {
         for line in String::from_utf8_lossy(&addrs.stdout).lines() {
             let mut f = line.split_whitespace();
             let dev = f.nth(1).unwrap_or_default().split('@').next().unwrap_or_default();
-            if line.contains("inet 203.0.113.1/24") && dev != vh {
+            if line.contains(&format!("inet {HOST_PUB}/24")) && dev != vh {
                 let _ = ip(&["link", "del", dev]);
             }
         }
+        claimable(PUB_NET)?;
         ip(&["netns", "add", &ns])?;
         let mut lab = Self {
             ns: ns.clone(),
@@ -116,7 +155,7 @@ impl NetLab {
             tls: None,
         };
         ip(&["link", "add", &vh, "type", "veth", "peer", "name", &vn, "netns", &ns])?;
-        for a in ["203.0.113.1/24", "10.231.0.1/24", "169.254.77.2/24"] {
+        for a in [&format!("{HOST_PUB}/24"), "10.231.0.1/24", "169.254.77.2/24"] {
             ip(&["addr", "add", a, "dev", &vh])?;
         }
         ip(&["link", "set", &vh, "up"])?;
@@ -453,5 +492,41 @@ impl Drop for NetLab {
         }
         // Deleting the namespace takes its end of the veth, and so the pair.
         let _ = ip(&["netns", "del", &self.ns]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A range this host is talking to is refused, and names what holds
+    /// it; the lab's own range, with nobody on it, is not.
+    #[test]
+    fn a_range_the_host_talks_to_is_not_claimed() {
+        if Command::new("ss").arg("-V").output().is_err() {
+            eprintln!("skipped: no ss");
+            return;
+        }
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let err = claimable("127.0.0.0/8").expect_err("a connected socket's range");
+        assert!(
+            err.contains("talking to 127.0.0.0/8") && err.contains(&port.to_string()),
+            "{err}"
+        );
+        drop(c);
+        assert_eq!(claimable(PUB_NET), Ok(()));
+        // A subnet the host routes itself (its own link's, where it has one).
+        let routes = Command::new("ip").args(["-4", "route", "show"]).output().unwrap();
+        let own = String::from_utf8_lossy(&routes.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .find(|net| net.contains('/'))
+            .map(str::to_owned);
+        if let Some(net) = own {
+            let err = claimable(&net).expect_err("a routed subnet");
+            assert!(err.contains("already routed"), "{err}");
+        }
     }
 }

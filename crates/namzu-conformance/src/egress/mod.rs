@@ -12,7 +12,7 @@ use std::time::Duration;
 use namzu::egress::{EgressConfig, EgressPolicy, HostPattern, HostRule, PolicyError};
 use namzu::{Error, Sandbox, SandboxSpec};
 
-use crate::netlab::{PRIVATE, PUB1, PUB2, STREAM_PORT};
+use crate::netlab::{HOST_PUB, PRIVATE, PUB1, PUB2, STREAM_PORT};
 
 mod attacks;
 mod common;
@@ -208,7 +208,7 @@ pub async fn traffic_that_ignores_the_proxy_has_no_route(env: &Env) -> Outcome {
     let (codes, _) = curl(&sb, &format!("http://{PUB1}/")).await;
     check("through the proxy", codes.starts_with("200"), &codes)?;
     // Allow-all is not the host: its own address and its loopback stay out.
-    let (codes, body) = curl(&sb, "http://203.0.113.1:8080/").await;
+    let (codes, body) = curl(&sb, &format!("http://{HOST_PUB}:8080/")).await;
     check(
         "the host's own address",
         codes.starts_with("403") && body.contains("host's own"),
