@@ -36,7 +36,7 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
 
 def main() -> None:
     dest, dport, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
+    listener = socket.create_server(("127.0.0.1", port))
     while True:
         client, _ = listener.accept()
         upstream = socket.create_connection((dest, dport))
