@@ -12,4 +12,11 @@ fi
 # (README's figures come from release).
 P=${NAMZU_BENCH_PROFILE:-release}
 cargo build --profile "$P" --locked --bins
+# The agent's start-up layout (crates/namzu-agent/build.rs) matches only the
+# build it was measured on; say how much of it this one still links.
+if [ "$P" = release ] && command -v nm >/dev/null; then
+    echo "agent start-up order: $(python3 bench/agent_order.py coverage \
+        target/x86_64-unknown-linux-gnu/release/namzu-agent crates/namzu-agent/startup.order) names linked \
+        (bench/agent-order.sh remeasures it)"
+fi
 exec ./target/x86_64-unknown-linux-gnu/$P/namzu-bench "$@"

@@ -229,6 +229,8 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (bwrap, unshare) = (bwraps.map(median), unshares.map(median));
 
     let sb = provider.create(SandboxSpec::default()).await?;
+    // Its own VmRSS, before any command: what a start leaves mapped.
+    let idle_rss = sb.agent().health().await?.rss_bytes;
     let (exec_ns, exec_host) = exec_rtt(&sb, iters).await?;
     sb.destroy().await?;
 
@@ -276,6 +278,7 @@ async fn local_tier(iters: usize) -> Result<(), Box<dyn std::error::Error>> {
         fmt_dur(exec_host),
         ratio(exec_ns, exec_host)
     );
+    println!("| in-sandbox agent RSS, idle (VmRSS) | {} KiB | | |", idle_rss >> 10);
     println!(
         "| host memory of 100 idle sandboxes (PSS, launcher + init + agent) | {} MiB ({} KiB each) | | |",
         pss >> 10,
