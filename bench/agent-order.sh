@@ -41,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 "$BIN/namzu" --version >/dev/null  # the CLI's pages are not what we measure
 echo 0 > "$ra"
-python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$W/namzu-agent"
+python3 bench/agent_order.py evict "$W/namzu-agent"
 export NAMZU_AGENT_BIN=$W/namzu-agent
 id=$("$BIN/namzu" --state-dir "$S" create | tail -1)
 sleep 0.5

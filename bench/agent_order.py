@@ -5,11 +5,13 @@
   agent_order.py symbols BINARY PAGES...  function symbols on those pages (lld's ordering file): the
                                           first list's by address, then the next list's not yet named, …
   agent_order.py coverage BINARY ORDER    how many of ORDER's names BINARY still has
+  agent_order.py evict FILE               drop FILE's clean pages from the page cache
 
 Used by agent-order.sh, which makes the page list mean "touched": with
 readahead off and the file out of the page cache, a page is mapped only if
 some process faulted on it (fault-around maps only pages already cached).
 """
+import os
 import struct
 import subprocess
 import sys
@@ -52,17 +54,17 @@ def symbols(binary, *page_files):
     if shift is None:
         sys.exit("no executable LOAD segment")
     fns = sorted(functions(binary))
-    seen, size, pages = set(), 0, set()
+    seen, size, all_pages = set(), 0, set()
     for page_file in page_files:
         touched = {(int(l, 16) + shift) // PAGE for l in open(page_file) if l.strip()}
-        pages |= touched
+        all_pages |= touched
         for addr, n, name in fns:
             if name not in seen and any(p in touched for p in range(addr // PAGE, (addr + n - 1) // PAGE + 1)):
                 seen.add(name)
                 size += n
                 print(name)
-    print(f"{len(seen)} functions, {size >> 10} KiB, on {len(pages)} touched pages "
-          f"({len(pages) * PAGE >> 10} KiB)", file=sys.stderr)
+    print(f"{len(seen)} functions, {size >> 10} KiB, on {len(all_pages)} touched pages "
+          f"({len(all_pages) * PAGE >> 10} KiB)", file=sys.stderr)
 
 
 def coverage(binary, order):
@@ -71,8 +73,15 @@ def coverage(binary, order):
     print(f"{sum(n in have for n in want)} of {len(want)}")
 
 
+def evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"pages": lambda: pages(args[0], args[1:]),
      "symbols": lambda: symbols(*args),
-     "coverage": lambda: coverage(*args)}[cmd]()
+     "coverage": lambda: coverage(*args),
+     "evict": lambda: evict(*args)}[cmd]()
