@@ -29,8 +29,16 @@ fn main() {
     let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR") else {
         return;
     };
-    println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={dir}/startup.order");
-    println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+    // `-Xlinker` hands the next argument to lld as it is: `-Wl,` would
+    // split a checkout path at its commas. Cargo passes each line's value
+    // as one argument, so spaces in the path are kept too.
+    for arg in [
+        format!("--symbol-ordering-file={dir}/startup.order"),
+        "--no-warn-symbol-ordering".to_owned(),
+    ] {
+        println!("cargo:rustc-link-arg-bins=-Xlinker");
+        println!("cargo:rustc-link-arg-bins={arg}");
+    }
 }
 
 /// The minor version of the compiler cargo runs (`1.MINOR.x`).
