@@ -1,4 +1,6 @@
-//! Lays the agent's start-up code out together in release builds.
+//! Lays the agent's start-up code out together in release builds (and in
+//! the profiles that inherit release, such as `fast`: cargo reports them to
+//! a build script as `release` too).
 //!
 //! Every sandbox runs this binary three times (launcher, middle process,
 //! in-sandbox agent) and each keeps what its start touched mapped. The code a
