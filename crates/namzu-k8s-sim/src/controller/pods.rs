@@ -62,9 +62,7 @@ impl Controller {
                 }
                 _ => {}
             }
-            if !self.begin_start(&k) {
-                return;
-            }
+            self.lock().starting.insert(k.clone());
             // Scheduled: bound to the node (which makes its deletion
             // graceful) before the kubelet starts it.
             let Some(pod) = sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
@@ -331,9 +329,6 @@ impl Controller {
         let k = key(ns, name);
         let old = {
             let mut st = self.lock();
-            if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err("the controller is stopped".into());
-            }
             let rt = st.running.remove(&k).ok_or_else(|| format!("pod {k} is not running"))?;
             st.starting.insert(k.clone());
             rt
