@@ -421,6 +421,17 @@ impl Controller {
         ctl
     }
 
+    /// Enters pod `k` into `starting` unless the controller is stopped
+    /// (then it starts nothing: `shutdown` may be past its wait).
+    fn begin_start(&self, k: &str) -> bool {
+        let mut st = self.lock();
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        st.starting.insert(k.to_owned());
+        true
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -569,7 +580,14 @@ impl Controller {
     /// Stops reconciling and every pod's sandbox, those still starting
     /// included (test teardown).
     pub async fn shutdown(&self) {
-        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Under the state's lock, as every start's entry into `starting`
+        // is (see `begin_start`): a pass of the reconciler on another
+        // thread either entered its start before this (and it is waited
+        // for below) or sees the stop and starts nothing.
+        {
+            let _st = self.lock();
+            self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !self.lock().starting.is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;

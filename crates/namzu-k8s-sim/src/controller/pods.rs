@@ -62,7 +62,9 @@ impl Controller {
                 }
                 _ => {}
             }
-            self.lock().starting.insert(k.clone());
+            if !self.begin_start(&k) {
+                return;
+            }
             // Scheduled: bound to the node (which makes its deletion
             // graceful) before the kubelet starts it.
             let Some(pod) = sim.update(PODS, meta(pod, "namespace"), meta(pod, "name"), |p| {
@@ -329,6 +331,9 @@ impl Controller {
         let k = key(ns, name);
         let old = {
             let mut st = self.lock();
+            if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("the controller is stopped".into());
+            }
             let rt = st.running.remove(&k).ok_or_else(|| format!("pod {k} is not running"))?;
             st.starting.insert(k.clone());
             rt

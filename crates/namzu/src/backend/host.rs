@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
-use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
+use crate::backend::detached::Disarm;
+use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox, Unanswered};
 use crate::backend::{check_spec, find_agent_binary, refuse_unsupported};
 use crate::client::ClientOptions;
 use crate::error::Result;
@@ -52,6 +53,14 @@ impl HostProvider {
     /// elsewhere, like the Kubernetes control-plane simulator's pods (whose
     /// token is their uid), starts one.
     pub async fn create_with_token(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<Sandbox> {
+        // Dropped half way, a create leaves nothing (see `detached`).
+        let this = self.clone();
+        crate::backend::detached::finish(async move { this.create_owned(spec, token).await }).await
+    }
+
+    /// The create itself: the sandbox, and what kills its agent if it is
+    /// never handed out.
+    async fn create_owned(&self, spec: SandboxSpec, token: Option<Vec<u8>>) -> Result<(Sandbox, Unanswered)> {
         refusals(&spec)?;
         check_spec(Tier::Host, &spec)?;
         let (id, dir, _token, made) = self.state.create(token)?;
@@ -74,6 +83,7 @@ impl HostProvider {
                     .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
             );
         let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
+        let unanswered = Unanswered::new(&child);
         let mut meta = Meta {
             id: id.clone(),
             tier: Tier::Host,
@@ -85,12 +95,19 @@ impl HostProvider {
             suspended_unix: None,
         };
         self.state.write_meta(&dir, &meta)?;
-        let client = wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await?;
+        let client = match wait_for_agent(&self.state, &dir, &id, &mut child, &self.client).await {
+            Ok(client) => client,
+            Err(e) => {
+                // It may have reaped the agent: its pid is no longer ours.
+                unanswered.disarm();
+                return Err(e);
+            }
+        };
         self.state.record_processes(&dir, &mut meta)?;
         made.keep();
         let anchor = meta.procs.first().copied();
         tracing::warn!(%id, "host-tier sandbox created: NOTHING is isolated");
-        Ok(Sandbox::new(StateSandbox {
+        let sandbox = Sandbox::new(StateSandbox {
             id,
             tier: Tier::Host,
             provider: std::sync::Arc::new(self.clone()),
@@ -99,7 +116,8 @@ impl HostProvider {
             anchor,
             egress: None,
             whole: None,
-        }))
+        });
+        Ok((sandbox, unanswered))
     }
 }
 

@@ -2,6 +2,7 @@
 //! agent binary, the state directory, and validating a spec.
 
 pub mod cgroup;
+pub(crate) mod detached;
 pub mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;

@@ -404,6 +404,46 @@ pub(crate) fn spawn_anchor(
     })
 }
 
+/// A started sandbox not yet handed out: dropped armed (its create or
+/// resume abandoned, as when the runtime shuts down under it), it SIGKILLs
+/// the launcher's whole process group — the launcher, its namespace child
+/// and the sandbox's init, which [`spawn_anchor`] put in one group and
+/// which never leave it (only commands, inside the sandbox, start
+/// sessions). The group's id is the launcher's pid, which no other process
+/// can take while the launcher's `Child` is unreaped: hold this no longer
+/// than that `Child`.
+pub(crate) struct Unanswered(Option<nix::unistd::Pid>);
+
+impl Unanswered {
+    pub fn new(child: &tokio::process::Child) -> Self {
+        Self(
+            child
+                .id()
+                .and_then(|p| i32::try_from(p).ok())
+                .map(nix::unistd::Pid::from_raw),
+        )
+    }
+}
+
+impl crate::backend::detached::Disarm for Unanswered {
+    /// The sandbox was handed out, or an error path killed it already.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            tracing::debug!(
+                group = group.as_raw(),
+                "start abandoned: killing the launcher's process group"
+            );
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// Waits until the agent in `dir` accepts a link, or `child` exits (then the
 /// agent's log explains why), or the start timeout passes.
 pub(crate) async fn wait_for_agent(

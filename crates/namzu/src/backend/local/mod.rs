@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use namzu_proto::launch::{IdMap, LaunchSpec, Rlimit};
 
-use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox};
+use crate::backend::detached::Disarm;
+use crate::backend::state::{now_unix, spawn_anchor, wait_for_agent, Meta, StateDir, StateSandbox, Unanswered};
 use crate::backend::{check_spec, find_agent_binary, privilege_probe, procid};
 use crate::client::ClientOptions;
 use crate::error::{Error, Result};
@@ -188,7 +189,7 @@ impl LocalProvider {
         slot: Option<u32>,
         tcp_listen: Option<String>,
         origin: Origin,
-    ) -> Result<StateSandbox> {
+    ) -> Result<(StateSandbox, Unanswered)> {
         let Origin { restore, begun } = origin;
         let (mut launch, cgroups) = self.launch_spec(id, dir, spec, slot, tcp_listen)?;
         launch.restore = restore.as_deref().map(path_string);
@@ -314,7 +315,7 @@ impl LocalProvider {
         launch: &LaunchSpec,
         record: LocalRecord,
         begun: u64,
-    ) -> Result<StateSandbox> {
+    ) -> Result<(StateSandbox, Unanswered)> {
         const OP: &str = "create";
         let json = serde_json::to_vec_pretty(launch).map_err(|e| Error::State {
             id: id.into(),
@@ -334,6 +335,7 @@ impl LocalProvider {
             .env_clear()
             .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)));
         let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
+        let unanswered = Unanswered::new(&child);
         crate::timeline::mark("create.launcher-spawned");
         let mut meta = Meta {
             id: id.into(),
@@ -366,21 +368,25 @@ impl LocalProvider {
             Err(e) => Err(e),
         };
         match attached {
-            Ok(client) => Ok(StateSandbox {
-                id: id.into(),
-                tier: Tier::Local,
-                provider: std::sync::Arc::new(self.clone()),
-                client,
-                _child: Some(child),
-                anchor: meta.procs.first().copied(),
-                egress: Some(
-                    self.state
-                        .supervisor(id, dir, &self.agent_bin)
-                        .with_binary(self.egress_bin.clone()),
-                ),
-                whole: None,
-            }),
+            Ok(client) => Ok((
+                StateSandbox {
+                    id: id.into(),
+                    tier: Tier::Local,
+                    provider: std::sync::Arc::new(self.clone()),
+                    client,
+                    _child: Some(child),
+                    anchor: meta.procs.first().copied(),
+                    egress: Some(
+                        self.state
+                            .supervisor(id, dir, &self.agent_bin)
+                            .with_binary(self.egress_bin.clone()),
+                    ),
+                    whole: None,
+                },
+                unanswered,
+            )),
             Err(e) => {
+                unanswered.disarm();
                 // The launcher's descendants first: the sandbox's init
                 // would outlive a launcher killed alone.
                 crate::backend::procid::kill_all(&crate::backend::procid::tree(meta.pid)).await;
@@ -496,6 +502,19 @@ impl LocalProvider {
         token: Option<Vec<u8>>,
         tcp_listen: Option<String>,
     ) -> Result<Sandbox> {
+        // Dropped half way, a create leaves nothing (see `detached`).
+        let this = self.clone();
+        crate::backend::detached::finish(async move { this.create_owned(spec, token, tcp_listen).await }).await
+    }
+
+    /// The create itself: the sandbox, and what kills it if it is never
+    /// handed out.
+    async fn create_owned(
+        &self,
+        spec: SandboxSpec,
+        token: Option<Vec<u8>>,
+        tcp_listen: Option<String>,
+    ) -> Result<(Sandbox, Unanswered)> {
         crate::timeline::mark("create.begin");
         check_spec(Tier::Local, &spec)?;
         if self.tcp_tls.is_some() && tcp_listen.is_none() {
@@ -529,7 +548,7 @@ impl LocalProvider {
             crate::backend::disk::make(&dir, bytes, owner).map_err(release)?;
             crate::timeline::mark("create.disk");
         }
-        let sandbox = self
+        let (sandbox, unanswered) = self
             .start(
                 &id,
                 &dir,
@@ -546,9 +565,10 @@ impl LocalProvider {
         made.keep();
         if let Err(e) = self.arm(&id, &dir, &sandbox, &spec.egress).await {
             let _ = sandbox.destroy().await;
+            unanswered.disarm();
             return Err(e);
         }
-        Ok(Sandbox::new(sandbox))
+        Ok((Sandbox::new(sandbox), unanswered))
     }
 
     /// What stands between a started sandbox and its handle: the

@@ -29,6 +29,7 @@ use namzu_proto::launch::SAVED_DIRS;
 use rustix::fs::{Mode, OFlags};
 
 use super::{LocalProvider, LocalRecord};
+use crate::backend::detached::Disarm;
 use crate::backend::state::{now_unix, Meta, Stop};
 use crate::error::{Error, Result};
 use crate::handle::Sandbox;
@@ -174,7 +175,13 @@ impl LocalProvider {
             )
             .await;
         let sandbox = match started {
-            Ok(sb) => sb,
+            // A resume abandoned from here leaves the sandbox running,
+            // reachable by `connect`: killed, its record would say running
+            // with no process, which `gc` takes for dead and removes.
+            Ok((sb, unanswered)) => {
+                unanswered.disarm();
+                sb
+            }
             Err(e) => return Err(back_to_suspended(e)),
         };
         if let Err(e) = self.arm(id, &dir, &sandbox, &egress).await {
