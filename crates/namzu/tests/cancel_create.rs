@@ -183,3 +183,60 @@ fn a_runtime_shut_down_mid_create_leaves_no_process() {
         sandbox_dirs(state.path(), "local")
     );
 }
+
+/// A resume dropped at any point still brings the sandbox back, whole:
+/// it connects, holds its disk, and suspends again (its processes were
+/// recorded, as a suspend needs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_dropped_at_any_point_still_brings_the_sandbox_back() {
+    let state = tempfile::tempdir().unwrap();
+    let p = LocalProvider::with_agent(state.path(), agent());
+    let sb = p.create(SandboxSpec::default()).await.unwrap();
+    let id = sb.id().to_owned();
+    sb.files()
+        .write("/workspace/kept", "across abandoned resumes")
+        .await
+        .unwrap();
+    sb.suspend().await.unwrap();
+    let mut took = Duration::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let back = p.resume(&id).await.unwrap();
+        took = took.min(t.elapsed());
+        back.suspend().await.unwrap();
+    }
+    let mut dropped = 0;
+    for step in 0..16u32 {
+        let at = took * step / 16;
+        if tokio::time::timeout(at, p.resume(&id)).await.is_err() {
+            dropped += 1;
+        }
+        // The resume goes on without its caller: the sandbox comes back.
+        let mut tries = 0;
+        let back = loop {
+            match p.connect(&id).await {
+                Ok(sb) => break sb,
+                Err(e) => {
+                    assert!(
+                        tries < 250,
+                        "a resume dropped after {at:?} did not bring the sandbox back: {e}"
+                    );
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let kept = back.files().read("/workspace/kept").await.unwrap();
+        assert_eq!(
+            &kept[..],
+            b"across abandoned resumes",
+            "after a resume dropped after {at:?}"
+        );
+        back.suspend().await.unwrap();
+    }
+    assert!(
+        dropped >= 8,
+        "only {dropped} of 16 resumes were dropped before they returned"
+    );
+    p.resume(&id).await.unwrap().destroy().await.unwrap();
+}

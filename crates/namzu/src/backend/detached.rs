@@ -1,4 +1,5 @@
-//! Creates that run to their end whatever becomes of their caller.
+//! Creates and resumes that run to their end whatever becomes of their
+//! caller.
 //!
 //! A create future dropped half way (a caller's `timeout`, a `select!` that
 //! took another branch) would leave whatever it had made so far: a
@@ -88,12 +89,36 @@ where
                 message: "a create's sandbox was taken twice".into(),
             })
         }),
-        Err(_) => match task.await {
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            _ => Err(Error::State {
-                id: String::new(),
-                message: "the create was cancelled: its runtime is shutting down".into(),
-            }),
-        },
+        // The task sends before it ends: it panicked or was cancelled.
+        Err(_) => Err(task.await.err().map_or_else(cancelled_error, cancelled)),
+    }
+}
+
+/// Runs `resume` to its end on a task of its own and returns the sandbox
+/// it brought back. Dropped, the resume goes on all the same, and its
+/// sandbox is left running — recorded, reachable by `connect`, able to
+/// suspend again — for a resume must not lose what it brings back.
+pub(crate) async fn keep<F>(resume: F) -> Result<Sandbox>
+where
+    F: Future<Output = Result<Sandbox>> + Send + 'static,
+{
+    tokio::spawn(resume.instrument(tracing::Span::current()))
+        .await
+        .map_err(cancelled)?
+}
+
+/// A task that ended without an answer: its panic, resumed here, or its
+/// runtime shutting down.
+fn cancelled(e: tokio::task::JoinError) -> Error {
+    if e.is_panic() {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    cancelled_error()
+}
+
+fn cancelled_error() -> Error {
+    Error::State {
+        id: String::new(),
+        message: "cancelled: the runtime is shutting down".into(),
     }
 }

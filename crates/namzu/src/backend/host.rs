@@ -83,7 +83,7 @@ impl HostProvider {
                     .map(|(k, v)| (namzu_proto::limits::env_var(k), v.to_string())),
             );
         let mut child = spawn_anchor(cmd, &dir, &id, &self.agent_bin)?;
-        let unanswered = Unanswered::new(&child);
+        let unanswered = Unanswered::new(&child, true);
         let mut meta = Meta {
             id: id.clone(),
             tier: Tier::Host,

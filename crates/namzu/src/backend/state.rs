@@ -404,8 +404,8 @@ pub(crate) fn spawn_anchor(
     })
 }
 
-/// A started sandbox not yet handed out: dropped armed (its create or
-/// resume abandoned, as when the runtime shuts down under it), it SIGKILLs
+/// A started sandbox not yet handed out: dropped armed (its create
+/// abandoned, as when the runtime shuts down under it), it SIGKILLs
 /// the launcher's whole process group — the launcher, its namespace child
 /// and the sandbox's init, which [`spawn_anchor`] put in one group and
 /// which never leave it (only commands, inside the sandbox, start
@@ -415,13 +415,11 @@ pub(crate) fn spawn_anchor(
 pub(crate) struct Unanswered(Option<nix::unistd::Pid>);
 
 impl Unanswered {
-    pub fn new(child: &tokio::process::Child) -> Self {
-        Self(
-            child
-                .id()
-                .and_then(|p| i32::try_from(p).ok())
-                .map(nix::unistd::Pid::from_raw),
-        )
+    /// The guard of `child`'s group; with `armed` false, one that never
+    /// fires.
+    pub fn new(child: &tokio::process::Child, armed: bool) -> Self {
+        let group = child.id().and_then(|p| i32::try_from(p).ok());
+        Self(group.filter(|_| armed).map(nix::unistd::Pid::from_raw))
     }
 }
 

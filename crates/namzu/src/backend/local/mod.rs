@@ -64,6 +64,11 @@ struct Origin {
     restore: Option<PathBuf>,
     /// When the sandbox was first made (Unix seconds).
     begun: u64,
+    /// Whether a start abandoned before its sandbox is handed out kills
+    /// it (a create's: nothing of it is worth keeping), or leaves it
+    /// running (a resume's: killed, its record would say running with no
+    /// process, which `gc` takes for dead and removes with its disk).
+    kill_if_abandoned: bool,
 }
 
 /// Tunables of the `local` tier, each with a safe default.
@@ -190,7 +195,11 @@ impl LocalProvider {
         tcp_listen: Option<String>,
         origin: Origin,
     ) -> Result<(StateSandbox, Unanswered)> {
-        let Origin { restore, begun } = origin;
+        let Origin {
+            restore,
+            begun,
+            kill_if_abandoned,
+        } = origin;
         let (mut launch, cgroups) = self.launch_spec(id, dir, spec, slot, tcp_listen)?;
         launch.restore = restore.as_deref().map(path_string);
         let record = LocalRecord {
@@ -198,7 +207,7 @@ impl LocalProvider {
             cgroups: cgroups.clone(),
             spec: Some(spec.clone()),
         };
-        let started = self.launch(id, dir, &launch, record, begun).await;
+        let started = self.launch(id, dir, &launch, record, begun, kill_if_abandoned).await;
         if started.is_err() {
             if let Some(cg) = &cgroups {
                 cg.remove();
@@ -315,6 +324,7 @@ impl LocalProvider {
         launch: &LaunchSpec,
         record: LocalRecord,
         begun: u64,
+        kill_if_abandoned: bool,
     ) -> Result<(StateSandbox, Unanswered)> {
         const OP: &str = "create";
         let json = serde_json::to_vec_pretty(launch).map_err(|e| Error::State {
@@ -335,7 +345,7 @@ impl LocalProvider {
             .env_clear()
             .envs(std::env::var("NAMZU_AGENT_LOG").ok().map(|v| ("NAMZU_AGENT_LOG", v)));
         let mut child = spawn_anchor(cmd, dir, id, &self.agent_bin)?;
-        let unanswered = Unanswered::new(&child);
+        let unanswered = Unanswered::new(&child, kill_if_abandoned);
         crate::timeline::mark("create.launcher-spawned");
         let mut meta = Meta {
             id: id.into(),
@@ -558,6 +568,7 @@ impl LocalProvider {
                 Origin {
                     restore: None,
                     begun: now_unix(),
+                    kill_if_abandoned: true,
                 },
             )
             .await
@@ -635,7 +646,9 @@ impl Provider for LocalProvider {
     }
 
     async fn resume(&self, id: &str) -> Result<Sandbox> {
-        self.resume_sandbox(id).await
+        // Dropped half way, a resume still brings the sandbox back.
+        let (this, id) = (self.clone(), id.to_owned());
+        crate::backend::detached::keep(async move { this.resume_sandbox(&id).await }).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {

@@ -171,13 +171,12 @@ impl LocalProvider {
                 super::Origin {
                     restore,
                     begun: suspended.created_unix,
+                    kill_if_abandoned: false,
                 },
             )
             .await;
         let sandbox = match started {
-            // A resume abandoned from here leaves the sandbox running,
-            // reachable by `connect`: killed, its record would say running
-            // with no process, which `gc` takes for dead and removes.
+            // Not killed if abandoned (see `Origin::kill_if_abandoned`).
             Ok((sb, unanswered)) => {
                 unanswered.disarm();
                 sb
