@@ -308,6 +308,20 @@ def ws_url(server, path):
     return server.url.replace("http://", "ws://") + path
 
 
+def read_terminal(ws, timeout=30):
+    """A terminal WebSocket's bytes up to its exit frame, and that frame; any
+    other text frame (an error) fails the test."""
+    out = b""
+    while True:
+        m = ws.recv(timeout=timeout)
+        if isinstance(m, bytes):
+            out += m
+            continue
+        d = json.loads(m)
+        assert d["type"] == "exit", d
+        return out, d
+
+
 def test_terminal_over_websocket(server, sandbox):
     from websockets.sync.client import connect
 
@@ -315,17 +329,38 @@ def test_terminal_over_websocket(server, sandbox):
     with connect(url, additional_headers={"Authorization": f"Bearer {server.keys['alice']}"}) as ws:
         ws.send(json.dumps({"type": "resize", "cols": 123, "rows": 45}))
         ws.send(b"stty size; echo mark$((40+2)); exit 4\n")
-        out, exit_msg = b"", None
-        while exit_msg is None:
-            m = ws.recv(timeout=20)
-            if isinstance(m, bytes):
-                out += m
-            else:
-                d = json.loads(m)
-                if d["type"] == "exit":
-                    exit_msg = d
+        out, exit_msg = read_terminal(ws)
     assert b"45 123" in out and b"mark42" in out, out
     assert exit_msg["code"] == 4
+
+
+def test_terminal_input_after_its_exit_keeps_output_and_exit(server, sandbox):
+    """Input that reaches the server after the shell exited must not cost the
+    output still on its way or the exit frame. The client reads nothing (a
+    4 KiB receive buffer, a queue of one frame) until the shell has printed
+    more than the server's socket holds and exited, then types."""
+    import socket
+    import time
+
+    from websockets.sync.client import connect
+
+    host, port = server.url.split("://")[1].rsplit(":", 1)
+    url = ws_url(server, f"/v1/sandboxes/{sandbox['id']}/terminal?command=sh")
+    hdr = {"Authorization": f"Bearer {server.keys['alice']}"}
+    size = 6_000_000
+    for _ in range(2):
+        so = socket.socket()
+        so.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        so.connect((host, int(port)))
+        with connect(url, sock=so, additional_headers=hdr, max_queue=1) as ws:
+            ws.send(f"head -c {size} /dev/zero | tr '\\0' x; exit 3\n".encode())
+            time.sleep(1.5)  # ordering: the shell is gone, the server blocked
+            ws.send(b"late\n")
+            time.sleep(0.3)
+            out, exit_msg = read_terminal(ws)
+        assert exit_msg["code"] == 3, exit_msg
+        # The echoed command line holds two more x's.
+        assert out.count(b"x") == size + 2, len(out)
 
 
 def test_tcp_port_forward_over_websocket(server, alice, sandbox):

@@ -57,7 +57,11 @@ pub async fn interact(mut t: namzu::Terminal) -> Result<ExitCode, Fail> {
     let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
         .map_err(|e| Fail(e.to_string()))?;
     let mut out = tokio::io::stdout();
-    let mut stdin_open = true;
+    // Nothing more is sent once a send fails: that only happens when the
+    // terminal's call has ended, and what ended it (the exit, after every
+    // byte before it, or the link's failure) still comes through `t.next()`.
+    // Failing here instead would lose that output and the exit code.
+    let (mut stdin_open, mut sending) = (true, true);
     loop {
         tokio::select! {
             ev = t.next() => match ev {
@@ -71,17 +75,26 @@ pub async fn interact(mut t: namzu::Terminal) -> Result<ExitCode, Fail> {
                 Some(Err(e)) => return Err(e.into()),
                 None => return Err(Fail("the terminal ended without an exit".into())),
             },
-            key = keys.recv(), if stdin_open => match key {
-                Some(k) => t.write(k).await?,
-                // End of input is passed on as the terminal's EOF character.
-                None => {
-                    stdin_open = false;
-                    t.write(bytes::Bytes::from_static(b"\x04")).await?;
+            key = keys.recv(), if stdin_open && sending => {
+                let sent = match key {
+                    Some(k) => t.write(k).await,
+                    // End of input is passed on as the terminal's EOF character.
+                    None => {
+                        stdin_open = false;
+                        t.write(bytes::Bytes::from_static(b"\x04")).await
+                    }
+                };
+                if let Err(e) = sent {
+                    tracing::debug!("terminal input stops: {e}");
+                    sending = false;
                 }
             },
-            _ = winch.recv() => {
+            _ = winch.recv(), if sending => {
                 let (c, r) = local_size();
-                t.resize(c, r).await?;
+                if let Err(e) = t.resize(c, r).await {
+                    tracing::debug!("terminal input stops: {e}");
+                    sending = false;
+                }
             }
         }
     }

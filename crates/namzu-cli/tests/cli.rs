@@ -202,9 +202,7 @@ fn piped_stdin_reaches_the_command() {
 fn port_forward_reaches_a_server_inside_the_sandbox() {
     use std::io::{BufRead, Read, Write};
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
+    let id = create(st.path());
     let escape = Path::new(env!("CARGO_BIN_EXE_namzu")).with_file_name("namzu-escape");
     assert!(
         namzu(st.path(), &["cp", escape.to_str().unwrap(), &format!("{id}:escape")])
@@ -253,9 +251,7 @@ fn port_forward_reaches_a_server_inside_the_sandbox() {
 fn shell_runs_a_terminal_and_exits_with_its_code() {
     use std::io::Write;
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
+    let id = create(st.path());
     let mut child = Command::new(env!("CARGO_BIN_EXE_namzu"))
         .args(["shell", &id, "--", "sh"])
         .env("NAMZU_STATE_DIR", st.path())
@@ -280,13 +276,50 @@ fn shell_runs_a_terminal_and_exits_with_its_code() {
     assert!(namzu(st.path(), &["rm", &id]).status.success());
 }
 
+/// Input that ends after the terminal has exited must not cost its output or
+/// its exit code. This process holds back from reading until the shell has
+/// printed more than a pipe holds and exited, so the CLI is still draining
+/// output when it sees the end of its input and finds the call over.
+#[test]
+fn a_terminal_whose_input_ends_after_its_exit_keeps_its_output_and_code() {
+    use std::io::Read;
+    let st = tempfile::tempdir().unwrap();
+    let id = create(st.path());
+    for _ in 0..3 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_namzu"))
+            .args([
+                "shell",
+                &id,
+                "--",
+                "sh",
+                "-c",
+                "head -c 300000 /dev/zero | tr '\\0' x; exit 3",
+            ])
+            .env("NAMZU_STATE_DIR", st.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Ordering, not a timing claim: by then the shell has exited and
+        // the CLI sits blocked on a full stdout pipe.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        drop(child.stdin.take());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut out = Vec::new();
+        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(out.iter().filter(|&&b| b == b'x').count(), 300_000);
+    }
+    assert!(namzu(st.path(), &["rm", &id]).status.success());
+}
+
 #[test]
 fn a_second_process_resumes_a_detached_log_where_a_killed_one_stopped() {
     use std::io::Read;
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
+    let id = create(st.path());
     let script = "i=1; while [ $i -le 400 ]; do echo line$i; i=$((i+1)); sleep 0.002; done; exit 4";
     let o = namzu(
         st.path(),
@@ -388,9 +421,7 @@ fn spawn_started(st: &Path, args: &[&str]) -> std::process::Child {
 #[test]
 fn ctrl_c_cancels_a_foreground_named_execution() {
     let st = tempfile::tempdir().unwrap();
-    let id = String::from_utf8_lossy(&namzu(st.path(), &["create"]).stdout)
-        .trim()
-        .to_owned();
+    let id = create(st.path());
     let mut fg = spawn_started(
         st.path(),
         &[

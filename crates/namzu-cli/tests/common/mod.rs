@@ -15,6 +15,13 @@ pub fn namzu(state: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Creates a default sandbox; its id.
+pub fn create(state: &Path) -> String {
+    String::from_utf8_lossy(&namzu(state, &["create"]).stdout)
+        .trim()
+        .to_owned()
+}
+
 pub fn stderr_lines(o: &Output) -> Vec<String> {
     String::from_utf8_lossy(&o.stderr)
         .lines()

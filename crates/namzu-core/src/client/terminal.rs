@@ -142,7 +142,9 @@ impl Terminal {
             })
     }
 
-    /// Types `data` into the terminal.
+    /// Types `data` into the terminal. Fails once the terminal's call has
+    /// ended (it exited, or the link failed); what ended it is still read
+    /// from [`Terminal::next`], so a caller should stop writing, not give up.
     pub async fn write(&mut self, data: impl Into<Bytes>) -> Result<()> {
         self.send(v1::terminal_input::Msg::Input(data.into())).await
     }

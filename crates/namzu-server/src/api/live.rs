@@ -50,6 +50,10 @@ pub async fn terminal(
 }
 
 async fn pump_terminal(st: AppState, mut socket: WebSocket, mut term: namzu::client::Terminal) {
+    // A send fails only once the terminal's call has ended; what ended it
+    // (the exit, after all output, or the link's failure) still comes from
+    // `term.next()`, so input is dropped from then on instead of the socket.
+    let mut sending = true;
     loop {
         tokio::select! {
             _ = st.shutdown.cancelled() => {
@@ -59,11 +63,11 @@ async fn pump_terminal(st: AppState, mut socket: WebSocket, mut term: namzu::cli
             msg = socket.recv() => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     st.metrics.moved("terminal_in", b.len() as u64);
-                    if term.write(b).await.is_err() { return; }
+                    if sending && term.write(b).await.is_err() { sending = false; }
                 }
                 Some(Ok(Message::Text(t))) => match serde_json::from_str::<TerminalControl>(&t) {
                     Ok(TerminalControl::Resize { cols, rows }) => {
-                        if term.resize(cols, rows).await.is_err() { return; }
+                        if sending && term.resize(cols, rows).await.is_err() { sending = false; }
                     }
                     Err(e) => {
                         let err = serde_json::json!({"type": "error", "code": "invalid_argument", "message": e.to_string()});
