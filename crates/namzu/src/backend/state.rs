@@ -187,15 +187,28 @@ impl StateDir {
         self.write_meta(dir, meta)
     }
 
+    /// Replaces `meta.json` by a rename, so a reader in any process (`list`,
+    /// `gc`, an attach) sees the old record or the new one, never a
+    /// truncated file; a failed write leaves the old record. (No fsync: it
+    /// would sit on every create's path, and the rename already keeps the
+    /// old record or the new one across a crash on ext4 and xfs.)
     pub fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<()> {
+        use std::io::Write;
         let json = serde_json::to_vec_pretty(meta).map_err(|e| Error::State {
             id: meta.id.clone(),
             message: e.to_string(),
         })?;
-        std::fs::write(dir.join("meta.json"), json).map_err(|source| Error::LocalIo {
+        let io = |source| Error::LocalIo {
             op: "create".into(),
             source,
-        })
+        };
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".meta.json.")
+            .tempfile_in(dir)
+            .map_err(io)?;
+        tmp.write_all(&json).map_err(io)?;
+        tmp.persist(dir.join("meta.json")).map_err(|e| io(e.error))?;
+        Ok(())
     }
 
     pub fn read_meta(&self, id: &str) -> Result<(PathBuf, Meta)> {
@@ -590,5 +603,55 @@ impl SandboxBackend for StateSandbox {
         // What the agent refused by itself, with no supervisor on its call.
         decisions.refused += self.client.health().await?.egress_refused_unattended;
         Ok(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record read while another thread rewrites it is always whole.
+    #[test]
+    fn a_record_read_during_a_rewrite_is_whole() {
+        let root = tempfile::tempdir().unwrap();
+        let state = StateDir::new(root.path(), Tier::Local);
+        let (id, dir, guard) = state.create_bare().unwrap();
+        let meta = |pid: u32| Meta {
+            id: id.clone(),
+            tier: Tier::Local,
+            pid,
+            created_unix: 0,
+            agent_bin: "/x".repeat(4000).into(),
+            record: serde_json::Value::Null,
+            procs: Vec::new(),
+            suspended_unix: None,
+        };
+        state.write_meta(&dir, &meta(1)).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (state, dir, stop, m) = (state.clone(), dir.clone(), stop.clone(), meta(2));
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    state.write_meta(&dir, &m).unwrap();
+                }
+            })
+        };
+        let mut bad = 0;
+        for _ in 0..5000 {
+            if state.read_meta(&id).is_err() {
+                bad += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        assert_eq!(bad, 0, "reads that saw a partial or missing record");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".meta.json"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        drop(guard);
     }
 }
