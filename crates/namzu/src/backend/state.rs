@@ -189,26 +189,16 @@ impl StateDir {
 
     /// Replaces `meta.json` by a rename, so a reader in any process (`list`,
     /// `gc`, an attach) sees the old record or the new one, never a
-    /// truncated file; a failed write leaves the old record. (No fsync: it
-    /// would sit on every create's path, and the rename already keeps the
-    /// old record or the new one across a crash on ext4 and xfs.)
+    /// truncated file; a failed write leaves the old record.
     pub fn write_meta(&self, dir: &Path, meta: &Meta) -> Result<()> {
-        use std::io::Write;
         let json = serde_json::to_vec_pretty(meta).map_err(|e| Error::State {
             id: meta.id.clone(),
             message: e.to_string(),
         })?;
-        let io = |source| Error::LocalIo {
+        crate::fsutil::write_replacing(&dir.join("meta.json"), &json).map_err(|source| Error::LocalIo {
             op: "create".into(),
             source,
-        };
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".meta.json.")
-            .tempfile_in(dir)
-            .map_err(io)?;
-        tmp.write_all(&json).map_err(io)?;
-        tmp.persist(dir.join("meta.json")).map_err(|e| io(e.error))?;
-        Ok(())
+        })
     }
 
     pub fn read_meta(&self, id: &str) -> Result<(PathBuf, Meta)> {
